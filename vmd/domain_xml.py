@@ -1,0 +1,195 @@
+"""libvirt domain XML built from small typed pieces (after virtinst's device modules).
+
+Each device is a dataclass that knows how to write its own element; `Domain.to_xml()`
+assembles them. Nothing here talks to libvirt, so the XML is testable on its own and
+against libvirt's `test:///default` driver.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+ET.register_namespace("qemu", QEMU_NS)
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k.rstrip("_"): v for k, v in attrs.items() if v is not None})
+    if text is not None:
+        el.text = text
+    return el
+
+
+@dataclass
+class DirectKernel:
+    """Boot a kernel and initrd from the host: no bootloader, no partition table."""
+    kernel: str
+    initrd: str
+    cmdline: str
+
+    def write(self, os_el: ET.Element) -> None:
+        _sub(os_el, "kernel", self.kernel)
+        _sub(os_el, "initrd", self.initrd)
+        _sub(os_el, "cmdline", self.cmdline)
+
+
+@dataclass
+class Disk:
+    path: str
+    target: str = "vda"
+    bus: str = "virtio"
+    format: str = "qcow2"
+
+    def write(self, devices: ET.Element) -> None:
+        disk = _sub(devices, "disk", type="file", device="disk")
+        _sub(disk, "driver", name="qemu", type=self.format, cache="unsafe", discard="unmap")
+        _sub(disk, "source", file=self.path)
+        _sub(disk, "target", dev=self.target, bus=self.bus)
+
+
+@dataclass
+class SharedFolder:
+    """A host folder shared over virtio 9p; the guest mounts it by `tag`."""
+    source: str
+    tag: str = "project"
+    # passthrough: files the guest creates are owned on the host by the guest's uid,
+    # which needs QEMU to run as root (vmd's setup configures that).
+    accessmode: str = "passthrough"
+
+    def write(self, devices: ET.Element) -> None:
+        fs = _sub(devices, "filesystem", type="mount", accessmode=self.accessmode)
+        _sub(fs, "driver", type="path", wrpolicy="immediate")
+        _sub(fs, "source", dir=self.source)
+        _sub(fs, "target", dir=self.tag)
+
+
+@dataclass
+class Tablet:
+    """A USB tablet: absolute pointer positions, so a click lands where it was aimed."""
+
+    def write(self, devices: ET.Element) -> None:
+        _sub(devices, "controller", type="usb", model="qemu-xhci")
+        _sub(devices, "input", type="tablet", bus="usb")
+        _sub(devices, "input", type="keyboard", bus="usb")
+
+
+@dataclass
+class Video:
+    width: int
+    height: int
+    model: str = "virtio"
+
+    def write(self, devices: ET.Element) -> None:
+        video = _sub(devices, "video")
+        model = _sub(video, "model", type=self.model, heads="1", primary="yes")
+        _sub(model, "resolution", x=str(self.width), y=str(self.height))
+        # A VNC server (loopback only) gives QEMU a display to render into; vmd reads the
+        # screen through libvirt's screenshot API, people through the preview.
+        graphics = _sub(devices, "graphics", type="vnc", autoport="yes", listen="127.0.0.1")
+        _sub(graphics, "listen", type="address", address="127.0.0.1")
+
+
+@dataclass
+class SerialLog:
+    """The guest's serial console written to a file: boot messages for error reports."""
+    path: str
+
+    def write(self, devices: ET.Element) -> None:
+        serial = _sub(devices, "serial", type="file")
+        _sub(serial, "source", path=self.path, append="off")
+        _sub(serial, "target", port="0")
+        console = _sub(devices, "console", type="file")
+        _sub(console, "source", path=self.path, append="off")
+        _sub(console, "target", type="serial", port="0")
+
+
+@dataclass
+class GuestAgentChannel:
+    def write(self, devices: ET.Element) -> None:
+        _sub(devices, "controller", type="virtio-serial", index="0")
+        channel = _sub(devices, "channel", type="unix")
+        _sub(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
+
+
+@dataclass
+class UserNetwork:
+    """QEMU user-mode networking with the guest's sshd forwarded to a host loopback port.
+
+    libvirt 9.0 cannot express hostfwd for the slirp backend, so the netdev and its NIC
+    go on QEMU's command line. `restrict=on` closes egress while keeping the forwards.
+    """
+    ssh_port: int
+    egress: bool = False
+    # A fixed PCI slot far from libvirt's own allocations, which do not know about it.
+    pci_addr: str = "0x1e"
+
+    def args(self) -> list[str]:
+        netdev = f"user,id=vmdnet0,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22"
+        if not self.egress:
+            netdev += ",restrict=on"
+        return ["-netdev", netdev, "-device",
+                f"virtio-net-pci,netdev=vmdnet0,bus=pcie.0,addr={self.pci_addr}"]
+
+
+@dataclass
+class Domain:
+    name: str
+    memory_mib: int
+    vcpus: int
+    accel: str  # "kvm" or "qemu" (TCG)
+    boot: DirectKernel
+    disk: Disk
+    network: UserNetwork
+    video: Video | None = None
+    shared: SharedFolder | None = None
+    serial: SerialLog | None = None
+    emulator: str | None = None
+    extra_devices: list = field(default_factory=list)
+    description: str = "vmagent guest"
+
+    def to_element(self) -> ET.Element:
+        dom = ET.Element("domain", {"type": self.accel})
+        _sub(dom, "name", self.name)
+        _sub(dom, "description", self.description)
+        _sub(dom, "memory", str(self.memory_mib), unit="MiB")
+        _sub(dom, "vcpu", str(self.vcpus))
+        os_el = _sub(dom, "os")
+        _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
+        self.boot.write(os_el)
+        features = _sub(dom, "features")
+        _sub(features, "acpi")
+        _sub(features, "apic")
+        # host-passthrough needs KVM; TCG gets QEMU's own model with the extensions it emulates.
+        if self.accel == "kvm":
+            _sub(dom, "cpu", mode="host-passthrough")
+        else:
+            _sub(dom, "cpu", mode="maximum", migratable="on")
+        _sub(dom, "clock", offset="utc")
+        _sub(dom, "on_poweroff", "destroy")
+        _sub(dom, "on_reboot", "restart")
+        _sub(dom, "on_crash", "destroy")
+        devices = _sub(dom, "devices")
+        if self.emulator:
+            _sub(devices, "emulator", self.emulator)
+        self.disk.write(devices)
+        if self.shared:
+            self.shared.write(devices)
+        if self.video:
+            self.video.write(devices)
+        Tablet().write(devices)
+        GuestAgentChannel().write(devices)
+        if self.serial:
+            self.serial.write(devices)
+        for device in self.extra_devices:
+            device.write(devices)
+        _sub(devices, "memballoon", model="none")
+        cmdline = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
+        for arg in self.network.args():
+            ET.SubElement(cmdline, f"{{{QEMU_NS}}}arg", {"value": arg})
+        return dom
+
+    def to_xml(self) -> str:
+        el = self.to_element()
+        ET.indent(el)
+        return ET.tostring(el, encoding="unicode")

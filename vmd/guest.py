@@ -1,0 +1,371 @@
+"""A guest that runs commands and moves files: one small interface, one class per OS.
+
+Callers (the session, the tests, the benchmark) use `Guest` and never learn whether it
+is Linux over SSH or, later, Windows over SSH with PowerShell. Every error a person or
+the model will read is a `GuestError` with a sentence that says what to do.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import select
+import shlex
+import socket
+import stat
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import Callable
+
+import paramiko
+from pydantic import BaseModel
+
+OutputCallback = Callable[[str, str], None]  # (stream, line)
+
+# What a command may return to the caller before the middle is cut. A model cannot use
+# 5 MB of build log; it can use the first and last few thousand lines.
+OUTPUT_HEAD = 32 * 1024
+OUTPUT_TAIL = 32 * 1024
+READ_LIMIT = 200_000
+
+
+class GuestError(Exception):
+    """Something the guest refused or could not do; the message is for the model."""
+
+
+class CommandResult(BaseModel):
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    truncated: bool = False
+    timed_out: bool = False
+
+
+class FileChunk(BaseModel):
+    content: str
+    size: int
+    offset: int
+    truncated: bool
+
+
+class DirEntry(BaseModel):
+    name: str
+    type: str  # "file" | "dir" | "link" | "other"
+    size: int
+
+
+class Guest(ABC):
+    os_family: str
+    project_path: str
+
+    @abstractmethod
+    def run(self, command: str, timeout: float = 300, cwd: str | None = None,
+            on_output: OutputCallback | None = None) -> CommandResult: ...
+
+    @abstractmethod
+    def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> FileChunk: ...
+
+    @abstractmethod
+    def write_file(self, path: str, content: str | bytes) -> int: ...
+
+    @abstractmethod
+    def append_file(self, path: str, content: str | bytes) -> int: ...
+
+    @abstractmethod
+    def list_dir(self, path: str) -> list[DirEntry]: ...
+
+    def edit_file(self, path: str, old: str, new: str) -> None:
+        text = self.read_file(path, 0, None).content
+        count = text.count(old)
+        if count != 1:
+            where = "nowhere" if count == 0 else f"{count} times"
+            raise GuestError(
+                f"edit_file {path}: the text to replace matched {where}; it must match exactly "
+                "once. Read the file again and quote a longer, unique passage."
+            )
+        self.write_file(path, text.replace(old, new, 1))
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class _CappedStream:
+    """Keeps the head and tail of a stream and counts what was dropped in between."""
+
+    def __init__(self, head: int = OUTPUT_HEAD, tail: int = OUTPUT_TAIL):
+        self.head_limit, self.tail_limit = head, tail
+        self.head = bytearray()
+        self.tail: deque[bytes] = deque()
+        self.tail_size = 0
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self.tail.append(data)
+        self.tail_size += len(data)
+        while self.tail_size - len(self.tail[0]) >= self.tail_limit:
+            first = self.tail.popleft()
+            self.tail_size -= len(first)
+            self.dropped += len(first)
+        if self.tail_size > self.tail_limit:
+            first = self.tail[0]
+            cut = self.tail_size - self.tail_limit
+            self.tail[0] = first[cut:]
+            self.tail_size -= cut
+            self.dropped += cut
+
+    def text(self) -> str:
+        head = bytes(self.head).decode("utf-8", "replace")
+        tail = b"".join(self.tail).decode("utf-8", "replace")
+        if self.dropped:
+            return f"{head}\n[... {self.dropped} bytes of output cut here; the head and tail are kept ...]\n{tail}"
+        return head + tail
+
+
+class _LineSplitter:
+    def __init__(self, stream: str, callback: OutputCallback | None):
+        self.stream, self.callback, self.partial = stream, callback, b""
+
+    def feed(self, data: bytes) -> None:
+        if self.callback is None:
+            return
+        self.partial += data
+        *lines, self.partial = self.partial.split(b"\n")
+        for line in lines:
+            self._emit(line)
+        if len(self.partial) > 4096:  # a progress bar without newlines still shows
+            self._emit(self.partial)
+            self.partial = b""
+
+    def flush(self) -> None:
+        if self.partial:
+            self._emit(self.partial)
+            self.partial = b""
+
+    def _emit(self, line: bytes) -> None:
+        try:
+            self.callback(self.stream, line.decode("utf-8", "replace").rstrip("\r"))
+        except Exception:  # a view never breaks the work
+            pass
+
+
+class SshConnection:
+    """One persistent paramiko transport per machine; a channel per command."""
+
+    def __init__(self, host: str, port: int, user: str, key_path: str, connect_timeout: float = 10):
+        self.host, self.port, self.user = host, port, user
+        self.key = paramiko.Ed25519Key.from_private_key_file(key_path)
+        self.connect_timeout = connect_timeout
+        self._transport: paramiko.Transport | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.Lock()
+
+    def transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._transport is None or not self._transport.is_active():
+                self._sftp = None
+                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+                transport = paramiko.Transport(sock)
+                transport.banner_timeout = self.connect_timeout
+                try:
+                    transport.start_client(timeout=self.connect_timeout)
+                    transport.auth_publickey(self.user, self.key)
+                except Exception:
+                    transport.close()
+                    raise
+                transport.set_keepalive(15)
+                self._transport = transport
+            return self._transport
+
+    def sftp(self) -> paramiko.SFTPClient:
+        transport = self.transport()
+        with self._lock:
+            if self._sftp is None:
+                self._sftp = paramiko.SFTPClient.from_transport(transport)
+            return self._sftp
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sftp is not None:
+                self._sftp.close()
+            if self._transport is not None:
+                self._transport.close()
+            self._sftp = self._transport = None
+
+
+class LinuxGuest(Guest):
+    os_family = "linux"
+
+    def __init__(self, ssh: SshConnection, project_path: str = "/mnt/project"):
+        self.ssh = ssh
+        self.project_path = project_path
+
+    # --- shell ---------------------------------------------------------------------
+
+    def run(self, command: str, timeout: float = 300, cwd: str | None = None,
+            on_output: OutputCallback | None = None) -> CommandResult:
+        marker = uuid.uuid4().hex
+        cwd = self.resolve(cwd) if cwd else self.project_path
+        # `timeout` signals the command's whole process group (not when exec'd as the SSH
+        # session leader: measured, the group kill then never came), and the marker in the
+        # environment finds anything that escaped the group (setsid, daemons) so that
+        # nothing outlives its time.
+        wrapped = (
+            f"cd {shlex.quote(cwd)} 2>/dev/null || cd ~; "
+            f"export VMD_RUN={marker}; "
+            f"timeout -k 3 {max(1, int(round(timeout)))} bash -c {shlex.quote(command)} </dev/null"
+        )
+        started = time.monotonic()
+        channel = self.ssh.transport().open_session(timeout=30)
+        out, err = _CappedStream(), _CappedStream()
+        out_lines, err_lines = _LineSplitter("stdout", on_output), _LineSplitter("stderr", on_output)
+        timed_out = False
+        try:
+            channel.exec_command(wrapped)
+            deadline = started + timeout + 10  # the guest's own timeout fires first
+            while True:
+                if channel.recv_ready():
+                    data = channel.recv(65536)
+                    out.add(data)
+                    out_lines.feed(data)
+                    continue
+                if channel.recv_stderr_ready():
+                    data = channel.recv_stderr(65536)
+                    err.add(data)
+                    err_lines.feed(data)
+                    continue
+                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                select.select([channel], [], [], 0.2)
+            exit_code = channel.recv_exit_status() if not timed_out else 124
+        finally:
+            out_lines.flush()
+            err_lines.flush()
+            channel.close()
+        if exit_code == 124 and time.monotonic() - started >= timeout - 0.5:
+            timed_out = True
+        if timed_out:
+            self._kill_marked(marker)
+        duration = time.monotonic() - started
+        stderr = err.text()
+        if timed_out:
+            stderr += (f"\n[vmd: the command ran past its {timeout:g} s timeout and was killed with "
+                       "everything it started; give a longer timeout or run it in smaller steps]")
+        return CommandResult(exit_code=exit_code, stdout=out.text(), stderr=stderr,
+                             duration=round(duration, 3), truncated=bool(out.dropped or err.dropped),
+                             timed_out=timed_out)
+
+    def _kill_marked(self, marker: str) -> None:
+        script = (f"for e in /proc/[0-9]*/environ; do grep -qs 'VMD_RUN={marker}' \"$e\" && "
+                  "p=${e#/proc/} && kill -9 ${p%/environ} 2>/dev/null; done; true")
+        try:
+            channel = self.ssh.transport().open_session(timeout=10)
+            channel.exec_command(f"sudo -n sh -c {shlex.quote(script)} || sh -c {shlex.quote(script)}")
+            channel.recv_exit_status()
+            channel.close()
+        except Exception:
+            pass
+
+    # --- files ---------------------------------------------------------------------
+
+    def resolve(self, path: str) -> str:
+        if not path:
+            return self.project_path
+        if "\\" in path or (len(path) > 1 and path[1] == ":"):
+            raise GuestError(f"'{path}' is a Windows path; this guest is Linux: use paths like "
+                             f"{self.project_path}/file.txt")
+        if not path.startswith("/"):
+            path = posixpath.join(self.project_path, path)
+        return posixpath.normpath(path)
+
+    def _sftp_call(self, verb: str, path: str, fn):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise GuestError(f"{verb} {path}: no such file or directory in the guest; "
+                             f"list_dir its parent to see what is there") from None
+        except PermissionError:
+            raise GuestError(f"{verb} {path}: permission denied for the user '{self.ssh.user}'; "
+                             f"work under {self.project_path} or use run with sudo") from None
+        except IsADirectoryError:
+            raise GuestError(f"{verb} {path}: that is a directory; use list_dir") from None
+        except OSError as exc:
+            raise GuestError(f"{verb} {path}: {exc}") from None
+
+    def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> FileChunk:
+        full = self.resolve(path)
+        limit = limit or READ_LIMIT
+
+        def read():
+            sftp = self.ssh.sftp()
+            attrs = sftp.stat(full)
+            if stat.S_ISDIR(attrs.st_mode or 0):
+                raise IsADirectoryError(full)
+            with sftp.open(full, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(limit + 1)
+            return attrs.st_size or 0, data
+
+        size, data = self._sftp_call("read_file", full, read)
+        truncated = len(data) > limit
+        return FileChunk(content=data[:limit].decode("utf-8", "replace"), size=size,
+                         offset=offset, truncated=truncated)
+
+    def _write(self, verb: str, path: str, content: str | bytes, mode: str) -> int:
+        full = self.resolve(path)
+        data = content.encode() if isinstance(content, str) else content
+
+        def write():
+            sftp = self.ssh.sftp()
+            self._make_parents(sftp, posixpath.dirname(full))
+            with sftp.open(full, mode) as fh:
+                fh.write(data)
+            return len(data)
+
+        return self._sftp_call(verb, full, write)
+
+    def _make_parents(self, sftp: paramiko.SFTPClient, folder: str) -> None:
+        missing = []
+        while folder not in ("", "/"):
+            try:
+                sftp.stat(folder)
+                break
+            except FileNotFoundError:
+                missing.append(folder)
+                folder = posixpath.dirname(folder)
+        for part in reversed(missing):
+            sftp.mkdir(part)
+
+    def write_file(self, path: str, content: str | bytes) -> int:
+        return self._write("write_file", path, content, "wb")
+
+    def append_file(self, path: str, content: str | bytes) -> int:
+        return self._write("append_file", path, content, "ab")
+
+    def list_dir(self, path: str) -> list[DirEntry]:
+        full = self.resolve(path)
+
+        def listing():
+            entries = []
+            for attr in self.ssh.sftp().listdir_attr(full):
+                mode = attr.st_mode or 0
+                kind = ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+                        else "link" if stat.S_ISLNK(mode) else "other")
+                entries.append(DirEntry(name=attr.filename, type=kind, size=attr.st_size or 0))
+            return sorted(entries, key=lambda e: (e.type != "dir", e.name))
+
+        return self._sftp_call("list_dir", full, listing)
+
+    def close(self) -> None:
+        self.ssh.close()

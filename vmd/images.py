@@ -1,0 +1,168 @@
+"""Guest images: where they live, what their manifest says, and building them.
+
+An image is a folder `<images_dir>/<name>-<recipe hash>/` holding a read-only qcow2 base
+and `manifest.json`. The hash covers every file of the recipe (`images/<name>/`), so a
+changed recipe builds a new image and an unchanged one is never rebuilt; CI keeps the
+images folder outside the clone as its cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "images"
+DEFAULT_IMAGES_DIR = Path("/var/lib/vmagent/images")
+
+
+class ImageMissing(LookupError):
+    """No built image for a name; the message says how to build one."""
+
+
+class ImageBuildError(RuntimeError):
+    pass
+
+
+class Image(BaseModel):
+    name: str
+    os_family: str  # "linux" | "windows"
+    distro: str = ""
+    user: str
+    project_path: str
+    resolution: tuple[int, int]
+    desktop: bool
+    disk: str = "disk.qcow2"
+    kernel: str | None = None
+    initrd: str | None = None
+    kernel_args: str = ""
+    ssh_key: str = "id_ed25519"
+    kernel_version: str = ""
+    dir: Path = Path(".")
+
+    def path(self, field: str) -> Path:
+        return self.dir / getattr(self, field)
+
+
+def images_dir() -> Path:
+    return Path(os.environ.get("VMD_IMAGES_DIR") or DEFAULT_IMAGES_DIR)
+
+
+def recipe_hash(name: str, recipes: Path = RECIPES_DIR) -> str:
+    recipe = recipes / name
+    if not recipe.is_dir():
+        known = ", ".join(sorted(p.name for p in recipes.iterdir() if p.is_dir())) or "none"
+        raise ImageMissing(f"there is no image recipe '{name}' under {recipes} (known: {known}).")
+    digest = hashlib.sha256()
+    for path in sorted(p for p in recipe.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(recipe)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def load_image(folder: Path) -> Image:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return Image(**manifest, dir=folder)
+
+
+def find_image(name: str, root: Path | None = None) -> Image:
+    """The image for `name`: the one built from the current recipe if there is one,
+    else the newest built image of that name (a host without the recipes, e.g. in a
+    container, still finds what was built for it)."""
+    root = root or images_dir()
+    candidates: list[Path] = []
+    try:
+        current = root / f"{name}-{recipe_hash(name)}"
+        candidates.append(current)
+    except ImageMissing:
+        pass
+    if root.is_dir():
+        built = sorted(root.glob(f"{name}-*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        candidates += [p.parent for p in built]
+    for folder in candidates:
+        if (folder / "manifest.json").is_file():
+            return load_image(folder)
+    raise ImageMissing(
+        f"no '{name}' guest image in {root}: build it with `vmd images build {name}` "
+        f"(or point VMD_IMAGES_DIR at the folder that holds it)."
+    )
+
+
+def build(name: str, root: Path | None = None, out=sys.stdout) -> Image:
+    """Build `name` from its recipe unless an image of the same recipe hash exists."""
+    root = root or images_dir()
+    target = root / f"{name}-{recipe_hash(name)}"
+    if (target / "manifest.json").is_file():
+        print(f"{name}: up to date ({target})", file=out)
+        return load_image(target)
+    script = RECIPES_DIR / name / "build.sh"
+    if not script.is_file():
+        raise ImageBuildError(
+            f"the '{name}' recipe cannot be built on this host ({script} does not exist); "
+            f"see {RECIPES_DIR / name / 'README.md'}."
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    log_path = root / f"{target.name}.log"
+    started = time.monotonic()
+    print(f"{name}: building {target.name} (log: {log_path})", file=out, flush=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["bash", str(script), str(partial)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            shown = _progress_line(line, time.monotonic() - started)
+            if shown:
+                print(shown, file=out, flush=True)
+        code = proc.wait()
+    if code != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+        raise ImageBuildError(f"building {name} failed (exit {code}); the end of {log_path}:\n{tail}")
+    partial.rename(target)
+    print(f"{name}: ready in {time.monotonic() - started:.0f} s at {target}", file=out, flush=True)
+    return load_image(target)
+
+
+_STEP = re.compile(r"^STEP (\d+)/(\d+) (.*)")
+
+
+def _progress_line(line: str, elapsed: float) -> str | None:
+    m = _STEP.match(line)
+    if m:
+        done, total, text = int(m[1]) - 1, int(m[2]), m[3]
+        bar = "#" * (20 * done // total) + "." * (20 - 20 * done // total)
+        return f"[{bar}] {m[1]}/{total} {elapsed:5.0f}s  {text}"
+    if line.startswith("  I: "):
+        return f"{'':24}{elapsed:5.0f}s    {line.strip()[3:]}"
+    return None
+
+
+def cli_build(args) -> int:
+    try:
+        build(args.name, Path(args.images_dir) if args.images_dir else None)
+    except (ImageMissing, ImageBuildError) as exc:
+        print(f"vmd images build: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cli_list(args) -> int:
+    root = Path(args.images_dir) if args.images_dir else images_dir()
+    found = sorted(root.glob("*/manifest.json")) if root.is_dir() else []
+    if not found:
+        print(f"no images in {root}; build one with `vmd images build debian`")
+    for manifest in found:
+        image = load_image(manifest.parent)
+        print(f"{manifest.parent.name:32} {image.os_family:8} {image.resolution[0]}x{image.resolution[1]}"
+              f" desktop={'yes' if image.desktop else 'no'}")
+    return 0

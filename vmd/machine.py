@@ -1,0 +1,286 @@
+"""A machine: one libvirt domain on a qcow2 overlay of a read-only image.
+
+Create returns as soon as the domain is started so that the agent can plan while the
+guest boots; `ready()` waits for SSH. Destroy leaves nothing behind: no domain, no
+overlay, no QEMU process (and so no forwarded port).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import libvirt
+import paramiko
+from pydantic import BaseModel
+
+from vmd.domain_xml import DirectKernel, Disk, Domain, SerialLog, SharedFolder, UserNetwork, Video
+from vmd.guest import Guest, GuestError, LinuxGuest, SshConnection
+from vmd.images import Image
+from vmd.screen import Screen
+
+DEFAULT_URI = "qemu:///system"
+
+
+class MachineError(RuntimeError):
+    """The machine could not be created, reached or destroyed; the message says what to do."""
+
+
+class Facts(BaseModel):
+    os: str
+    kernel: str
+    python: str
+    git: str
+    desktop: bool
+    project_path: str
+    project_mounted: bool
+    boot_id: str
+    hostname: str
+    accel: str
+    seconds: float = 0.0
+
+
+@functools.lru_cache(maxsize=1)
+def kvm_works() -> bool:
+    """True when QEMU can really start a KVM guest here.
+
+    /dev/kvm can exist, open, and even create a VM while QEMU still aborts when it sets
+    up a vCPU (seen on the CI hosts: "failed to set MSR 0x10a"), so ask QEMU itself: start
+    a paused machine with `-accel kvm` and quit it (about 50 ms)."""
+    forced = os.environ.get("VMD_ACCEL", "").lower()
+    if forced in ("qemu", "tcg"):
+        return False
+    if forced == "kvm":
+        return True
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False
+    try:
+        probe = subprocess.run(
+            ["qemu-system-x86_64", "-accel", "kvm", "-M", "q35", "-cpu", "host", "-nodefaults",
+             "-display", "none", "-S", "-monitor", "stdio"],
+            input="quit\n", capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def accel() -> str:
+    return "kvm" if kvm_works() else "qemu"
+
+
+def timeout_scale(acc: str | None = None) -> float:
+    """How much longer everything takes without KVM. Under TCG a Debian guest boots in
+    30-40 s against ~8 s with KVM; commands are 3-10x slower."""
+    return 1.0 if (acc or accel()) == "kvm" else 4.0
+
+
+def connect(uri: str = DEFAULT_URI) -> libvirt.virConnect:
+    try:
+        return libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise MachineError(
+            f"cannot reach libvirt at {uri} ({exc.get_error_message()}). Start it with "
+            "`virtlogd -d; libvirtd -d` (or `systemctl start libvirtd`), or set VMD_LIBVIRT_URI."
+        ) from None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Machine:
+    def __init__(self, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
+                 uri: str, domain: libvirt.virDomain, ssh_port: int, accel: str):
+        self.image = image
+        self.name = name
+        self.workdir = workdir
+        self.project_dir = project_dir
+        self.uri = uri
+        self.domain = domain
+        self.ssh_port = ssh_port
+        self.accel = accel
+        self.started = time.monotonic()
+        self.ssh = SshConnection("127.0.0.1", ssh_port, image.user, str(image.path("ssh_key")))
+        self.guest: Guest = LinuxGuest(self.ssh, image.project_path)
+        self.screen = Screen(domain, tuple(image.resolution))
+        self.facts: Facts | None = None
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
+               uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = 2048,
+               vcpus: int = 2) -> "Machine":
+        if image.os_family != "linux":
+            raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
+                               "Linux guests only so far.")
+        base = image.path("disk")
+        if not base.is_file():
+            raise MachineError(f"the image '{image.name}' has no disk at {base}; rebuild it with "
+                               f"`vmd images build {image.name}`.")
+        conn = connect(uri)
+        workdir.mkdir(parents=True, exist_ok=True)
+        overlay = workdir / "overlay.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
+                        str(overlay)], check=True, capture_output=True)
+        acc = accel()
+        port = free_port()
+        spec = Domain(
+            name=name, memory_mib=memory_mib, vcpus=vcpus, accel=acc,
+            boot=DirectKernel(str(image.path("kernel")), str(image.path("initrd")), image.kernel_args),
+            disk=Disk(str(overlay)),
+            network=UserNetwork(ssh_port=port, egress=egress),
+            video=Video(*image.resolution) if image.desktop else None,
+            shared=SharedFolder(str(project_dir)) if project_dir else None,
+            serial=SerialLog(str(workdir / "console.log")),
+            description=f"vmagent guest from image {image.dir.name}",
+        )
+        (workdir / "domain.xml").write_text(spec.to_xml())
+        try:
+            domain = conn.defineXML(spec.to_xml())
+            domain.create()
+        except libvirt.libvirtError as exc:
+            try:
+                conn.lookupByName(name).undefine()
+            except libvirt.libvirtError:
+                pass
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise MachineError(f"libvirt could not start the guest '{name}': "
+                               f"{exc.get_error_message()}") from None
+        return cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
+                   domain=domain, ssh_port=port, accel=acc)
+
+    @classmethod
+    def attach(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
+               uri: str = DEFAULT_URI) -> "Machine":
+        """Re-bind to a domain that outlived a vmd restart."""
+        conn = connect(uri)
+        try:
+            domain = conn.lookupByName(name)
+        except libvirt.libvirtError:
+            raise MachineError(f"the guest '{name}' no longer exists; its work is in the project "
+                               "folder, open a new session to carry on.") from None
+        xml = domain.XMLDesc(0)
+        m = re.search(r"hostfwd=tcp:127\.0\.0\.1:(\d+)-:22", xml)
+        if not m:
+            raise MachineError(f"the guest '{name}' has no SSH forward; it was not made by vmd.")
+        acc = "kvm" if "type='kvm'" in xml or 'type="kvm"' in xml else "qemu"
+        return cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
+                   domain=domain, ssh_port=int(m[1]), accel=acc)
+
+    def alive(self) -> bool:
+        try:
+            return self.domain.isActive() == 1
+        except libvirt.libvirtError:
+            return False
+
+    def state(self) -> str:
+        try:
+            code = self.domain.state()[0]
+        except libvirt.libvirtError:
+            return "gone"
+        return {libvirt.VIR_DOMAIN_RUNNING: "running", libvirt.VIR_DOMAIN_PAUSED: "paused",
+                libvirt.VIR_DOMAIN_SHUTOFF: "shutoff"}.get(code, "other")
+
+    def ready(self, timeout: float, desktop: bool = False) -> Facts:
+        """Wait until the guest answers over SSH (and its desktop is up, if asked)."""
+        deadline = time.monotonic() + timeout
+        last_error = "no answer yet"
+        while True:
+            if not self.alive():
+                raise MachineError(f"the guest '{self.name}' stopped while booting. "
+                                   f"Last console lines:\n{self.console_tail()}")
+            try:
+                self.ssh.transport()
+                break
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                last_error = str(exc) or type(exc).__name__
+            if time.monotonic() > deadline:
+                raise MachineError(
+                    f"the guest '{self.name}' did not answer over SSH within {timeout:.0f} s "
+                    f"({last_error}). Give session_ready a longer timeout, or destroy the session "
+                    f"and open a new one. Last console lines:\n{self.console_tail()}")
+            time.sleep(1.0)
+        if self.project_dir is not None:
+            self.guest.run(f"mountpoint -q {self.image.project_path} || sudo mount {self.image.project_path}",
+                           timeout=30)
+        if desktop and self.image.desktop:
+            # The desktop is up when openbox manages windows and the terminal is mapped.
+            probe = ("export DISPLAY=:0; xprop -root _NET_SUPPORTING_WM_CHECK 2>/dev/null | grep -q 'window id'"
+                     " && xwininfo -root -tree 2>/dev/null | grep -q '\"terminal\"'")
+            while self.guest.run(probe, timeout=20).exit_code != 0:
+                if time.monotonic() > deadline:
+                    raise MachineError(f"the guest '{self.name}' answers over SSH but its desktop did "
+                                       f"not come up within {timeout:.0f} s; use the shell, or reboot_vm.")
+                time.sleep(1.0)
+        self.facts = self.read_facts()
+        self.facts.seconds = round(time.monotonic() - self.started, 1)
+        return self.facts
+
+    def read_facts(self) -> Facts:
+        script = (
+            ". /etc/os-release; echo \"$PRETTY_NAME\"; uname -srm; "
+            "python3 --version 2>&1 || echo none; git --version 2>&1 || echo none; "
+            "DISPLAY=:0 xdpyinfo >/dev/null 2>&1 && echo desktop || echo nodesktop; "
+            f"mountpoint -q {self.image.project_path} && echo mounted || echo unmounted; "
+            "cat /proc/sys/kernel/random/boot_id; hostname"
+        )
+        result = self.guest.run(script, timeout=30)
+        lines = result.stdout.strip().splitlines()
+        if len(lines) < 8:
+            raise MachineError(f"could not read facts from the guest: {result.stderr.strip()[:300]}")
+        return Facts(os=lines[0], kernel=lines[1], python=lines[2], git=lines[3],
+                     desktop=lines[4] == "desktop", project_path=self.image.project_path,
+                     project_mounted=lines[5] == "mounted", boot_id=lines[6], hostname=lines[7],
+                     accel=self.accel)
+
+    def console_tail(self, lines: int = 15) -> str:
+        path = self.workdir / "console.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return "(no console log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(console log empty)"
+
+    def suspend(self) -> None:
+        self.ssh.close()
+        if self.state() == "running":
+            self.domain.suspend()
+
+    def resume(self) -> None:
+        if self.state() == "paused":
+            self.domain.resume()
+
+    def reboot(self, timeout: float) -> float:
+        started = time.monotonic()
+        try:
+            self.guest.run("sudo systemctl reboot", timeout=10)
+        except (GuestError, OSError, paramiko.SSHException, EOFError):
+            pass
+        self.ssh.close()
+        time.sleep(3)
+        self.started = time.monotonic()
+        self.ready(timeout)
+        return round(time.monotonic() - started, 1)
+
+    def destroy(self) -> None:
+        self.ssh.close()
+        try:
+            if self.domain.isActive():
+                self.domain.destroy()
+        except libvirt.libvirtError:
+            pass
+        try:
+            self.domain.undefine()
+        except libvirt.libvirtError:
+            pass
+        overlay = self.workdir / "overlay.qcow2"
+        overlay.unlink(missing_ok=True)
