@@ -1,0 +1,245 @@
+"""The vmd verb table: one pydantic model per verb's params, and what each returns.
+
+This is the contract between the agent (vmagent, through vmagent/client.py) and the
+supervisor. Params are validated here at the edge; results are plain JSON objects whose
+keys are listed beside each model. Every result that the model will read carries a
+`text` key: a sentence or block the agent can act on as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TaskStatus = Literal["pending", "in_progress", "done", "blocked"]
+MouseButton = Literal["left", "right", "middle"]
+
+
+class Params(BaseModel):
+    # Extra keys are refused so that a typo in a param name gets an error, not silence.
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- session ---------------------------------------------------------------------------
+
+class SessionOpen(Params):
+    """-> {session_id, os, project, project_share: bool, storage: str, text}"""
+    os: str = "debian"
+    project: str | None = None
+    owner: str = ""
+    task: str = ""
+    wait: bool = False
+    chat_id: str = ""
+
+
+class SessionAttach(Params):
+    """-> {session_id, state, text}"""
+    session_id: str
+
+
+class SessionReady(Params):
+    """Waits for the guest. -> {ready: True, seconds, facts: {...}, text}"""
+    timeout: float = 300
+    desktop: bool = False
+
+
+class Empty(Params):
+    """session_status -> {session_id, state, planned, tasks, status_line, question,
+    unfreeze_request, cancelled, steps, machine, outcome}
+    session_cancel -> {cancelled: True, text}; session_close -> {closed, commit, web_url, text}
+    report -> {markdown, outcome}; screenshot -> {width, height, scale, path, png_base64, text}
+    check_internet -> {online, text}; reboot_vm -> {seconds, text}"""
+
+
+class Note(Params):
+    """-> {ok: True}"""
+    turn: int = 0
+    text: str
+
+
+# --- tasks -----------------------------------------------------------------------------
+
+class PlanTasks(Params):
+    """-> {tasks: rendered str, text}"""
+    tasks: list[str] = Field(min_length=1)
+
+    @field_validator("tasks")
+    @classmethod
+    def _titles_not_blank(cls, v: list[str]) -> list[str]:
+        titles = [t.strip() for t in v if t and t.strip()]
+        if not titles:
+            raise ValueError("give at least one non-empty task title")
+        return titles
+
+
+class AddTask(Params):
+    """-> {id, tasks, text}"""
+    title: str = Field(min_length=1)
+
+
+class UpdateTask(Params):
+    """-> {tasks, text}; blocked needs a note."""
+    id: int
+    status: TaskStatus
+    note: str = ""
+
+
+# --- shell and files -------------------------------------------------------------------
+
+class Run(Params):
+    """-> {exit_code, stdout, stderr, duration, truncated, timed_out, text}"""
+    command: str = Field(min_length=1)
+    timeout: float = Field(default=300, gt=0, le=7200)
+    cwd: str | None = None
+
+
+class ReadFile(Params):
+    """-> {content, size, offset, truncated, text}"""
+    path: str
+    offset: int = Field(default=0, ge=0)
+    limit: int | None = Field(default=None, gt=0)
+
+
+class WriteFile(Params):
+    """write_file and append_file -> {path, bytes, text}"""
+    path: str
+    content: str
+
+
+class EditFile(Params):
+    """-> {path, text}; refused unless `old` matches exactly once."""
+    path: str
+    old: str = Field(min_length=1)
+    new: str
+
+
+class ListDir(Params):
+    """-> {entries: [{name, type, size}], text}"""
+    path: str = "."
+
+
+class GitCommit(Params):
+    """Host-side commit of the project folder. -> {commit, text}"""
+    message: str = Field(min_length=1)
+
+
+# --- screen ----------------------------------------------------------------------------
+# Coordinates are in screenshot space: the image the agent was shown.
+
+class Click(Params):
+    x: int
+    y: int
+    button: MouseButton = "left"
+    double: bool = False
+
+
+class Move(Params):
+    x: int
+    y: int
+
+
+class TypeText(Params):
+    text: str
+
+
+class Key(Params):
+    keys: str = Field(min_length=1, description='e.g. "ctrl+alt+t", "Return", "alt+F4"')
+
+
+class Scroll(Params):
+    x: int
+    y: int
+    amount: int = Field(description="positive scrolls down, negative up")
+
+
+class LaunchApp(Params):
+    path: str
+    args: list[str] = []
+
+
+class Wait(Params):
+    seconds: float = Field(gt=0, le=600)
+
+
+# --- people ----------------------------------------------------------------------------
+
+class AskUser(Params):
+    """-> {state: "question", text}"""
+    question: str = Field(min_length=1)
+
+
+class RequestUnfreeze(Params):
+    """-> {state: "unfreeze", text}"""
+    reason: str = Field(min_length=1)
+
+
+class Answer(Params):
+    """Given by the job service when a person replies. -> {text}"""
+    answer: str = ""
+    approved: bool | None = None
+
+
+# --- end -------------------------------------------------------------------------------
+
+class Verification(Params):
+    command: str = Field(min_length=1)
+    expect_exit: int = 0
+
+
+class Finish(Params):
+    """-> {accepted: bool, text, outcome: {...}} ; text starts with REFUSED: when refused."""
+    summary: str = ""
+    verification: Verification | None = None
+
+    @field_validator("verification", mode="before")
+    @classmethod
+    def _string_is_the_command(cls, v):
+        # Models often send the command alone where the object belongs.
+        if isinstance(v, str):
+            return {"command": v} if v.strip() else None
+        return v
+
+
+VERBS: dict[str, type[Params]] = {
+    "session_open": SessionOpen,
+    "session_attach": SessionAttach,
+    "session_ready": SessionReady,
+    "session_status": Empty,
+    "session_cancel": Empty,
+    "session_close": Empty,
+    "session_resume": Answer,
+    "report": Empty,
+    "note": Note,
+    "plan_tasks": PlanTasks,
+    "add_task": AddTask,
+    "update_task": UpdateTask,
+    "run": Run,
+    "read_file": ReadFile,
+    "write_file": WriteFile,
+    "append_file": WriteFile,
+    "edit_file": EditFile,
+    "list_dir": ListDir,
+    "git_commit": GitCommit,
+    "screenshot": Empty,
+    "click": Click,
+    "move": Move,
+    "type": TypeText,
+    "key": Key,
+    "scroll": Scroll,
+    "launch_app": LaunchApp,
+    "wait": Wait,
+    "check_internet": Empty,
+    "reboot_vm": Empty,
+    "ask_user": AskUser,
+    "request_unfreeze": RequestUnfreeze,
+    "finish": Finish,
+}
+
+# Verbs allowed before a plan exists (the planning turn hides the boot).
+PLANNING_VERBS = {"plan_tasks", "add_task", "update_task", "note", "ask_user", "session_status"}
+# Verbs that need a live machine.
+MACHINE_VERBS = {
+    "run", "read_file", "write_file", "append_file", "edit_file", "list_dir", "screenshot",
+    "click", "move", "type", "key", "scroll", "launch_app", "check_internet", "reboot_vm",
+}
