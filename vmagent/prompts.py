@@ -1,0 +1,106 @@
+"""The agent's system prompt, read from files so that rewording it is a restart, not a build.
+
+    prompt.md          required: the rules of the job
+    prompt.<os>.md     optional: the guest's shell, paths and packages (linux, windows)
+    prompt.screen.md   optional, only for a desktop session: how to use the screen tools
+
+They are looked for in the directory given by the caller, else in $VMAGENT_PROMPTS, then
+in this repository's own configs/agent/. Parts are joined in the order above.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_VAR = "VMAGENT_PROMPTS"
+REPO_PROMPTS_DIR = Path(__file__).resolve().parent.parent / "configs" / "agent"
+
+
+class PromptMissing(FileNotFoundError):
+    """prompt.md was not found (or is empty) in any of the places looked in."""
+
+
+@dataclass
+class Prompts:
+    system: str
+    warnings: list[str] = field(default_factory=list)
+    # Where the parts were read from, for a startup log line.
+    sources: list[Path] = field(default_factory=list)
+
+
+def _family(os_family: str) -> str:
+    return "windows" if str(os_family).strip().lower().startswith("win") else "linux"
+
+
+def _candidates(prompts_dir: str | os.PathLike | None) -> list[tuple[Path, str]]:
+    if prompts_dir is not None:
+        return [(Path(prompts_dir), "the prompts directory given")]
+    places = []
+    from_env = os.environ.get(ENV_VAR, "").strip()
+    if from_env:
+        places.append((Path(from_env), f"${ENV_VAR}"))
+    places.append((REPO_PROMPTS_DIR, "the repository's configs/agent"))
+    return places
+
+
+def _read(path: Path) -> str | None:
+    """The file's text, stripped; None when it is missing or blank."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return text.strip() or None
+
+
+def load_prompts(
+    os_family: str, desktop: bool, prompts_dir: str | os.PathLike | None = None
+) -> Prompts:
+    """Build the system prompt for a guest OS family ("linux" or "windows"; a name like
+    "debian" or "win11" is read as its family) and whether the session has a desktop.
+
+    Raises PromptMissing when no prompt.md is found; optional parts that are missing
+    become warnings.
+    """
+    family = _family(os_family)
+    looked: list[str] = []
+    warnings: list[str] = []
+    for directory, label in _candidates(prompts_dir):
+        main_file = directory / "prompt.md"
+        try:
+            main = _read(main_file)
+        except OSError as exc:
+            looked.append(f"{main_file} ({label}): unreadable: {exc}")
+            continue
+        if main is None:
+            state = "empty" if main_file.is_file() else "not found"
+            looked.append(f"{main_file} ({label}): {state}")
+            continue
+        if looked:
+            warnings.append(
+                "prompts: using " + str(main_file) + " because " + "; ".join(looked) + "."
+            )
+        parts, sources = [main], [main_file]
+        optional = [directory / f"prompt.{family}.md"]
+        if desktop:
+            optional.append(directory / "prompt.screen.md")
+        for path in optional:
+            try:
+                text = _read(path)
+            except OSError as exc:
+                warnings.append(f"prompts: {path} could not be read ({exc}); going on without it.")
+                continue
+            if text is None:
+                warnings.append(f"prompts: {path} is missing or empty; going on without it.")
+                continue
+            parts.append(text)
+            sources.append(path)
+        return Prompts(system="\n\n".join(parts) + "\n", warnings=warnings, sources=sources)
+
+    raise PromptMissing(
+        "The agent's system prompt prompt.md was not found, so no job can start. Looked in: "
+        + "; ".join(looked)
+        + f". Put prompt.md in one of those places, or set {ENV_VAR} to a directory that "
+        "holds it (the repository ships one in configs/agent/)."
+    )
