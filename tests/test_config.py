@@ -1,0 +1,49 @@
+"""Agent settings: defaults, a TOML or YAML file, then the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmagent.config import AgentConfig, ConfigError
+
+
+def test_defaults_set_num_ctx_explicitly():
+    config = AgentConfig.load(env={})
+    assert config.num_ctx == 32768
+    assert config.ollama_host == "http://127.0.0.1:11434"
+    assert config.model == "qwen3:32b"
+    assert config.think is None
+
+
+def test_a_toml_file_then_the_environment(tmp_path):
+    path = tmp_path / "agent.toml"
+    path.write_text('model = "llama3.3"\nnum_ctx = 65536\nkeep_images = 1\n')
+    config = AgentConfig.load(path, env={"VMAGENT_NUM_CTX": "16384", "OLLAMA_HOST": "gpu-box:11434"})
+    assert config.model == "llama3.3"
+    assert config.num_ctx == 16384, "the environment wins over the file"
+    assert config.keep_images == 1
+    assert config.ollama_host == "gpu-box:11434"
+
+
+def test_a_yaml_file_named_by_the_environment_with_an_agent_section(tmp_path):
+    path = tmp_path / "vmagent.yaml"
+    path.write_text("agent:\n  compact_at: 0.6\n  think: false\nvmd:\n  socket: /x\n")
+    config = AgentConfig.load(env={"VMAGENT_CONFIG": str(path), "VMAGENT_MODEL": "qwen3:8b"})
+    assert config.compact_at == 0.6 and config.think is False and config.model == "qwen3:8b"
+
+
+def test_a_misspelt_setting_is_refused_with_its_name(tmp_path):
+    path = tmp_path / "agent.toml"
+    path.write_text("num_cxt = 4096\n")
+    with pytest.raises(ConfigError, match="num_cxt"):
+        AgentConfig.load(path, env={})
+
+
+def test_a_missing_file_is_refused_with_its_path(tmp_path):
+    with pytest.raises(ConfigError, match="nope.toml"):
+        AgentConfig.load(env={"VMAGENT_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_think_accepts_auto_from_the_environment():
+    assert AgentConfig.load(env={"VMAGENT_THINK": "auto"}).think is None
+    assert AgentConfig.load(env={"VMAGENT_THINK": "on"}).think is True

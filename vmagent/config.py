@@ -1,0 +1,169 @@
+"""The agent's settings: one validated object, read from an optional file and the environment.
+
+Order of precedence, lowest first: the defaults below, a TOML or YAML file (the path
+given to `AgentConfig.load`, else the one named by VMAGENT_CONFIG), then environment
+variables (OLLAMA_HOST, VMAGENT_MODEL, and VMAGENT_<FIELD> for any field).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CONFIG_ENV = "VMAGENT_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which setting and why."""
+
+
+class AgentConfig(BaseModel):
+    # A typo in a config file should be an error, not a setting silently ignored.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- the model -----------------------------------------------------------------
+    ollama_host: str = "http://127.0.0.1:11434"
+    model: str = "qwen3:32b"
+    # Ollama's default context (2048 tokens before 0.6, 4096 after) silently drops the
+    # start of longer prompts -- the system prompt and the task go first. An agent prompt
+    # with tool schemas is several thousand tokens before any work, so num_ctx is always
+    # sent explicitly. 32768 fits a 32B model at Q4 with its KV cache on one 48 GB card.
+    num_ctx: int = Field(32768, ge=2048)
+    # Think before answering when the model can (None: ask Ollama whether it can).
+    think: bool | None = None
+    # How long Ollama keeps the model loaded between calls. Tool calls on a slow guest
+    # can take minutes; reloading a 32B model costs tens of seconds each time.
+    keep_alive: str = "30m"
+    # Seconds Ollama may stay silent (before the first chunk or between chunks). A long
+    # prompt on a busy GPU takes minutes to evaluate before the first token.
+    request_timeout_s: float = Field(600, gt=0)
+    # Tries after the first one, only for connection errors and 5xx before anything was
+    # streamed. Covers an Ollama restart or a model reload; more only delays the report.
+    retries: int = Field(3, ge=0)
+    # Wait before retry n is retry_backoff_s * 2**(n-1): 2, 4, 8 s lets a restarted
+    # Ollama come back without stretching a dead one into minutes.
+    retry_backoff_s: float = Field(2.0, ge=0)
+
+    # --- compaction ----------------------------------------------------------------
+    # Compact when the estimated prompt passes this fraction of num_ctx. The rest is
+    # room for the reply (a long file write can be thousands of tokens), the next tool
+    # result, and the error of a chars-per-token estimate.
+    compact_at: float = Field(0.7, gt=0.1, lt=1.0)
+    # Messages kept verbatim at the end of the history: about the last five tool calls
+    # with their results, enough to carry on mid-task without re-reading files.
+    keep_tail_messages: int = Field(12, ge=2)
+    # A tool result longer than this keeps its head and tail only when it enters the
+    # history: ~1500 tokens, so one `cat` of a big log cannot fill the context.
+    tool_result_cap_chars: int = Field(6000, ge=500)
+    # Screenshots kept in the history; older ones become a text note. Each costs about
+    # image_tokens, and only the newest show the screen as it is.
+    keep_images: int = Field(2, ge=0)
+    # What one screenshot costs in the prompt: a 1280x800 PNG is ~1300 tokens for
+    # Qwen2.5-VL (28x28 pixel patches). Used by the estimate, corrected by calibration.
+    image_tokens: int = Field(1300, ge=0)
+
+    # --- guards --------------------------------------------------------------------
+    # Steps before the loop stops with a report: 110 covered every task of the bench that
+    # finished at all; sessions past it were going in circles.
+    max_steps: int = Field(110, ge=1)
+    # Wall-clock limit of a session in seconds (2 h): the promise made to the person.
+    deadline_s: float = Field(7200, gt=0)
+    # Prose-only replies in a row before the loop gives up: each gets a nudge; three
+    # ignored nudges mean the model has lost the tool protocol.
+    max_prose_replies: int = Field(3, ge=1)
+    # The same command with the same result this many times gets a notice appended, so
+    # the model stops polling something that will not change.
+    repeat_notice_after: int = Field(3, ge=2)
+    # Steps without the task list moving before a reminder shows it again.
+    stall_reminder_steps: int = Field(12, ge=1)
+
+    @field_validator("ollama_host")
+    @classmethod
+    def _host_has_a_scheme(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not value:
+            raise ValueError("ollama_host is empty")
+        # Kept as written ("host", "host:port" or a URL): the ollama package completes it
+        # the way Ollama's own CLI does (port 11434 when none is given).
+        return value
+
+    @field_validator("think", mode="before")
+    @classmethod
+    def _think_from_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in ("", "auto", "none", "default"):
+                return None
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+        return value
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> "AgentConfig":
+        """Defaults, then the file (`path`, else $VMAGENT_CONFIG, else none), then the environment.
+
+        A file may hold the settings at its top level or under an `agent` table.
+        """
+        env = dict(os.environ if env is None else env)
+        values: dict[str, Any] = {}
+        file_path = path or env.get(CONFIG_ENV) or None
+        if file_path:
+            values.update(_read_file(Path(file_path)))
+        values.update(_from_env(env))
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            where = f" (file {file_path} and environment)" if file_path else " (environment)"
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors()
+            )
+            raise ConfigError(f"The agent configuration is invalid{where}: {problems}.") from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"The agent configuration file {path} does not exist; fix {CONFIG_ENV} or the path given.")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"The agent configuration file {path} must end in .toml, .yaml or .yml.")
+    except ConfigError:
+        raise
+    except Exception as e:  # tomllib.TOMLDecodeError, yaml.YAMLError
+        raise ConfigError(f"The agent configuration file {path} cannot be parsed: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"The agent configuration file {path} must hold a table of settings.")
+    section = data.get("agent")
+    return dict(section) if isinstance(section, dict) else data
+
+
+def _from_env(env: dict[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in AgentConfig.model_fields:
+        raw = env.get(f"VMAGENT_{name.upper()}")
+        if raw is not None and raw != "":
+            values[name] = raw
+    # The names every Ollama user already sets win over the long forms.
+    if env.get("OLLAMA_HOST"):
+        values["ollama_host"] = env["OLLAMA_HOST"]
+    if env.get("VMAGENT_MODEL"):
+        values["model"] = env["VMAGENT_MODEL"]
+    return values
+
+
+def dump(config: AgentConfig) -> str:
+    """The settings in effect, for a log line or `vmagent config`."""
+    return json.dumps(config.model_dump(), indent=2)
