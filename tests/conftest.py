@@ -1,0 +1,86 @@
+"""Shared fixtures: the guest image and real machines for `vm` tests.
+
+`vm` tests boot real guests under libvirt. Outside CI they are skipped when the image
+or libvirtd is missing (with the command that fixes it); in CI (env CI set) they fail
+instead, so a green CI always means the guests really ran.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from vmd.images import ImageMissing, find_image
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"vm tests must run in CI, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def debian_image():
+    try:
+        image = find_image("debian")
+    except ImageMissing as exc:
+        _unavailable(str(exc))
+    try:
+        import libvirt
+
+        libvirt.open("qemu:///system").close()
+    except Exception as exc:  # libvirt not installed or libvirtd not running
+        _unavailable(f"libvirtd is not reachable ({exc}); start it with `virtlogd -d; libvirtd -d`")
+    return image
+
+
+@pytest.fixture
+def machine_factory(debian_image, tmp_path):
+    """Creates machines and destroys whatever a test leaves behind."""
+    from vmd.machine import Machine
+
+    made: list[Machine] = []
+
+    def make(project_dir: Path | None = None, **kwargs) -> Machine:
+        name = f"vmtest-{uuid.uuid4().hex[:8]}"
+        machine = Machine.create(debian_image, name=name, workdir=tmp_path / name,
+                                 project_dir=project_dir, **kwargs)
+        made.append(machine)
+        return machine
+
+    yield make
+    for machine in made:
+        machine.destroy()
+
+
+def pytest_collection_modifyitems(config, items):
+    # Slow real-guest tests run last so that a quick failure elsewhere shows first.
+    items.sort(key=lambda item: item.get_closest_marker("vm") is not None)
+
+
+# --- the count CI checks: how many `vm` tests ran, and how many were skipped ------------
+
+_vm_outcomes: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report):
+    if "vm" not in report.keywords:
+        return
+    if report.skipped:
+        _vm_outcomes[report.nodeid] = "skipped"
+    elif report.when == "call":
+        _vm_outcomes[report.nodeid] = report.outcome
+    elif report.failed:
+        _vm_outcomes[report.nodeid] = "error"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    target = os.environ.get("VM_TESTS_REPORT")
+    if target:
+        import json
+
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps(_vm_outcomes, indent=1))

@@ -1,0 +1,130 @@
+"""Domain XML and the machine life cycle against libvirt's test:///default driver.
+
+No hypervisor is needed: the test driver accepts and "runs" the domain, so what libvirt
+would be told and what is left after destroy are checked here; what only QEMU can show
+is in test_machine_vm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+
+import libvirt
+import pytest
+
+from vmd.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, SerialLog, SharedFolder, UserNetwork, Video
+from vmd.images import Image, ImageMissing, find_image
+from vmd.machine import Machine, MachineError
+
+TEST_URI = "test:///default"
+
+
+def _domain(**overrides) -> Domain:
+    spec = dict(name="t", memory_mib=1024, vcpus=2, accel="qemu",
+                boot=DirectKernel("/img/vmlinuz", "/img/initrd.img", "root=/dev/vda rw"),
+                disk=Disk("/work/overlay.qcow2"), network=UserNetwork(ssh_port=40022),
+                video=Video(1280, 800), shared=SharedFolder("/projects/p"),
+                serial=SerialLog("/work/console.log"))
+    spec.update(overrides)
+    return Domain(**spec)
+
+
+def test_the_xml_asks_for_what_the_agent_relies_on():
+    root = ET.fromstring(_domain().to_xml())
+    assert root.get("type") == "qemu"
+    assert root.find("os/kernel").text == "/img/vmlinuz"
+    assert root.find("os/cmdline").text == "root=/dev/vda rw"
+    assert root.find("devices/disk/source").get("file") == "/work/overlay.qcow2"
+    assert root.find("devices/input[@type='tablet']").get("bus") == "usb"
+    fs = root.find("devices/filesystem")
+    assert fs.find("source").get("dir") == "/projects/p" and fs.find("target").get("dir") == "project"
+    res = root.find("devices/video/model/resolution")
+    assert (res.get("x"), res.get("y")) == ("1280", "800")
+    assert root.find("devices/graphics").get("listen") == "127.0.0.1"
+    args = [a.get("value") for a in root.find(f"{{{QEMU_NS}}}commandline")]
+    netdev = args[args.index("-netdev") + 1]
+    assert "hostfwd=tcp:127.0.0.1:40022-:22" in netdev
+    assert "restrict=on" in netdev  # egress closed by default
+
+
+def test_egress_is_opened_only_when_asked_and_kvm_gets_host_cpu():
+    root = ET.fromstring(_domain(accel="kvm", network=UserNetwork(40022, egress=True)).to_xml())
+    assert root.get("type") == "kvm"
+    assert root.find("cpu").get("mode") == "host-passthrough"
+    args = " ".join(a.get("value") for a in root.find(f"{{{QEMU_NS}}}commandline"))
+    assert "restrict=on" not in args
+
+
+def test_a_headless_machine_without_project_has_no_screen_or_share():
+    root = ET.fromstring(_domain(video=None, shared=None).to_xml())
+    assert root.find("devices/video") is None and root.find("devices/filesystem") is None
+
+
+def test_libvirt_accepts_the_xml_and_keeps_our_devices():
+    conn = libvirt.open(TEST_URI)
+    dom = conn.defineXML(_domain(name="xml-roundtrip").to_xml())
+    try:
+        back = ET.fromstring(dom.XMLDesc(0))
+        assert back.find("devices/input[@type='tablet']") is not None
+        assert back.find("devices/filesystem/source").get("dir") == "/projects/p"
+    finally:
+        dom.undefine()
+
+
+@pytest.fixture
+def fake_image(tmp_path) -> Image:
+    folder = tmp_path / "debian-test"
+    folder.mkdir()
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(folder / "disk.qcow2"), "64M"], check=True)
+    for name in ("vmlinuz", "initrd.img", "id_ed25519"):
+        (folder / name).write_text("")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "key")], check=True)
+    (folder / "id_ed25519").write_text((folder / "key").read_text())
+    manifest = dict(name="debian", os_family="linux", user="agent", project_path="/mnt/project",
+                    resolution=[1024, 768], desktop=True, kernel="vmlinuz", initrd="initrd.img",
+                    kernel_args="root=/dev/vda")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return find_image("debian", tmp_path)
+
+
+def test_create_suspend_resume_destroy_on_the_test_driver(fake_image, tmp_path):
+    machine = Machine.create(fake_image, name="life", workdir=tmp_path / "w",
+                             project_dir=tmp_path, uri=TEST_URI)
+    overlay = tmp_path / "w" / "overlay.qcow2"
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(overlay)],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert info["backing-filename"].endswith("disk.qcow2")  # an overlay, never the base
+    assert machine.state() == "running"
+    machine.suspend()
+    assert machine.state() == "paused"
+    machine.resume()
+    assert machine.state() == "running"
+    again = Machine.attach(fake_image, name="life", workdir=tmp_path / "w", project_dir=tmp_path, uri=TEST_URI)
+    assert again.ssh_port == machine.ssh_port
+    machine.destroy()
+    assert "life" not in [d.name() for d in libvirt.open(TEST_URI).listAllDomains()]
+    assert not overlay.exists()
+    with pytest.raises(MachineError, match="no longer exists"):
+        Machine.attach(fake_image, name="life", workdir=tmp_path / "w", project_dir=None, uri=TEST_URI)
+
+
+def test_a_guest_that_never_answers_gets_a_sentence(fake_image, tmp_path):
+    machine = Machine.create(fake_image, name="silent", workdir=tmp_path / "w", project_dir=None, uri=TEST_URI)
+    try:
+        with pytest.raises(MachineError, match="did not answer over SSH within 2 s.*longer timeout"):
+            machine.ready(timeout=2)
+    finally:
+        machine.destroy()
+
+
+def test_a_missing_image_says_how_to_build_it(tmp_path):
+    with pytest.raises(ImageMissing, match="vmd images build debian"):
+        find_image("debian", tmp_path)
+
+
+def test_libvirt_not_running_says_how_to_start_it(fake_image, tmp_path):
+    uri = f"qemu+unix:///system?socket={tmp_path}/no-libvirt.sock"
+    with pytest.raises(MachineError, match="libvirtd -d"):
+        Machine.create(fake_image, name="nolibvirt", workdir=tmp_path / "w", project_dir=None, uri=uri)
