@@ -11,7 +11,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+# vmd's own facts about a domain, kept in libvirt's <metadata> so that a restarted vmd
+# can re-bind to a running guest (the SSH port is otherwise only in QEMU's arguments).
+VMD_NS = "https://vmagent.invalid/xmlns/vmd/1"
 ET.register_namespace("qemu", QEMU_NS)
+ET.register_namespace("vmd", VMD_NS)
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
@@ -152,6 +156,8 @@ class Domain:
         dom = ET.Element("domain", {"type": self.accel})
         _sub(dom, "name", self.name)
         _sub(dom, "description", self.description)
+        metadata = _sub(dom, "metadata")
+        ET.SubElement(metadata, f"{{{VMD_NS}}}machine", {"ssh-port": str(self.network.ssh_port)})
         _sub(dom, "memory", str(self.memory_mib), unit="MiB")
         _sub(dom, "vcpu", str(self.vcpus))
         os_el = _sub(dom, "os")

@@ -267,8 +267,10 @@ class LinuxGuest(Guest):
                              timed_out=timed_out)
 
     def _kill_marked(self, marker: str) -> None:
-        script = (f"for e in /proc/[0-9]*/environ; do grep -qs 'VMD_RUN={marker}' \"$e\" && "
-                  "p=${e#/proc/} && kill -9 ${p%/environ} 2>/dev/null; done; true")
+        # One grep over every process environment: a loop forking a grep per process
+        # took over 10 s under TCG.
+        script = (f"pids=$(grep -lsa 'VMD_RUN={marker}' /proc/[0-9]*/environ | cut -d/ -f3); "
+                  "[ -z \"$pids\" ] || kill -9 $pids 2>/dev/null; true")
         try:
             channel = self.ssh.transport().open_session(timeout=10)
             channel.exec_command(f"sudo -n sh -c {shlex.quote(script)} || sh -c {shlex.quote(script)}")

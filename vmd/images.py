@@ -62,7 +62,8 @@ def recipe_hash(name: str, recipes: Path = RECIPES_DIR) -> str:
         known = ", ".join(sorted(p.name for p in recipes.iterdir() if p.is_dir())) or "none"
         raise ImageMissing(f"there is no image recipe '{name}' under {recipes} (known: {known}).")
     digest = hashlib.sha256()
-    for path in sorted(p for p in recipe.rglob("*") if p.is_file()):
+    files = (p for p in recipe.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in sorted(files):
         digest.update(str(path.relative_to(recipe)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

@@ -169,7 +169,7 @@ class Machine:
             raise MachineError(f"the guest '{name}' no longer exists; its work is in the project "
                                "folder, open a new session to carry on.") from None
         xml = domain.XMLDesc(0)
-        m = re.search(r"hostfwd=tcp:127\.0\.0\.1:(\d+)-:22", xml)
+        m = re.search(r"ssh-port=['\"](\d+)['\"]", xml)
         if not m:
             raise MachineError(f"the guest '{name}' has no SSH forward; it was not made by vmd.")
         acc = "kvm" if "type='kvm'" in xml or 'type="kvm"' in xml else "qemu"
@@ -213,9 +213,10 @@ class Machine:
             self.guest.run(f"mountpoint -q {self.image.project_path} || sudo mount {self.image.project_path}",
                            timeout=30)
         if desktop and self.image.desktop:
-            # The desktop is up when openbox manages windows and the terminal is mapped.
+            # The desktop is up when openbox manages windows and the terminal is on screen
+            # (the window exists, unmapped, well before that).
             probe = ("export DISPLAY=:0; xprop -root _NET_SUPPORTING_WM_CHECK 2>/dev/null | grep -q 'window id'"
-                     " && xwininfo -root -tree 2>/dev/null | grep -q '\"terminal\"'")
+                     " && xwininfo -name terminal 2>/dev/null | grep -q IsViewable")
             while self.guest.run(probe, timeout=20).exit_code != 0:
                 if time.monotonic() > deadline:
                     raise MachineError(f"the guest '{self.name}' answers over SSH but its desktop did "

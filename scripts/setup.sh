@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian 12 / Ubuntu host for vmagent and (with --start) start it.
+#
+#   sudo bash scripts/setup.sh [--start]
+#
+# Installs the system packages, configures and starts libvirtd, creates the Python
+# virtual environment in .venv, and builds the default guest image (skipped when an
+# image of the same recipe hash is already in VMD_IMAGES_DIR, default
+# /var/lib/vmagent/images, which lives outside the clone so that it is a cache).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\n== %s\n' "$*"; }
+
+[ "$(id -u)" = 0 ] || { echo "setup.sh needs root (apt, libvirtd, debootstrap): run it with sudo" >&2; exit 1; }
+
+say "system packages"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends \
+    qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
+    debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
+    chromium xvfb xdotool ca-certificates >/dev/null
+
+say "libvirt"
+# 9p passthrough shares keep the guest's file owners on the host, which needs QEMU to
+# run as root (libvirt's default user cannot chown). vmd is the privileged part anyway.
+conf=/etc/libvirt/qemu.conf
+grep -q '^user = "root"' "$conf" || echo 'user = "root"' >> "$conf"
+grep -q '^group = "root"' "$conf" || echo 'group = "root"' >> "$conf"
+if ! virsh -c qemu:///system version >/dev/null 2>&1; then
+    pgrep -x virtlogd >/dev/null || virtlogd -d
+    pgrep -x libvirtd >/dev/null || libvirtd -d
+    for _ in $(seq 50); do virsh -c qemu:///system version >/dev/null 2>&1 && break; sleep 0.2; done
+fi
+virsh -c qemu:///system version | head -n 3
+
+say "python environment (.venv)"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e '.[test]'
+
+say "guest image"
+.venv/bin/vmd images build debian
+
+if [ "${1:-}" = "--start" ]; then
+    say "starting vmd and the job service"
+    state=${VMD_STATE_DIR:-/var/lib/vmagent/state}
+    sock=${VMD_SOCKET:-/run/vmd/vmd.sock}
+    mkdir -p "$state" "$(dirname "$sock")"
+    nohup .venv/bin/vmd serve --socket "$sock" --state-dir "$state" >"$state/vmd.log" 2>&1 &
+    for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.2; done
+    nohup env VMD_SOCKET="$sock" .venv/bin/vmagent serve >"$state/vmagent.log" 2>&1 &
+    echo "vmd:       $sock (log $state/vmd.log)"
+    echo "service:   http://127.0.0.1:${VMAGENT_PORT:-8790} (log $state/vmagent.log)"
+    echo "run a job: VMD_SOCKET=$sock OLLAMA_HOST=http://OLLAMA:11434 .venv/bin/vmagent run \"TASK\" --os debian --project demo"
+fi
+say "ready"

@@ -1,0 +1,226 @@
+"""The machine layer on a real Debian guest under libvirt (TCG in CI).
+
+One guest is booted for the module (a cold TCG boot costs 30-40 s) and destroyed by the
+last test, which checks that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import string
+import subprocess
+import textwrap
+import time
+import uuid
+
+import libvirt
+import pytest
+from PIL import Image as PILImage, ImageStat
+
+from vmd.guest import GuestError
+from vmd.machine import Machine
+from vmd.screen import ScreenError
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture(scope="module")
+def booted(debian_image, tmp_path_factory):
+    root = tmp_path_factory.mktemp("machine")
+    project = root / "project"
+    project.mkdir()
+    os.chmod(project, 0o777)
+    machine = Machine.create(debian_image, name=f"vmtest-{uuid.uuid4().hex[:8]}",
+                             workdir=root / "work", project_dir=project)
+    facts = machine.ready(timeout=300, desktop=True)
+    yield machine, facts, project
+    machine.destroy()
+
+
+def test_ready_returns_facts_read_from_the_guest(booted):
+    machine, facts, _ = booted
+    assert "Debian" in facts.os
+    assert facts.kernel.startswith("Linux ")
+    assert facts.python.startswith("Python 3")
+    assert facts.git.startswith("git version")
+    assert facts.desktop is True
+    assert facts.project_path == "/mnt/project" and facts.project_mounted
+    assert len(facts.boot_id) == 36
+    assert 0 < facts.seconds < 300
+
+
+def test_uname_runs_in_the_guest(booted):
+    machine, _, _ = booted
+    result = machine.guest.run("uname -a")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("Linux vmagent-guest")
+    assert not result.truncated and not result.timed_out
+
+
+def test_exit_code_stderr_and_cwd_come_back(booted):
+    machine, _, _ = booted
+    result = machine.guest.run("pwd; echo oops >&2; exit 3")
+    assert result.exit_code == 3
+    assert result.stdout.strip() == "/mnt/project"  # commands start in the project folder
+    assert result.stderr.strip() == "oops"
+    assert machine.guest.run("pwd", cwd="/tmp").stdout.strip() == "/tmp"
+
+
+def test_five_megabytes_of_output_come_back_capped_with_head_and_tail(booted):
+    machine, _, _ = booted
+    script = "import sys; print('FIRST-LINE'); sys.stdout.write('x' * 5_000_000 + '\\n'); print('LAST-LINE')"
+    lines = []
+    result = machine.guest.run(f"python3 -c \"{script}\"", timeout=120,
+                               on_output=lambda stream, line: lines.append(line))
+    assert result.exit_code == 0
+    assert result.truncated
+    assert result.stdout.startswith("FIRST-LINE")
+    assert result.stdout.rstrip().endswith("LAST-LINE")
+    assert "bytes of output cut here" in result.stdout
+    assert len(result.stdout) < 100_000
+    assert lines[0] == "FIRST-LINE" and lines[-1] == "LAST-LINE"  # the live view saw it all
+
+
+def test_a_timeout_kills_the_whole_process_tree_promptly(booted):
+    machine, _, _ = booted
+    started = time.monotonic()
+    result = machine.guest.run("sleep 600 & setsid sleep 601 & sleep 602", timeout=5)
+    elapsed = time.monotonic() - started
+    assert result.timed_out
+    assert "timeout" in result.stderr
+    assert elapsed < 15, f"a 5 s timeout took {elapsed:.1f} s to return"
+    left = machine.guest.run("pgrep -a sleep || true").stdout
+    assert "sleep 60" not in left, f"processes outlived their timeout: {left}"
+
+
+def test_a_file_written_in_the_project_is_on_the_host_at_once(booted):
+    machine, _, project = booted
+    token = uuid.uuid4().hex
+    assert machine.guest.run(f"echo {token} > /mnt/project/from-guest.txt").exit_code == 0
+    assert (project / "from-guest.txt").read_text().strip() == token
+
+
+def test_files_read_write_append_list_and_edit_over_sftp(booted):
+    machine, _, project = booted
+    guest = machine.guest
+    assert guest.write_file("notes/a.txt", "alpha\nbeta\n") == 11  # relative: the project
+    guest.append_file("/mnt/project/notes/a.txt", "gamma\n")
+    assert (project / "notes" / "a.txt").read_text() == "alpha\nbeta\ngamma\n"
+    chunk = guest.read_file("notes/a.txt", offset=6, limit=4)
+    assert chunk.content == "beta" and chunk.size == 17 and chunk.truncated
+    guest.edit_file("notes/a.txt", "beta", "BETA")
+    assert (project / "notes" / "a.txt").read_text() == "alpha\nBETA\ngamma\n"
+    guest.write_file("notes/b.txt", "x x\n")
+    with pytest.raises(GuestError, match="matched 2 times"):
+        guest.edit_file("notes/b.txt", "x", "y")
+    with pytest.raises(GuestError, match="matched nowhere"):
+        guest.edit_file("notes/b.txt", "zzz", "y")
+    names = {e.name: e.type for e in guest.list_dir("notes")}
+    assert names == {"a.txt": "file", "b.txt": "file"}
+
+
+def test_bad_paths_get_sentences_that_say_what_to_do(booted):
+    guest = booted[0].guest
+    with pytest.raises(GuestError, match="no such file.*list_dir"):
+        guest.read_file("/nonexistent/file.txt")
+    with pytest.raises(GuestError, match="Windows path"):
+        guest.read_file("C:\\Users\\agent\\x.txt")
+    with pytest.raises(GuestError, match="permission denied.*sudo"):
+        guest.write_file("/etc/vmd-test", "x")
+    with pytest.raises(GuestError, match="directory"):
+        guest.read_file("/mnt/project")
+
+
+def test_the_screenshot_has_the_configured_size_and_is_not_blank(booted):
+    machine, _, _ = booted
+    shot = machine.screen.screenshot()
+    image = PILImage.open(io.BytesIO(shot.png))
+    assert image.format == "PNG"
+    assert (shot.width, shot.height) == image.size == tuple(machine.image.resolution)
+    stat = ImageStat.Stat(image.convert("L"))
+    assert stat.stddev[0] > 10, "the screen is one flat colour"
+    assert len(image.getcolors(1 << 20) or []) > 2
+
+
+def _wait_for(machine, command: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = machine.guest.run(command, timeout=20)
+        if result.exit_code == 0 and result.stdout.strip():
+            return result.stdout
+        time.sleep(0.5)
+    return ""
+
+
+def test_text_typed_into_the_focused_terminal_runs(booted):
+    machine, _, _ = booted
+    screen = machine.screen
+    screen.screenshot()
+    screen.click(400, 300)  # the terminal window opens at +30+30, 990x540
+    time.sleep(0.5)
+    printable = "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c")
+    screen.type("cat > /tmp/typed.txt\n")
+    time.sleep(0.5)
+    screen.type(printable + "\n")
+    screen.key("ctrl+d")
+    typed = _wait_for(machine, "test -s /tmp/typed.txt && sleep 0.5 && cat /tmp/typed.txt")
+    assert typed == printable + "\n", "typed text differs from what the guest received"
+
+
+def test_a_click_on_a_button_found_on_the_screenshot_has_an_effect(booted):
+    machine, _, _ = booted
+    program = textwrap.dedent("""
+        import tkinter as tk
+        root = tk.Tk(); root.title("clickme"); root.geometry("+700+420")
+        def done():
+            open("/tmp/clicked", "w").write("yes"); root.destroy()
+        tk.Button(root, text="Press", bg="#00c000", activebackground="#00c000",
+                  width=12, height=3, command=done).pack(padx=20, pady=20)
+        root.mainloop()
+    """)
+    machine.guest.write_file("/tmp/clickme.py", program)
+    machine.guest.run("rm -f /tmp/clicked; DISPLAY=:0 nohup python3 /tmp/clickme.py >/tmp/clickme.log 2>&1 &")
+    assert _wait_for(machine, "DISPLAY=:0 xwininfo -name clickme >/dev/null && echo up")
+    time.sleep(1.0)
+    shot = machine.screen.screenshot()
+    image = PILImage.open(io.BytesIO(shot.png)).convert("RGB")
+    green = [(x, y) for y in range(0, image.height, 2) for x in range(0, image.width, 2)
+             if image.getpixel((x, y)) == (0, 192, 0)]
+    assert len(green) > 50, "the green button is not on the screenshot"
+    cx = sum(x for x, _ in green) // len(green)
+    cy = sum(y for _, y in green) // len(green)
+    machine.screen.click(cx, cy)
+    assert _wait_for(machine, "cat /tmp/clicked 2>/dev/null") == "yes"
+
+
+def test_bad_screen_input_is_refused_with_the_valid_choices(booted):
+    screen = booted[0].screen
+    with pytest.raises(ScreenError, match="Valid names:.*ctrl"):
+        screen.key("ctrl+nonsense")
+    with pytest.raises(ScreenError, match="outside the screen"):
+        screen.click(5000, 10)
+    with pytest.raises(ScreenError, match="printable ASCII"):
+        screen.type("naïve")
+
+
+def test_destroy_leaves_nothing_but_the_project_folder(debian_image, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    os.chmod(project, 0o777)
+    machine = Machine.create(debian_image, name=f"vmtest-{uuid.uuid4().hex[:8]}",
+                             workdir=tmp_path / "work", project_dir=project)
+    machine.ready(timeout=300)
+    machine.guest.run("echo kept > /mnt/project/kept.txt && sync")
+    pid = int(subprocess.run(["pgrep", "-f", f"guest={machine.name}"], capture_output=True,
+                             text=True).stdout.split()[0])
+    machine.destroy()
+    conn = libvirt.open("qemu:///system")
+    assert machine.name not in [d.name() for d in conn.listAllDomains()]
+    assert not (tmp_path / "work" / "overlay.qcow2").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", machine.ssh_port)) != 0, "the SSH forward is still open"
+    assert (project / "kept.txt").read_text() == "kept\n"
