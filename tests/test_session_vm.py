@@ -1,0 +1,56 @@
+"""One whole session on a real guest, through the socket: open, plan, ready, run, write
+a file to the project, update tasks, finish with verification, close, report."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from vmagent.client import Vmd
+from vmd.rpc import VmdServer
+from vmd.session import LibvirtMachines
+from tests.vmd_fakes import make_config
+
+pytestmark = pytest.mark.vm
+
+
+def test_one_whole_session_on_a_real_guest(tmp_path, debian_image):
+    config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=900, verify_timeout_s=300)
+    server = VmdServer(config, LibvirtMachines(config)).start()
+    lines: list[str] = []
+    c = Vmd(config.socket, timeout=1200, on_notify=lambda m, p: lines.append(p.get("line", ""))).connect()
+    try:
+        opened = c.call("session_open", os="debian", project="whole", task="Add greet.py that prints hello")
+        assert opened["project_share"] is True
+        c.call("plan_tasks", tasks=["write greet.py", "check it runs"])  # while the guest boots
+        ready = c.call("session_ready", timeout=900)
+        assert ready["facts"]["project_path"] and ready["seconds"] > 0
+        c.call("update_task", id=1, status="in_progress")
+        c.call("write_file", path="greet.py", content="print('hello from the guest')\n")
+        c.call("update_task", id=1, status="done")
+        run = c.call("run", command="python3 greet.py && uname -s")
+        assert run["exit_code"] == 0 and "hello from the guest" in run["stdout"]
+        assert "hello from the guest" in lines  # live output came as notifications
+        c.call("update_task", id=2, status="done")
+        finished = c.call("finish", summary="greet.py prints hello",
+                          verification={"command": "python3 greet.py | grep -q hello", "expect_exit": 0})
+        assert finished["accepted"] and finished["outcome"]["passed"]
+        closed = c.call("session_close")
+        assert closed["pushed"] and closed["machine_destroyed"]
+        report = c.call("report")
+    finally:
+        try:
+            c.call("session_close")
+        finally:
+            c.close()
+            server.stop()
+    host_file = config.projects_dir / "local" / "whole" / "greet.py"
+    assert host_file.read_text() == "print('hello from the guest')\n"
+    bare = config.state_dir / "git" / "local" / "whole.git"
+    head = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "main"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert head == closed["commit"]
+    md = report["markdown"]
+    assert report["outcome"]["status"] == "passed"
+    assert closed["commit"][:12] in md and str(bare) in md and "`A greet.py`" in md

@@ -1,0 +1,69 @@
+"""`vmd serve` and `vmd images …`."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from vmd.config import VmdConfig
+
+
+def _serve(args) -> int:
+    from vmd.rpc import VmdServer
+    try:
+        config = VmdConfig.load(args.config, socket=args.socket, state_dir=args.state_dir,
+                                images_dir=args.images_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"vmd serve: {exc}", file=sys.stderr)
+        return 2
+    server = VmdServer(config)
+    try:
+        server.bind()
+    except (RuntimeError, OSError) as exc:
+        print(f"vmd serve: cannot listen on {config.socket}: {exc}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: server._stopping.set())
+    print(f"vmd: serving on {config.socket} (state in {config.state_dir})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def _images(args) -> int:
+    from vmd.images import cli_build, cli_list  # lazily: serving needs no image tooling
+    return cli_build(args) if args.images_command == "build" else cli_list(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vmd", description="The vmagent supervisor: guests, sessions, records.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the verb table on a Unix socket")
+    serve.add_argument("--socket", help="socket path (env VMD_SOCKET; default /run/vmd/vmd.sock)")
+    serve.add_argument("--state-dir", help="sessions, records, projects (env VMD_STATE_DIR)")
+    serve.add_argument("--images-dir", help="built guest images (env VMD_IMAGES_DIR)")
+    serve.add_argument("--config", help="a TOML file of VmdConfig fields (env VMD_CONFIG)")
+    serve.set_defaults(func=_serve)
+
+    images = sub.add_parser("images", help="build and list guest images")
+    images_sub = images.add_subparsers(dest="images_command", required=True)
+    build = images_sub.add_parser("build", help="build an image from its recipe under images/")
+    build.add_argument("name")
+    build.add_argument("--images-dir", help="where images live (env VMD_IMAGES_DIR)")
+    listing = images_sub.add_parser("list", help="list built images")
+    listing.add_argument("--images-dir", help="where images live (env VMD_IMAGES_DIR)")
+    images.set_defaults(func=_images)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

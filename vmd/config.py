@@ -1,0 +1,92 @@
+"""vmd's configuration: an optional TOML file (VMD_CONFIG), then the environment.
+
+Every number a person might tune lives here with the reason for its default.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+# Environment variable -> field. The environment wins over the file.
+ENV_FIELDS = {
+    "VMD_SOCKET": "socket",
+    "VMD_STATE_DIR": "state_dir",
+    "VMD_IMAGES_DIR": "images_dir",
+    "VMD_PROJECTS_DIR": "projects_dir",
+    "VMD_LIBVIRT_URI": "libvirt_uri",
+    "VMD_DEFAULT_OS": "default_os",
+    "VMD_BOOT_TIMEOUT_S": "boot_timeout_s",
+    "VMD_VERIFY_TIMEOUT_S": "verify_timeout_s",
+    "GITEA_URL": "gitea_url",
+    "GITEA_TOKEN": "gitea_token",
+    "GITEA_WEB_URL": "gitea_web_url",
+}
+
+
+class VmdConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    socket: Path = Path("/run/vmd/vmd.sock")
+    state_dir: Path = Path("/var/lib/vmagent/state")
+    images_dir: Path = Path("/var/lib/vmagent/images")
+    # Host folders shared into guests as the project; defaults to <state_dir>/projects.
+    projects_dir: Path | None = None
+    libvirt_uri: str = "qemu:///system"
+    gitea_url: str = ""
+    gitea_token: SecretStr = SecretStr("")
+    # Where people browse the repositories, when it differs from the API address
+    # (e.g. the API is reached inside a compose network, people use a public name).
+    gitea_web_url: str = ""
+    default_os: str = "debian"
+    # A cold boot under TCG (no KVM, as on the CI machines) took ~60 s for the Debian
+    # guest and several minutes for a desktop; 600 s leaves room for a loaded host.
+    boot_timeout_s: float = Field(default=600, gt=0)
+    # The verification command vmd re-runs at finish: a project's test suite under TCG
+    # can take minutes; past this it counts as failed (timed out).
+    verify_timeout_s: float = Field(default=900, gt=0)
+    # Characters of output kept as the verification's tail in the outcome and report:
+    # enough for a test runner's summary and the last failure.
+    output_tail_chars: int = Field(default=4000, gt=0)
+    # Output of one `run` returned to the agent and kept in the record is capped by the
+    # guest layer; the record keeps this many characters of each stream.
+    record_output_chars: int = Field(default=2000, gt=0)
+
+    @model_validator(mode="after")
+    def _default_projects_dir(self) -> "VmdConfig":
+        if self.projects_dir is None:
+            self.projects_dir = self.state_dir / "projects"
+        return self
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.state_dir / "sessions"
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+        **overrides,
+    ) -> "VmdConfig":
+        """File (`path`, else $VMD_CONFIG if set), then the environment, then `overrides`
+        (command-line flags); None overrides are ignored."""
+        env = os.environ if env is None else env
+        values: dict = {}
+        path = path or env.get("VMD_CONFIG")
+        if path:
+            file = Path(path)
+            if not file.is_file():
+                raise FileNotFoundError(f"vmd config file {file} does not exist (from VMD_CONFIG or --config).")
+            with open(file, "rb") as fh:
+                values.update(tomllib.load(fh))
+        for var, field in ENV_FIELDS.items():
+            if env.get(var):
+                values[field] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        # projects_dir follows state_dir unless it was set on its own.
+        return cls(**values)

@@ -1,0 +1,131 @@
+"""The session record: an append-only JSONL file of what vmd served, as served.
+
+One line per event under `<state_dir>/sessions/<id>/record.jsonl`; screenshots are PNG
+files beside it. Reports are built from this file alone, so it says everything a
+report needs (the verification outcome, task changes, the commit) and nothing secret:
+the Gitea token and anything that looks like a credential are redacted, and file
+bodies are summarised rather than stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+REDACTED = "[redacted]"
+# Argument and result keys whose values are file bodies: summarised, never stored.
+BODY_KEYS = {"content", "png_base64", "markdown"}
+# Keys whose values are secrets wherever they appear.
+SECRET_KEY = re.compile(r"(?i)(token|password|passwd|secret|api[_-]?key|authorization|credential)")
+# Secrets inside free text: `TOKEN=abc`, `password: abc`, `Authorization: Bearer abc`,
+# and tokens with well-known prefixes.
+SECRET_ASSIGNMENT = re.compile(
+    r"(?i)\b([\w-]*(?:token|password|passwd|secret|api[_-]?key)[\w-]*)(\s*[=:]\s*|\s+)(['\"]?)([^\s'\"]{4,})"
+)
+SECRET_HEADER = re.compile(r"(?i)(authorization:\s*(?:bearer|token|basic)\s+)(\S+)")
+SECRET_PREFIXED = re.compile(r"\b(ghp_|gho_|github_pat_|glpat-|sk-|xox[abp]-)[A-Za-z0-9_-]{8,}")
+# Long strings in the record are cut to this many characters (the verification tail
+# has its own, larger budget in the config).
+TEXT_LIMIT = 2000
+LONG_KEYS = {"output_tail": 8000}
+
+
+def body_summary(value: str | bytes) -> str:
+    data = value.encode() if isinstance(value, str) else value
+    first = data.split(b"\n", 1)[0][:80].decode(errors="replace")
+    return f"<{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}…, first line: {first!r}>"
+
+
+class Redactor:
+    """Removes known secret values and credential-looking text from anything JSON."""
+
+    def __init__(self, secrets: Iterable[str] = ()):
+        self.secrets = [s for s in secrets if s and len(s) >= 4]
+
+    def text(self, value: str) -> str:
+        for secret in self.secrets:
+            value = value.replace(secret, REDACTED)
+        value = SECRET_HEADER.sub(lambda m: m[1] + REDACTED, value)
+        value = SECRET_ASSIGNMENT.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{REDACTED}", value)
+        return SECRET_PREFIXED.sub(REDACTED, value)
+
+    def value(self, value: Any, key: str = "", limit: int = TEXT_LIMIT) -> Any:
+        if isinstance(value, dict):
+            return {k: self.value(v, k, LONG_KEYS.get(k, limit)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.value(v, key, limit) for v in value]
+        if isinstance(value, bytes):
+            return body_summary(value)
+        if isinstance(value, str):
+            if key and SECRET_KEY.search(key) and value:
+                return REDACTED
+            if key in BODY_KEYS:
+                return body_summary(self.text(value))
+            value = self.text(value)
+            if len(value) > limit:
+                value = value[: limit // 2] + f"\n…[{len(value) - limit} characters cut]…\n" + value[-limit // 2:]
+            return value
+        return value
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Record:
+    """Appends events to one session's record; safe to share between threads."""
+
+    def __init__(self, session_dir: Path, redactor: Redactor | None = None):
+        self.dir = Path(session_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "record.jsonl"
+        self.redactor = redactor or Redactor()
+        self._lock = threading.Lock()
+
+    def append(self, kind: str, **fields: Any) -> dict:
+        event = {"time": now_iso(), "kind": kind, **self.redactor.value(fields)}
+        line = json.dumps(event, ensure_ascii=False, default=str)
+        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        return event
+
+    def verb(self, verb: str, args: dict, *, result: dict | None = None, error: str | None = None,
+             duration: float = 0.0, **extra: Any) -> dict:
+        fields: dict[str, Any] = {"verb": verb, "args": args, "duration": round(duration, 3)}
+        if error is not None:
+            fields["error"] = error
+        else:
+            fields["result"] = result or {}
+        fields.update(extra)
+        return self.append("verb", **fields)
+
+    def save_screenshot(self, png: bytes) -> str:
+        """Stores a PNG beside the record; returns its path relative to the session dir."""
+        folder = self.dir / "screenshots"
+        folder.mkdir(exist_ok=True)
+        with self._lock:
+            number = len(list(folder.glob("*.png"))) + 1
+            name = f"screenshots/{number:04d}-{int(time.time())}.png"
+            (self.dir / name).write_bytes(png)
+        return name
+
+
+def read_record(path: str | Path) -> list[dict]:
+    """All events of a record; a torn last line (vmd killed mid-write) is skipped."""
+    events = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events

@@ -1,0 +1,167 @@
+"""The session report, built from the record alone (it works after the machine is gone).
+
+The outcome is vmd's verification as it ran it, never the model's summary; the model's
+own words appear last, labelled as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from vmd.record import read_record
+from vmd.tasks import TaskList
+
+FILE_VERBS = ("write_file", "append_file", "edit_file")
+UNCOUNTED = ("session_status", "report")
+
+
+@dataclass
+class Report:
+    markdown: str
+    outcome: dict  # status: passed | failed | unverified, and the verification if any
+
+
+def _time(event: dict) -> datetime | None:
+    try:
+        return datetime.fromisoformat(event["time"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} m"
+    return f"{minutes} m {secs:02d} s" if minutes else f"{secs} s"
+
+
+def _fence(text: str) -> str:
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}text\n{text.rstrip()}\n{fence}"
+
+
+def build_report(record_path: str | Path) -> Report:
+    events = read_record(record_path)
+    opened = next((e for e in events if e["kind"] == "session" and e.get("event") == "open"), {})
+    args = opened.get("args") or {}
+    session_id = opened.get("session_id") or Path(record_path).parent.name
+    verbs = [e for e in events if e["kind"] == "verb" and e.get("verb") not in UNCOUNTED]
+    task_events = [e for e in events if e["kind"] == "task"]
+    tasks = TaskList.from_list(task_events[-1]["tasks"]) if task_events else TaskList()
+    outcome_event = next((e for e in reversed(events) if e["kind"] == "outcome"), None)
+    close = next((e for e in reversed(events) if e["kind"] == "close"), None)
+    notes = [e for e in events if e["kind"] == "note"]
+    machine = [e for e in events if e["kind"] == "machine"]
+    cancelled = any(e.get("verb") == "session_cancel" and "error" not in e for e in verbs)
+
+    if outcome_event:
+        passed = bool(outcome_event.get("passed"))
+        outcome = {"status": "passed" if passed else "failed",
+                   **{k: outcome_event.get(k) for k in ("command", "cwd", "exit_code", "expect_exit",
+                                                         "timed_out", "duration", "output_tail")}}
+    else:
+        outcome = {"status": "unverified", "command": None, "exit_code": None, "expect_exit": None,
+                   "output_tail": ""}
+    if close:
+        outcome.update(commit=close.get("commit"), web_url=close.get("web_url"))
+
+    md: list[str] = []
+    task_title = (args.get("task") or "").strip().splitlines()
+    md.append(f"# vmagent session {session_id}" + (f": {task_title[0][:100]}" if task_title else ""))
+    md.append("")
+    if outcome_event:
+        mark = "✅ verified" if outcome["status"] == "passed" else "❌ verification failed"
+        md.append(f"**Outcome: {mark}** — vmd ran `{outcome['command']}` itself: exit code "
+                  f"**{outcome['exit_code']}** (expected {outcome['expect_exit']}"
+                  f"{', timed out' if outcome.get('timed_out') else ''}).")
+    else:
+        why = "the session was cancelled" if cancelled else "the agent never finished with a verification"
+        md.append(f"**Outcome: ⚠️ not verified** — {why}; nothing here is confirmed by vmd.")
+    meta = [f"OS `{args.get('os', '?')}`"]
+    if args.get("project"):
+        meta.append(f"project `{(args.get('owner') or 'local')}/{args['project']}`")
+    md.append("")
+    md.append(" · ".join(meta))
+
+    if outcome_event:
+        md += ["", "## Verification", "",
+               f"- command: `{outcome['command']}`" + (f" in `{outcome['cwd']}`" if outcome.get("cwd") else ""),
+               f"- exit code: {outcome['exit_code']} (expected {outcome['expect_exit']})",
+               f"- took {outcome.get('duration') or 0:.1f} s"]
+        if outcome.get("output_tail"):
+            md += ["", "Output (tail):", "", _fence(outcome["output_tail"])]
+
+    md += ["", "## Tasks", ""]
+    if tasks.planned:
+        md += [f"- {t.render()}" for t in tasks.tasks]
+        md += ["", tasks.summary_line() + "."]
+    else:
+        md.append("No plan was made.")
+
+    md += ["", "## Files changed", ""]
+    if close and close.get("files"):
+        md += [f"- `{line}`" for line in close["files"]]
+    else:
+        touched = sorted({e["args"].get("path") for e in verbs
+                          if e.get("verb") in FILE_VERBS and "error" not in e and e.get("args")})
+        if touched:
+            md.append("From the file verbs served (no commit lists them):")
+            md += [f"- `{p}`" for p in touched]
+        else:
+            md.append("None recorded.")
+
+    md += ["", "## Commit", ""]
+    if not close:
+        md.append("The session has not been closed: nothing committed yet.")
+    elif not close.get("commit"):
+        md.append(close.get("text") or "Nothing was committed.")
+    else:
+        line = f"Commit `{close['commit'][:12]}`"
+        if close.get("branch"):
+            line += f" on `{close['branch']}`"
+        if close.get("pushed"):
+            if close.get("web_url"):
+                line += f" — [{close['web_url']}]({close['web_url']})"
+            else:
+                line += f", pushed to `{close.get('remote')}` (a local repository: no Gitea configured)"
+        else:
+            line += f" — **not pushed**: {close.get('push_error')}"
+        md.append(line)
+        for warning in close.get("warnings") or []:
+            md.append(f"- {warning}")
+
+    md += ["", "## Steps and time", ""]
+    first, last = (_time(events[0]), _time(events[-1])) if events else (None, None)
+    runs = sum(1 for e in verbs if e.get("verb") == "run" and "error" not in e)
+    failed = sum(1 for e in verbs if "error" in e)
+    refused = sum(1 for e in verbs if str((e.get("result") or {}).get("text", "")).startswith("REFUSED")
+                  or str(e.get("error", "")).startswith("REFUSED"))
+    line = f"{len(verbs)} steps ({runs} commands run, {failed} failed or refused calls"
+    line += f", {refused} refusals)" if refused else ")"
+    if first and last:
+        line += f" over {_duration((last - first).total_seconds())}"
+    md.append(line + ".")
+    boot = next((e for e in machine if e.get("event") == "ready"), None)
+    if boot and boot.get("seconds") is not None:
+        md.append(f"The machine booted in {boot['seconds']:.0f} s.")
+    for e in machine:
+        if e.get("event") == "failed":
+            md.append(f"The machine failed: {e.get('error')}")
+    if first:
+        md.append(f"Started {first.isoformat(timespec='seconds')}" +
+                  (f", last event {last.isoformat(timespec='seconds')}." if last else "."))
+
+    if notes:
+        md += ["", "## Notes", ""]
+        md += [f"- turn {n.get('turn', 0)}: {n.get('text', '')}" for n in notes]
+
+    if outcome_event and outcome_event.get("summary"):
+        md += ["", "## The agent's summary (its own words, not verified)", "", outcome_event["summary"]]
+
+    return Report(markdown="\n".join(md) + "\n", outcome=outcome)

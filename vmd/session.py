@@ -1,0 +1,973 @@
+"""A session: one task, one machine, one project folder, one record.
+
+The rules that make the outcome vmd's and not the model's live here: machine verbs wait
+for a plan, `finish` is refused while a task is open or before any command ran, and the
+verification command is re-run by vmd in the guest. Everything a restarted vmd needs
+to carry on (state, tasks, the question) is kept in `<state_dir>/sessions/<id>/session.json`.
+
+All machine access goes through `SessionMachine`, made by a `MachineFactory`; the
+default one drives libvirt (vmd/machine.py), tests may hand in another.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Protocol
+
+from pydantic import BaseModel, Field
+
+from vmd import verbs as V
+from vmd.config import VmdConfig
+from vmd.record import Record, Redactor
+from vmd.report import build_report
+from vmd.tasks import TaskError, TaskList
+
+# JSON-RPC error codes beyond the standard ones (-32601 unknown verb, -32602 bad params).
+FAILED = -32000  # the verb ran and failed (a guest error, a git error)
+REFUSED = -32001  # a rule of the session refuses the verb now; the message says why
+NO_SESSION = -32002  # the connection has no session bound
+NOT_READY = -32003  # the machine is not up (still booting, or it failed)
+
+GUEST_UID = GUEST_GID = 1000  # the guest user owns the shared project folder
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+_SESSION_ID = re.compile(r"^s-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+
+Notify = Callable[[str, dict], None]
+
+
+class VerbError(Exception):
+    """A verb that cannot be served; `message` is a sentence the model can act on."""
+
+    def __init__(self, message: str, code: int = FAILED):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# --- the machine adapter -----------------------------------------------------------------
+
+@dataclass
+class MachineSpec:
+    session_id: str
+    os: str
+    name: str  # the libvirt domain name
+    workdir: Path
+    project_dir: Path | None
+    egress: bool = False
+
+
+class SessionMachine(Protocol):
+    """What a session needs of a machine; the only door to the guest."""
+
+    os_family: str
+    project_path: str
+
+    def ready(self, timeout: float, desktop: bool = False) -> dict: ...
+    def run(self, command: str, timeout: float, cwd: str | None,
+            on_output: Callable[[str, str], None] | None) -> dict: ...
+    def read_file(self, path: str, offset: int, limit: int | None) -> dict: ...
+    def write_file(self, path: str, content: str) -> int: ...
+    def append_file(self, path: str, content: str) -> int: ...
+    def edit_file(self, path: str, old: str, new: str) -> None: ...
+    def list_dir(self, path: str) -> list[dict]: ...
+    def screenshot(self) -> dict: ...  # png (bytes), width, height, scale
+    def click(self, x: int, y: int, button: str, double: bool) -> None: ...
+    def move(self, x: int, y: int) -> None: ...
+    def scroll(self, x: int, y: int, amount: int) -> None: ...
+    def type(self, text: str) -> None: ...
+    def key(self, keys: str) -> None: ...
+    def launch_app(self, path: str, args: list[str]) -> str: ...
+    def check_internet(self) -> tuple[bool, str]: ...
+    def reboot(self, timeout: float) -> float: ...
+    def suspend(self) -> None: ...
+    def resume(self) -> None: ...
+    def destroy(self) -> None: ...
+
+
+class MachineFactory(Protocol):
+    def create(self, spec: MachineSpec) -> SessionMachine: ...
+    def attach(self, spec: MachineSpec) -> SessionMachine: ...
+
+
+class LibvirtMachine:
+    """SessionMachine over vmd.machine.Machine (libvirt + SSH + QMP)."""
+
+    def __init__(self, machine, image):
+        self.machine = machine
+        self.image = image
+        self.os_family = image.os_family
+        self.project_path = image.project_path
+
+    def ready(self, timeout, desktop=False):
+        return self.machine.ready(timeout, desktop=desktop).model_dump()
+
+    def run(self, command, timeout, cwd, on_output):
+        return self.machine.guest.run(command, timeout=timeout, cwd=cwd, on_output=on_output).model_dump()
+
+    def read_file(self, path, offset, limit):
+        return self.machine.guest.read_file(path, offset, limit).model_dump()
+
+    def write_file(self, path, content):
+        return self.machine.guest.write_file(path, content)
+
+    def append_file(self, path, content):
+        return self.machine.guest.append_file(path, content)
+
+    def edit_file(self, path, old, new):
+        self.machine.guest.edit_file(path, old, new)
+
+    def list_dir(self, path):
+        return [e.model_dump() for e in self.machine.guest.list_dir(path)]
+
+    def screenshot(self):
+        shot = self.machine.screen.screenshot()
+        return {"png": shot.png, "width": shot.width, "height": shot.height, "scale": shot.scale}
+
+    def click(self, x, y, button, double):
+        self.machine.screen.click(x, y, button=button, double=double)
+
+    def move(self, x, y):
+        self.machine.screen.move(x, y)
+
+    def scroll(self, x, y, amount):
+        self.machine.screen.scroll(x, y, amount)
+
+    def type(self, text):
+        self.machine.screen.type(text)
+
+    def key(self, keys):
+        self.machine.screen.key(keys)
+
+    def launch_app(self, path, args):
+        if self.os_family == "windows":
+            # Programs started over SSH land in session 0 and are invisible: start them in
+            # the logged-on user's session through a scheduled task run interactively.
+            line = subprocess.list2cmdline([path, *args])
+            command = (f"schtasks /Create /F /TN vmagent-launch /SC ONCE /ST 00:00 /IT /TR '{line}'; "
+                       "schtasks /Run /TN vmagent-launch")
+        else:
+            command = ("DISPLAY=:0 setsid -f " + " ".join(shlex.quote(a) for a in [path, *args])
+                       + " >/tmp/vmagent-launch.log 2>&1 </dev/null")
+        result = self.machine.guest.run(command, timeout=30)
+        if result.exit_code != 0:
+            raise VerbError(f"could not start {path}: exit {result.exit_code}: "
+                            f"{(result.stderr or result.stdout).strip()[-400:]}")
+        return f"started {path}; take a screenshot to see its window."
+
+    def check_internet(self):
+        if self.os_family == "windows":
+            command = ("try { (Invoke-WebRequest -UseBasicParsing -TimeoutSec 8 "
+                       "http://deb.debian.org/ -Method Head).StatusCode } catch { exit 1 }")
+        else:
+            command = "timeout 8 bash -c 'exec 3<>/dev/tcp/deb.debian.org/80' && echo reachable"
+        result = self.machine.guest.run(command, timeout=20)
+        return result.exit_code == 0, (result.stdout + result.stderr).strip()[-300:]
+
+    def reboot(self, timeout):
+        return self.machine.reboot(timeout)
+
+    def suspend(self):
+        self.machine.suspend()
+
+    def resume(self):
+        self.machine.resume()
+
+    def destroy(self):
+        self.machine.destroy()
+
+
+class LibvirtMachines:
+    """The default MachineFactory: an image from the images dir, a domain in libvirt."""
+
+    def __init__(self, config: VmdConfig):
+        self.config = config
+
+    def _image(self, spec: MachineSpec):
+        from vmd.images import find_image  # lazily: tests without libvirt never import it
+        return find_image(spec.os, self.config.images_dir)
+
+    def create(self, spec: MachineSpec) -> SessionMachine:
+        image = self._image(spec)
+        from vmd.machine import Machine
+        machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
+                                 uri=self.config.libvirt_uri, egress=spec.egress)
+        return LibvirtMachine(machine, image)
+
+    def attach(self, spec: MachineSpec) -> SessionMachine:
+        image = self._image(spec)
+        from vmd.machine import Machine
+        machine = Machine.attach(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
+                                 uri=self.config.libvirt_uri)
+        return LibvirtMachine(machine, image)
+
+
+# --- the project store (host-side git, vmd/publish.py) ------------------------------------
+
+class ProjectStore:
+    """Restores, commits and pushes a session's project folder through vmd/publish.py."""
+
+    def __init__(self, config: VmdConfig):
+        self.config = config
+
+    def remote(self, owner: str, project: str, description: str = ""):
+        from vmd.publish import Remote
+        token = self.config.gitea_token.get_secret_value()
+        return Remote(owner=owner, project=project, description=description[:250],
+                      gitea_url=self.config.gitea_url or None,
+                      gitea_token=self.config.gitea_token if token else None,
+                      state_dir=self.config.state_dir)
+
+    def prepare(self, project_dir: Path, owner: str, project: str, description: str) -> str:
+        from vmd.publish import prepare_project
+        return prepare_project(project_dir, self.remote(owner, project, description))
+
+    def commit(self, project_dir: Path, message: str) -> str | None:
+        from vmd.publish import commit_project
+        return commit_project(project_dir, message)
+
+    def push(self, project_dir: Path, owner: str, project: str, description: str,
+             outcome: dict | None) -> dict:
+        from vmd.publish import push_project
+        if outcome is None:
+            status, text = "pending", "vmd did not verify this commit: the session did not finish"
+        elif outcome.get("passed"):
+            status, text = "success", f"vmd verified: `{outcome['command']}` exited {outcome['exit_code']}"
+        else:
+            status, text = "failure", (f"vmd verification failed: `{outcome['command']}` exited "
+                                       f"{outcome['exit_code']} (expected {outcome['expect_exit']})")
+        result = push_project(project_dir, self.remote(owner, project, description), status=status,
+                              status_description=text[:140]).model_dump()
+        web = self.config.gitea_web_url.rstrip("/")
+        if web and result.get("web_url") and self.config.gitea_url:
+            result["web_url"] = result["web_url"].replace(self.config.gitea_url.rstrip("/"), web, 1)
+        return result
+
+
+# --- persisted state -----------------------------------------------------------------------
+
+class SessionState(BaseModel):
+    id: str
+    os: str
+    project: str | None = None
+    owner: str = ""
+    task: str = ""
+    chat_id: str = ""
+    created: float = Field(default_factory=time.time)
+    # booting | ready | question | unfreeze | finished | cancelled | closed
+    state: str = "booting"
+    resume_state: str = "booting"  # where question/unfreeze go back to
+    machine_name: str = ""
+    machine_created: bool = False
+    project_dir: str | None = None
+    storage: str = ""
+    base_commit: str | None = None
+    tasks: list[dict] = []
+    runs: int = 0
+    steps: int = 0
+    question: str = ""
+    unfreeze_request: str = ""
+    answer: str = ""
+    egress: bool = False
+    cancelled: bool = False
+    boot_seconds: float | None = None
+    facts: dict = {}
+    outcome: dict | None = None
+    summary: str = ""
+    close: dict | None = None
+
+
+def new_session_id() -> str:
+    return datetime.now(timezone.utc).strftime("s-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def _utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+
+def _minutes(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60} m {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+class Session:
+    def __init__(self, state: SessionState, config: VmdConfig, machines: MachineFactory,
+                 store: ProjectStore):
+        self.s = state
+        self.config = config
+        self.machines = machines
+        self.store = store
+        self.dir = config.sessions_dir / state.id
+        self.record = Record(self.dir, Redactor([config.gitea_token.get_secret_value()]))
+        self.tasks = TaskList.from_list(state.tasks)
+        self._lock = threading.RLock()
+        self.machine: SessionMachine | None = None
+        self._boot_done = threading.Event()
+        self._boot_error: str | None = None
+        self._desktop_ready = False
+        self._needs_ready = False  # attached while suspended: ready() once resumed
+
+    # --- opening, loading, saving -----------------------------------------------------------
+
+    @classmethod
+    def open(cls, params: V.SessionOpen, config: VmdConfig, machines: MachineFactory,
+             store: ProjectStore) -> "Session":
+        for what, value in (("project", params.project), ("owner", params.owner)):
+            if value and not _NAME.match(value):
+                raise VerbError(f"{what} {value!r} is not a usable name: use letters, digits, '-', '_' "
+                                "and '.', starting with a letter or digit.", -32602)
+        sid = new_session_id()
+        state = SessionState(id=sid, os=params.os or config.default_os, project=params.project or None,
+                             owner=params.owner, task=params.task, chat_id=params.chat_id,
+                             machine_name=f"vmagent-{sid}")
+        session = cls(state, config, machines, store)
+        started = time.monotonic()
+        if state.project:
+            project_dir = config.projects_dir / (state.owner or "local") / state.project
+            state.project_dir = str(project_dir)
+            try:
+                state.storage = store.prepare(project_dir, state.owner, state.project, state.task)
+            except Exception as exc:
+                state.storage = f"the project folder could not be restored ({exc}); it starts empty"
+                project_dir.mkdir(parents=True, exist_ok=True)
+            state.base_commit = _git_head(project_dir)
+            _hand_to_guest(project_dir)
+        else:
+            state.storage = "no project folder: nothing from this session is kept after it closes"
+        session.record.append("session", event="open", session_id=sid, args=params.model_dump(),
+                              project_dir=state.project_dir, storage=state.storage,
+                              duration=round(time.monotonic() - started, 3))
+        session.save()
+        session._start_machine(attach=False)
+        if params.wait:
+            session._boot_done.wait(config.boot_timeout_s)
+        return session
+
+    @classmethod
+    def load(cls, session_id: str, config: VmdConfig, machines: MachineFactory,
+             store: ProjectStore) -> "Session":
+        path = config.sessions_dir / session_id / "session.json"
+        if not _SESSION_ID.match(session_id) or not path.is_file():
+            raise VerbError(f"there is no session {session_id!r} in this vmd's state dir; "
+                            "open a new one with session_open.", -32602)
+        session = cls(SessionState.model_validate_json(path.read_text()), config, machines, store)
+        session.record.append("session", event="attach", session_id=session_id, state=session.s.state)
+        if session.s.state not in ("closed",) and session.s.machine_created:
+            session._start_machine(attach=True)
+        else:
+            session._boot_done.set()
+        return session
+
+    def save(self) -> None:
+        with self._lock:
+            self.s.tasks = self.tasks.to_list()
+            tmp = self.dir / "session.json.tmp"
+            tmp.write_text(self.s.model_dump_json(indent=1))
+            os.replace(tmp, self.dir / "session.json")
+
+    def _spec(self) -> MachineSpec:
+        return MachineSpec(session_id=self.s.id, os=self.s.os, name=self.s.machine_name,
+                           workdir=self.dir / "machine",
+                           project_dir=Path(self.s.project_dir) if self.s.project_dir else None,
+                           egress=self.s.egress)
+
+    def _start_machine(self, attach: bool) -> None:
+        self._boot_done.clear()
+        self._boot_error = None
+        threading.Thread(target=self._boot, args=(attach,), name=f"boot-{self.s.id}", daemon=True).start()
+
+    def _boot(self, attach: bool) -> None:
+        started = time.monotonic()
+        try:
+            machine = self.machines.attach(self._spec()) if attach else self.machines.create(self._spec())
+            with self._lock:
+                self.machine = machine
+                self.s.machine_created = True
+                closed = self.s.state == "closed"
+                suspended = self.s.state in ("question", "unfreeze")
+                self.save()
+            if closed:
+                machine.destroy()
+                raise VerbError("the session was closed while its machine started.")
+            if suspended:
+                self._needs_ready = True
+                self.record.append("machine", event="attached", suspended=True)
+                return
+            facts = machine.ready(self.config.boot_timeout_s)
+            with self._lock:
+                self.s.facts = facts
+                if self.s.boot_seconds is None or attach:
+                    self.s.boot_seconds = round(time.monotonic() - started if attach
+                                                else time.time() - self.s.created, 1)
+                if self.s.state == "booting":
+                    self.s.state = "ready"
+                    self.s.resume_state = "ready"
+                self.save()
+            self.record.append("machine", event="attached" if attach else "ready",
+                               seconds=self.s.boot_seconds, facts=facts)
+        except Exception as exc:
+            self._boot_error = _sentence(exc, "the machine could not be started")
+            self.record.append("machine", event="failed", error=self._boot_error,
+                               duration=round(time.monotonic() - started, 3))
+        finally:
+            self._boot_done.set()
+
+    # --- serving a verb -------------------------------------------------------------------
+
+    def call(self, verb: str, params: V.Params, notify: Notify | None = None) -> dict:
+        started = time.monotonic()
+        args = params.model_dump()
+        try:
+            self._gate(verb)
+            result = getattr(self, f"_v_{verb}")(params, notify)
+        except VerbError as exc:
+            self._count(verb)
+            self.record.verb(verb, args, error=exc.message, code=exc.code,
+                             duration=time.monotonic() - started)
+            raise
+        except Exception as exc:
+            self._count(verb)
+            message = _sentence(exc, f"{verb} failed")
+            self.record.verb(verb, args, error=message, duration=time.monotonic() - started)
+            raise VerbError(message) from exc
+        self._count(verb)
+        if verb not in ("report",):
+            self.record.verb(verb, args, result=_for_record(verb, result),
+                             duration=time.monotonic() - started)
+        else:
+            self.record.verb(verb, args, result={"outcome": result.get("outcome")},
+                             duration=time.monotonic() - started)
+        return result
+
+    def _count(self, verb: str) -> None:
+        if verb not in ("session_status", "report"):
+            with self._lock:
+                self.s.steps += 1
+                self.save()
+
+    def _gate(self, verb: str) -> None:
+        state = self.s.state
+        if state == "closed" and verb not in ("session_status", "report", "session_close", "session_cancel", "note"):
+            raise VerbError(f"REFUSED: session {self.s.id} is closed; read its report(), or open a new "
+                            "session to do more.", REFUSED)
+        if state == "cancelled" and (verb in V.MACHINE_VERBS or verb in ("finish", "ask_user", "request_unfreeze")):
+            raise VerbError("REFUSED: the session was cancelled; stop and call session_close.", REFUSED)
+        if state in ("question", "unfreeze") and (verb in V.MACHINE_VERBS or verb == "finish"):
+            waiting = self.s.question if state == "question" else self.s.unfreeze_request
+            raise VerbError(f"REFUSED: the session waits for a person ({state}: {waiting!r}); the "
+                            "machine is suspended until session_resume brings the answer.", REFUSED)
+        if verb in V.MACHINE_VERBS and not self.tasks.planned:
+            raise VerbError(f"REFUSED: {verb} needs a plan first: call plan_tasks with the steps of "
+                            "the work (the machine boots meanwhile), then use the machine.", REFUSED)
+
+    def _guest(self) -> SessionMachine:
+        """The machine, once it is up; waits for the boot if it is still going."""
+        if not self._boot_done.wait(self.config.boot_timeout_s):
+            raise VerbError(f"the machine is still booting after {self.config.boot_timeout_s:.0f} s; "
+                            "call session_ready with a longer timeout.", NOT_READY)
+        if self._boot_error:
+            raise VerbError(self._boot_error, NOT_READY)
+        if self.machine is None:
+            raise VerbError("this session has no machine (it was closed).", NOT_READY)
+        return self.machine
+
+    def _project_note(self) -> str:
+        return "" if self.s.project_dir else " (this session has no project folder)"
+
+    # --- session verbs --------------------------------------------------------------------
+
+    def _v_session_ready(self, p: V.SessionReady, notify) -> dict:
+        started = time.monotonic()
+        if not self._boot_done.wait(p.timeout):
+            raise VerbError(f"the machine is still booting ({time.time() - self.s.created:.0f} s since the "
+                            "session opened); call session_ready again — planning verbs work meanwhile.",
+                            NOT_READY)
+        machine = self._guest()
+        if self._needs_ready:
+            raise VerbError("the machine is suspended while the session waits for a person; "
+                            "session_resume wakes it.", REFUSED)
+        facts = self.s.facts
+        if p.desktop and not self._desktop_ready:
+            left = max(1.0, p.timeout - (time.monotonic() - started))
+            facts = machine.ready(left, desktop=True)
+            self._desktop_ready = True
+            with self._lock:
+                self.s.facts = facts
+                self.save()
+        seconds = self.s.boot_seconds or 0.0
+        return {"ready": True, "seconds": seconds, "facts": facts,
+                "text": f"The machine is ready ({seconds:.0f} s to boot): {facts.get('os', self.s.os)}; "
+                        f"project folder at {facts.get('project_path', '-')}{self._project_note()}."}
+
+    def _v_session_status(self, p, notify) -> dict:
+        return self.status()
+
+    def status(self) -> dict:
+        s = self.s
+        if self._boot_error:
+            machine = f"failed: {self._boot_error}"
+        elif s.state == "closed":
+            machine = "destroyed"
+        elif s.state in ("question", "unfreeze"):
+            machine = "suspended"
+        elif self._boot_done.is_set() and self.machine is not None:
+            machine = "ready"
+        else:
+            machine = "booting"
+        parts = [s.state, f"machine {machine.split(':')[0]}"]
+        parts.append(self.tasks.summary_line() if self.tasks.planned else "no plan yet")
+        parts += [f"{s.steps} steps", f"{s.runs} runs", _minutes(time.time() - s.created)]
+        if s.outcome:
+            parts.append(f"verification exit {s.outcome['exit_code']}"
+                         f" ({'passed' if s.outcome['passed'] else 'failed'})")
+        return {"session_id": s.id, "state": s.state, "planned": self.tasks.planned,
+                "tasks": self.tasks.render(), "status_line": " · ".join(parts),
+                "question": s.question if s.state == "question" else "",
+                "unfreeze_request": s.unfreeze_request if s.state == "unfreeze" else "",
+                "cancelled": s.cancelled, "steps": s.steps, "machine": machine,
+                "outcome": s.outcome, "text": " · ".join(parts)}
+
+    def _v_session_cancel(self, p, notify) -> dict:
+        with self._lock:
+            if self.s.state != "closed":
+                self.s.state = "cancelled"
+            self.s.cancelled = True
+            self.save()
+        return {"cancelled": True, "text": "The session is cancelled: stop working; session_close commits "
+                                           "the project folder and ends it."}
+
+    def _v_session_resume(self, p: V.Answer, notify) -> dict:
+        with self._lock:
+            state = self.s.state
+            if state not in ("question", "unfreeze"):
+                raise VerbError(f"REFUSED: the session is {state}, not waiting for an answer; "
+                                "nothing to resume.", REFUSED)
+        machine = self.machine
+        if machine is not None:
+            machine.resume()
+            if self._needs_ready:
+                self.s.facts = machine.ready(self.config.boot_timeout_s)
+                self._needs_ready = False
+        with self._lock:
+            if state == "question":
+                self.s.answer = p.answer
+                text = f"The user answered your question ({self.s.question!r}): {p.answer}"
+                self.s.question = ""
+            else:
+                approved = bool(p.approved)
+                text = (f"The user {'approved' if approved else 'declined'} your request "
+                        f"({self.s.unfreeze_request!r})." + (f" They said: {p.answer}" if p.answer else ""))
+                if approved:
+                    self.s.egress = True
+                    opener = getattr(machine, "set_egress", None)
+                    if opener is not None:
+                        opener(True)
+                        text += " Network egress is open now."
+                    else:
+                        text += (" This vmd cannot open egress on a running machine; the approval is "
+                                 "noted in the record.")
+                self.s.unfreeze_request = ""
+            self.s.state = self.s.resume_state if self.s.resume_state in ("booting", "ready", "finished") else "ready"
+            self.save()
+        self.record.append("answer", state=state, answer=p.answer, approved=p.approved)
+        return {"state": self.s.state, "text": text}
+
+    def _v_note(self, p: V.Note, notify) -> dict:
+        self.record.append("note", turn=p.turn, text=p.text)
+        return {"ok": True, "text": "noted."}
+
+    def _v_report(self, p, notify) -> dict:
+        report = build_report(self.record.path)
+        return {"markdown": report.markdown, "outcome": report.outcome}
+
+    # --- tasks ---------------------------------------------------------------------------
+
+    def _task_change(self, change: str, **fields) -> None:
+        self.record.append("task", change=change, **fields, tasks=self.tasks.to_list())
+        self.save()
+
+    def _v_plan_tasks(self, p: V.PlanTasks, notify) -> dict:
+        with self._lock:
+            had_plan = self.tasks.planned
+            added = self.tasks.plan(p.tasks)
+            self._task_change("plan", added=[t.title for t in added])
+        if had_plan:
+            text = (f"A plan existed; added {len(added)} new task(s), kept the ids already given:\n"
+                    if added else "A plan exists and holds these tasks already; nothing added:\n")
+        else:
+            text = "Planned. The machine is booting; work through the tasks and mark each one:\n"
+        rendered = self.tasks.render()
+        return {"tasks": rendered, "text": text + rendered}
+
+    def _v_add_task(self, p: V.AddTask, notify) -> dict:
+        with self._lock:
+            try:
+                task = self.tasks.add(p.title)
+            except TaskError as exc:
+                raise VerbError(str(exc), -32602)
+            self._task_change("add", id=task.id, title=task.title)
+        rendered = self.tasks.render()
+        return {"id": task.id, "tasks": rendered, "text": f"Added task {task.id}.\n{rendered}"}
+
+    def _v_update_task(self, p: V.UpdateTask, notify) -> dict:
+        with self._lock:
+            try:
+                task = self.tasks.update(p.id, p.status, p.note)
+            except TaskError as exc:
+                raise VerbError(str(exc), -32602)
+            self._task_change("update", id=task.id, status=task.status, note=task.note)
+        rendered = self.tasks.render()
+        return {"tasks": rendered, "text": f"Task {task.id} is {task.status.replace('_', ' ')}.\n{rendered}"}
+
+    # --- shell and files -----------------------------------------------------------------
+
+    def _v_run(self, p: V.Run, notify) -> dict:
+        machine = self._guest()
+        result = machine.run(p.command, p.timeout, p.cwd, _output_sink(notify))
+        with self._lock:
+            self.s.runs += 1
+            self.save()
+        return {**{k: result[k] for k in ("exit_code", "stdout", "stderr", "duration", "truncated", "timed_out")},
+                "text": _run_text(result)}
+
+    def _v_read_file(self, p: V.ReadFile, notify) -> dict:
+        chunk = self._guest().read_file(p.path, p.offset, p.limit)
+        text = chunk["content"]
+        if chunk.get("truncated"):
+            end = chunk["offset"] + len(chunk["content"].encode())
+            text += f"\n[vmd: showing bytes {chunk['offset']}–{end} of {chunk['size']}; read on with offset={end}]"
+        return {**chunk, "text": text}
+
+    def _v_write_file(self, p: V.WriteFile, notify) -> dict:
+        n = self._guest().write_file(p.path, p.content)
+        return {"path": p.path, "bytes": n, "text": f"wrote {n} bytes to {p.path}."}
+
+    def _v_append_file(self, p: V.WriteFile, notify) -> dict:
+        n = self._guest().append_file(p.path, p.content)
+        return {"path": p.path, "bytes": n, "text": f"appended {n} bytes to {p.path}."}
+
+    def _v_edit_file(self, p: V.EditFile, notify) -> dict:
+        self._guest().edit_file(p.path, p.old, p.new)
+        return {"path": p.path, "text": f"edited {p.path}: replaced the one match."}
+
+    def _v_list_dir(self, p: V.ListDir, notify) -> dict:
+        entries = self._guest().list_dir(p.path)
+        lines = [f"{e['name']}{'/' if e['type'] == 'dir' else ''}  {e.get('size', '')}" for e in entries]
+        return {"entries": entries, "text": "\n".join(lines) or f"{p.path} is empty."}
+
+    def _v_git_commit(self, p: V.GitCommit, notify) -> dict:
+        if not self.s.project_dir:
+            raise VerbError("this session has no project folder to commit; open the session with a project.",
+                            REFUSED)
+        sha = self.store.commit(Path(self.s.project_dir), p.message)
+        text = f"committed {sha[:10]}." if sha else "nothing to commit: the project folder is empty."
+        return {"commit": sha, "text": text}
+
+    # --- screen ----------------------------------------------------------------------------
+
+    def _v_screenshot(self, p, notify) -> dict:
+        import base64
+        shot = self._guest().screenshot()
+        path = self.record.save_screenshot(shot["png"])
+        return {"width": shot["width"], "height": shot["height"], "scale": shot["scale"], "path": path,
+                "png_base64": base64.b64encode(shot["png"]).decode(),
+                "text": f"screenshot {shot['width']}x{shot['height']} (coordinates are in these pixels)."}
+
+    def _v_click(self, p: V.Click, notify) -> dict:
+        self._guest().click(p.x, p.y, p.button, p.double)
+        return {"ok": True, "text": f"{'double-' if p.double else ''}clicked {p.button} at ({p.x}, {p.y})."}
+
+    def _v_move(self, p: V.Move, notify) -> dict:
+        self._guest().move(p.x, p.y)
+        return {"ok": True, "text": f"moved the pointer to ({p.x}, {p.y})."}
+
+    def _v_type(self, p: V.TypeText, notify) -> dict:
+        self._guest().type(p.text)
+        return {"ok": True, "text": f"typed {len(p.text)} characters."}
+
+    def _v_key(self, p: V.Key, notify) -> dict:
+        self._guest().key(p.keys)
+        return {"ok": True, "text": f"pressed {p.keys}."}
+
+    def _v_scroll(self, p: V.Scroll, notify) -> dict:
+        self._guest().scroll(p.x, p.y, p.amount)
+        return {"ok": True, "text": f"scrolled {p.amount} at ({p.x}, {p.y})."}
+
+    def _v_launch_app(self, p: V.LaunchApp, notify) -> dict:
+        return {"ok": True, "text": self._guest().launch_app(p.path, p.args)}
+
+    def _v_wait(self, p: V.Wait, notify) -> dict:
+        time.sleep(p.seconds)
+        return {"seconds": p.seconds, "text": f"waited {p.seconds:g} s."}
+
+    def _v_check_internet(self, p, notify) -> dict:
+        online, detail = self._guest().check_internet()
+        text = ("the guest reaches the internet." if online else
+                "the guest has no internet (egress is closed by default); ask with request_unfreeze "
+                "if the work needs it.")
+        return {"online": online, "detail": detail, "text": text}
+
+    def _v_reboot_vm(self, p, notify) -> dict:
+        seconds = self._guest().reboot(self.config.boot_timeout_s)
+        self._desktop_ready = False
+        return {"seconds": seconds, "text": f"the machine rebooted and answers again after {seconds:.0f} s."}
+
+    # --- people ---------------------------------------------------------------------------
+
+    def _wait_for_person(self, state: str, field: str, value: str) -> None:
+        with self._lock:
+            if self.s.state not in ("question", "unfreeze"):
+                self.s.resume_state = self.s.state
+            self.s.state = state
+            setattr(self.s, field, value)
+            self.save()
+        if self.machine is not None and self._boot_done.is_set() and not self._boot_error:
+            try:
+                self.machine.suspend()
+            except Exception as exc:  # the question stands even if the guest would not pause
+                self.record.append("machine", event="suspend_failed", error=_sentence(exc, "suspend failed"))
+
+    def _v_ask_user(self, p: V.AskUser, notify) -> dict:
+        self._wait_for_person("question", "question", p.question)
+        return {"state": "question", "text": "Your question is with the user. Stop here: the session "
+                                             "resumes with their answer."}
+
+    def _v_request_unfreeze(self, p: V.RequestUnfreeze, notify) -> dict:
+        self._wait_for_person("unfreeze", "unfreeze_request", p.reason)
+        return {"state": "unfreeze", "text": "Your request is with the user. Stop here: the session "
+                                             "resumes when they decide."}
+
+    # --- the end ---------------------------------------------------------------------------
+
+    def _v_finish(self, p: V.Finish, notify) -> dict:
+        open_tasks = self.tasks.open_tasks()
+        if open_tasks:
+            names = "; ".join(f"{t.id}. {t.title} ({t.status.replace('_', ' ')})" for t in open_tasks)
+            return {"accepted": False, "outcome": self.s.outcome,
+                    "text": f"REFUSED: tasks still open: {names}. Finish them and mark each done, or "
+                            "blocked with a note saying why, then call finish again."}
+        if self.s.runs == 0:
+            return {"accepted": False, "outcome": self.s.outcome,
+                    "text": "REFUSED: no command was ever run in this session. Run the work and its "
+                            "check with `run` first; vmd does not take a finish on the model's word."}
+        if p.verification is None:
+            return {"accepted": False, "outcome": self.s.outcome,
+                    "text": "REFUSED: name the verification: finish(summary, verification={\"command\": "
+                            "\"<a command that proves the work>\", \"expect_exit\": 0}); vmd runs it itself."}
+        machine = self._guest()
+        cwd = self.s.facts.get("project_path") or machine.project_path if self.s.project_dir else None
+        result = machine.run(p.verification.command, self.config.verify_timeout_s, cwd, _output_sink(notify))
+        output = (result["stdout"] or "") + (("\n" if result["stdout"] else "") + result["stderr"]
+                                             if result["stderr"] else "")
+        tail = output[-self.config.output_tail_chars:]
+        outcome = {"command": p.verification.command, "cwd": cwd, "expect_exit": p.verification.expect_exit,
+                   "exit_code": result["exit_code"], "passed": result["exit_code"] == p.verification.expect_exit
+                   and not result["timed_out"], "timed_out": result["timed_out"],
+                   "duration": result["duration"], "output_tail": tail}
+        with self._lock:
+            self.s.outcome = outcome
+            self.s.summary = p.summary
+            if self.s.state in ("ready", "booting", "finished"):
+                self.s.state = "finished"
+            self.save()
+        self.record.append("outcome", **outcome, summary=p.summary)
+        verdict = ("verified" if outcome["passed"] else
+                   f"NOT verified — the outcome of this session is a failure")
+        text = (f"Finished. vmd ran `{outcome['command']}` itself: exit {outcome['exit_code']} "
+                f"(expected {outcome['expect_exit']}{', timed out' if outcome['timed_out'] else ''}): {verdict}."
+                f"\nOutput tail:\n{tail[-1500:]}")
+        return {"accepted": True, "outcome": outcome, "text": text}
+
+    def _v_session_close(self, p, notify) -> dict:
+        return self.close()
+
+    def close(self) -> dict:
+        with self._lock:
+            if self.s.close is not None:
+                return {**self.s.close, "text": "already closed. " + self.s.close["text"]}
+        started = time.monotonic()
+        commit = web_url = None
+        push: dict = {}
+        files: list[str] = []
+        error = None
+        if self.s.project_dir:
+            project_dir = Path(self.s.project_dir)
+            try:
+                commit = self.store.commit(project_dir, self._commit_message())
+                files = _changed_files(project_dir, self.s.base_commit)
+                push = self.store.push(project_dir, self.s.owner, self.s.project or "", self.s.task, self.s.outcome)
+                web_url = push.get("web_url")
+                error = push.get("error")
+            except Exception as exc:
+                error = _sentence(exc, "committing the project folder failed")
+        destroyed = self._destroy_machine()
+        if not self.s.project_dir:
+            text = "Closed. This session had no project folder: nothing was committed."
+        elif commit is None and not error:
+            text = "Closed. The project folder was empty: nothing to commit."
+        elif push.get("pushed"):
+            where = web_url or push.get("remote_display")
+            text = f"Closed. Committed {commit[:10]} and pushed it to {where}."
+        else:
+            text = f"Closed. Committed {commit[:10] if commit else 'nothing'}; NOT pushed: {error}"
+        close = {"closed": True, "commit": commit, "web_url": web_url, "branch": push.get("branch"),
+                 "remote": push.get("remote_display"), "pushed": bool(push.get("pushed")),
+                 "push_error": error, "warnings": push.get("warnings") or [], "files": files,
+                 "machine_destroyed": destroyed, "text": text}
+        with self._lock:
+            self.s.close = close
+            self.s.state = "closed"
+            self.save()
+        self.record.append("close", **close, duration=round(time.monotonic() - started, 3))
+        return close
+
+    def _commit_message(self) -> str:
+        title = (self.s.task.strip().splitlines() or ["vmagent session"])[0][:72]
+        body = [f"vmagent session {self.s.id}", "", "Tasks:", self.tasks.render()]
+        if self.s.outcome:
+            o = self.s.outcome
+            body += ["", f"Verified by vmd: `{o['command']}` exited {o['exit_code']} (expected {o['expect_exit']})."]
+        else:
+            body += ["", "Not verified by vmd: the session did not finish."]
+        return title + "\n\n" + "\n".join(body)
+
+    def _destroy_machine(self) -> bool:
+        machine = self.machine
+        if machine is None and self.s.machine_created and self._boot_error is None and not self._boot_done.is_set():
+            self._boot_done.wait(30)  # a machine being defined right now; its thread destroys it
+            machine = self.machine
+        if machine is None and self.s.machine_created:
+            try:
+                machine = self.machines.attach(self._spec())
+            except Exception:
+                return False
+        if machine is None:
+            return False
+        try:
+            machine.destroy()
+            return True
+        except Exception as exc:
+            self.record.append("machine", event="destroy_failed", error=_sentence(exc, "destroy failed"))
+            return False
+        finally:
+            self.machine = None
+
+
+class Sessions:
+    """The live sessions of one vmd, by id; loads a session from disk on attach."""
+
+    def __init__(self, config: VmdConfig, machines: MachineFactory | None = None,
+                 store: ProjectStore | None = None):
+        self.config = config
+        self.machines = machines or LibvirtMachines(config)
+        self.store = store or ProjectStore(config)
+        self._live: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        config.sessions_dir.mkdir(parents=True, exist_ok=True)
+
+    def open(self, params: V.SessionOpen) -> Session:
+        session = Session.open(params, self.config, self.machines, self.store)
+        with self._lock:
+            self._live[session.s.id] = session
+        return session
+
+    def attach(self, session_id: str) -> Session:
+        with self._lock:
+            session = self._live.get(session_id)
+            if session is None:
+                session = Session.load(session_id, self.config, self.machines, self.store)
+                self._live[session_id] = session
+        return session
+
+
+# --- small pieces ----------------------------------------------------------------------------
+
+def _sentence(exc: BaseException, fallback: str) -> str:
+    if isinstance(exc, VerbError):
+        return exc.message
+    text = str(exc).strip()
+    known = type(exc).__name__ in ("GuestError", "ScreenError", "MachineError", "ImageMissing",
+                                   "PublishError", "GiteaError", "TaskError")
+    if known and text:
+        return text
+    return f"{fallback}: {type(exc).__name__}: {text}" if text else f"{fallback}: {type(exc).__name__}"
+
+
+def _output_sink(notify: Notify | None) -> Callable[[str, str], None] | None:
+    if notify is None:
+        return None
+
+    def sink(stream: str, line: str) -> None:
+        try:
+            notify("output", {"stream": stream, "line": line})
+        except Exception:  # a watcher never breaks the work
+            pass
+    return sink
+
+
+def _run_text(result: dict) -> str:
+    head = f"exit code {result['exit_code']} ({result['duration']:.1f} s)"
+    if result.get("timed_out"):
+        head += ", TIMED OUT"
+    if result.get("truncated"):
+        head += ", output truncated in the middle"
+    parts = [head]
+    if result.get("stdout"):
+        parts.append("--- stdout ---\n" + result["stdout"].rstrip("\n"))
+    if result.get("stderr"):
+        parts.append("--- stderr ---\n" + result["stderr"].rstrip("\n"))
+    return "\n".join(parts)
+
+
+def _for_record(verb: str, result: dict) -> dict:
+    """What the record keeps of a result: no file bodies, no images, short text."""
+    kept = dict(result)
+    if verb == "read_file":
+        kept.pop("text", None)  # the body, again; `content` is summarised by the record
+    if verb == "screenshot":
+        kept.pop("png_base64", None)
+    if verb in ("run",):
+        kept.pop("text", None)  # stdout/stderr are kept (cut) on their own
+    return kept
+
+
+def _git_head(project_dir: Path) -> str | None:
+    result = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(project_dir), "rev-parse", "-q",
+                             "--verify", "HEAD"], capture_output=True, text=True)
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+def _changed_files(project_dir: Path, base: str | None) -> list[str]:
+    """`status path` lines for what the session's commits changed in the project."""
+    git = ["git", "-c", "safe.directory=*", "-c", "core.quotepath=false", "-C", str(project_dir)]
+    if base:
+        cmd = git + ["diff", "--name-status", "--no-renames", base, "HEAD"]
+    else:  # a new project: everything in it is the session's
+        cmd = git + ["ls-tree", "-r", "--name-only", "HEAD"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        return []
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    return [" ".join(line.split("\t", 1)) for line in lines] if base else [f"A {line}" for line in lines]
+
+
+def _hand_to_guest(project_dir: Path) -> None:
+    """The guest user (uid 1000) owns the project folder; the group may write (libvirt's
+    QEMU user reaches it through the group when the share is passthrough)."""
+    os.chmod(project_dir, 0o775)
+    if os.geteuid() != 0:
+        return
+    for folder, dirs, files in os.walk(project_dir):
+        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+            try:
+                os.lchown(name, GUEST_UID, GUEST_GID)
+            except OSError:
+                pass
