@@ -1,0 +1,335 @@
+"""The turn loop against a real vmd (stand-in machine) and a real HTTP server speaking
+Ollama's protocol: every way a session can end produces a report, and the guards hold."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tests.loop_harness import (agent_config, call, calls, running_vmd, sent_tool_names, tool_results,
+                                user_texts)
+from tests.ollama_server import Turn, start_ollama, unused_port
+from vmagent.config import AgentConfig
+from vmagent.loop import JobSpec, Outcome, resume_job, run_job
+from vmagent.tools import PLANNING_TOOLS
+
+PLAN = call("plan_tasks", {"tasks": ["write hello.py", "check it prints hello"]}, content="Planning.")
+
+
+def finish_script() -> list:
+    """A short honest session: plan, work, a refused finish, recovery, an accepted finish."""
+    return [
+        PLAN,
+        calls(("update_task", {"id": 1, "status": "in_progress"}),
+              ("write_file", {"path": "hello.py", "content": "print('hello')\n"})),
+        call("run", {"command": "python3 hello.py"}, content="Running it."),
+        call("finish", {"summary": "done", "verification": {"command": "python3 hello.py | grep -q hello"}}),
+        calls(("update_task", {"id": 1, "status": "done", "note": "ran it"}),
+              ("update_task", {"id": 2, "status": "done", "note": "prints hello"})),
+        call("finish", {"summary": "hello.py prints hello",
+                        "verification": {"command": "python3 hello.py | grep -q hello"}}),
+    ]
+
+
+def run(tmp_path, vmd, server, task="write hello.py", events=None, cancel=None, config=None, **spec):
+    events = [] if events is None else events
+    outcome = run_job(JobSpec(task=task, project=spec.pop("project", "hello"), **spec),
+                      on_event=events.append if isinstance(events, list) else events, cancel=cancel,
+                      transcript_path=tmp_path / "job" / "transcript.json",
+                      config=config or agent_config(server), vmd_socket=vmd.socket)
+    return outcome
+
+
+def assert_closed_with_report(vmd, outcome: Outcome) -> list[dict]:
+    assert outcome.session_id and outcome.report.startswith(f"# vmagent session {outcome.session_id}")
+    assert "## How the session ended" in outcome.report
+    record = vmd.record(outcome.session_id)
+    assert any(e["kind"] == "close" for e in record), "session_close must run before the report"
+    return record
+
+
+# --- the way it should go ----------------------------------------------------------------
+
+
+def test_finish_refused_while_a_task_is_open_and_the_loop_recovers(tmp_path):
+    with running_vmd(tmp_path) as vmd, start_ollama(finish_script()) as server:
+        events: list[dict] = []
+        outcome = run(tmp_path, vmd, server, events=events)
+    assert outcome.state == "done" and outcome.verification_passed is True, outcome.report
+    assert outcome.steps == 6
+    record = assert_closed_with_report(vmd, outcome)
+    assert "✅ verified" in outcome.report and "python3 hello.py | grep -q hello" in outcome.report
+    # the refusal reached the model, and the loop carried on to an accepted finish
+    after_refusal = server.chat_requests[4]
+    assert any(r.startswith("REFUSED: tasks still open") for r in tool_results(after_refusal))
+    assert (vmd.project("hello") / "hello.py").read_text() == "print('hello')\n"
+    # what the model said beside its tool calls is in vmd's record
+    notes = [e["text"] for e in record if e["kind"] == "note"]
+    assert "Planning." in notes and "Running it." in notes
+    types = [e["type"] for e in events]
+    assert types[-2:] == ["state", "done"] and "tasks" in types and "command" in types
+    assert {"type": "command", "command": "python3 hello.py"} in events
+    assert {"type": "output", "stream": "stdout", "line": "hello"} in events
+
+
+def test_planning_turn_offers_only_planning_tools_then_the_machine_is_handed_over(tmp_path):
+    with running_vmd(tmp_path) as vmd, start_ollama(finish_script()) as server:
+        run(tmp_path, vmd, server)
+    first, second = server.chat_requests[0], server.chat_requests[1]
+    assert sent_tool_names(first) == list(PLANNING_TOOLS)
+    assert "run" in sent_tool_names(second) and "finish" in sent_tool_names(second)
+    assert "write hello.py" in user_texts(first)[0] and "plan_tasks" in user_texts(first)[0]
+    handover = user_texts(second)[-1]
+    assert handover.startswith("The machine is up: it took") and "project_path" in handover
+    assert "1. write hello.py" in handover
+    # num_ctx is always sent; thinking never goes back to the model
+    assert all(r["options"]["num_ctx"] == 32768 for r in server.chat_requests)
+
+
+def test_thinking_is_shown_but_never_sent_back(tmp_path):
+    script = finish_script()
+    script[1] = Turn(thinking="secret reasoning", tool_calls=script[1].tool_calls)
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        events: list[dict] = []
+        run(tmp_path, vmd, server, events=events)
+    assert {"type": "thinking", "text": "secret reasoning"} in events
+    assert all("secret reasoning" not in json.dumps(r["messages"]) for r in server.chat_requests)
+
+
+# --- every exit produces a report --------------------------------------------------------
+
+
+def test_step_cap_closes_the_session_and_reports(tmp_path):
+    looping = call("run", {"command": "date +%N"})
+    with running_vmd(tmp_path) as vmd, start_ollama([PLAN], default=looping) as server:
+        outcome = run(tmp_path, vmd, server, config=agent_config(server, max_steps=5))
+    assert outcome.state == "failed" and outcome.steps == 5
+    assert_closed_with_report(vmd, outcome)
+    assert "step cap (5 model turns)" in outcome.report
+    assert outcome.verification_passed is None and "not verified" in outcome.report
+
+
+def test_deadline_closes_the_session_and_reports(tmp_path):
+    slow = call("run", {"command": "sleep 0.4"})
+    with running_vmd(tmp_path) as vmd, start_ollama([PLAN], default=slow) as server:
+        outcome = run(tmp_path, vmd, server, config=agent_config(server, deadline_s=1.0))
+    assert outcome.state == "failed" and 1 < outcome.steps < 10
+    assert_closed_with_report(vmd, outcome)
+    assert "session deadline" in outcome.report
+
+
+def test_cancel_closes_the_session_and_reports(tmp_path):
+    cancel = threading.Event()
+
+    def cancelling(body):
+        cancel.set()
+        return call("run", {"command": "echo working > work.txt"})
+
+    with running_vmd(tmp_path) as vmd, start_ollama([PLAN, cancelling]) as server:
+        outcome = run(tmp_path, vmd, server, cancel=cancel)
+    assert outcome.state == "cancelled"
+    record = assert_closed_with_report(vmd, outcome)
+    assert any(e["kind"] == "verb" and e.get("verb") == "session_cancel" for e in record)
+    assert "Cancelled by the user" in outcome.report
+    # the turn in flight finished; its work is in the project folder and was committed
+    assert (vmd.project("hello") / "work.txt").read_text() == "working\n"
+    close = next(e for e in record if e["kind"] == "close")
+    assert close["commit"] and any("work.txt" in f for f in close["files"])
+
+
+def test_model_unreachable_before_streaming_still_reports(tmp_path):
+    with running_vmd(tmp_path) as vmd:
+        config = AgentConfig(ollama_host=f"http://127.0.0.1:{unused_port()}", retries=1, retry_backoff_s=0)
+        outcome = run_job(JobSpec(task="anything", project="p"), on_event=lambda e: None,
+                          transcript_path=tmp_path / "t.json", config=config, vmd_socket=vmd.socket)
+    assert outcome.state == "failed"
+    assert_closed_with_report(vmd, outcome)
+    assert "Could not reach Ollama" in outcome.report
+
+
+def test_model_breaking_off_while_streaming_still_reports(tmp_path):
+    long_plan = Turn(content="I will plan this carefully. " * 20,
+                     tool_calls=PLAN.tool_calls)
+    with running_vmd(tmp_path) as vmd, start_ollama([long_plan, long_plan, long_plan]) as server:
+        for _ in range(3):
+            server.drop_next(after_chunks=4)
+        outcome = run(tmp_path, vmd, server, config=agent_config(server, retries=1))
+    assert outcome.state == "failed"
+    assert_closed_with_report(vmd, outcome)
+    assert "The model could not answer" in outcome.report
+    assert all(r.outcome.startswith("dropped") for r in server.chats)
+
+
+def test_vmd_going_away_mid_session_still_reports(tmp_path):
+    with running_vmd(tmp_path) as vmd:
+        def vmd_dies(body):
+            vmd.server.stop()
+            return call("run", {"command": "true"})
+
+        with start_ollama([PLAN, vmd_dies]) as server:
+            outcome = run(tmp_path, vmd, server, task="survive vmd going away")
+    assert outcome.state == "failed" and outcome.session_id
+    assert outcome.report.startswith("# vmagent job: survive vmd going away")
+    assert "vmd went away" in outcome.report and "nothing here was verified" in outcome.report
+    assert "1. write hello.py" in outcome.report  # the task list as last seen
+
+
+def test_machine_failing_to_start_ends_with_a_report(tmp_path):
+    with running_vmd(tmp_path, fail="no image 'debian' is built") as vmd, start_ollama([PLAN]) as server:
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "failed"
+    assert_closed_with_report(vmd, outcome)
+    assert "The machine" in outcome.report and "no image 'debian' is built" in outcome.report
+
+
+def test_malformed_tool_arguments_cost_an_error_line_not_the_session(tmp_path):
+    script = [
+        # Ollama's client only carries objects as arguments; inside them anything goes.
+        call("plan_tasks", {"tasks": "- write hello.py\n- check it"}),
+        call("run", {"command": {"argv": ["ls"]}, "timeout": "soon"}),
+        call("update_task", {"id": "one", "status": "finished-ish"}),
+        call("no_such_tool", {"x": 1}),
+        call("write_file", {"path": "hello.py", "content": "print('hello')\n"}),
+        calls(("update_task", {"id": 1, "status": "done"}), ("update_task", {"id": 2, "status": "done"}),
+              ("run", {"cmd": "python3 hello.py", "extra": True})),
+        # verification as a bare string where the object belongs
+        call("finish", {"summary": "ok", "verification": "python3 hello.py"}),
+    ]
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "done" and outcome.verification_passed is True, outcome.report
+    results = [r for body in server.chat_requests for r in tool_results(body)]
+    assert any(r.startswith("ERROR: run needs") for r in results)
+    assert any(r.startswith("ERROR: update_task needs") for r in results)
+    assert any(r.startswith("ERROR: there is no tool named") for r in results)
+    assert "`python3 hello.py`" in outcome.report
+
+
+def test_a_renderer_that_raises_never_breaks_the_work(tmp_path):
+    seen = []
+
+    def broken_view(event):
+        seen.append(event["type"])
+        raise RuntimeError("the terminal went away")
+
+    with running_vmd(tmp_path) as vmd, start_ollama(finish_script()) as server:
+        outcome = run(tmp_path, vmd, server, events=broken_view)
+    assert outcome.state == "done" and outcome.verification_passed is True
+    assert "done" in seen and "output" in seen
+
+
+def test_an_exception_inside_the_loop_still_closes_and_reports(tmp_path, monkeypatch):
+    import vmagent.loop as loop
+
+    def crash(*a, **kw):
+        raise KeyError("boom")
+
+    with running_vmd(tmp_path) as vmd, start_ollama([PLAN, call("run", {"command": "true"})]) as server:
+        monkeypatch.setattr(loop, "repeat_notice", crash)
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "failed"
+    assert_closed_with_report(vmd, outcome)
+    assert "internal error: KeyError" in outcome.report
+
+
+# --- guards --------------------------------------------------------------------------------
+
+
+def test_prose_only_replies_get_nudged_three_times_then_the_session_ends(tmp_path):
+    with running_vmd(tmp_path) as vmd, start_ollama([PLAN], default="I think the task is going well.") as server:
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "failed" and outcome.steps == 5
+    assert_closed_with_report(vmd, outcome)
+    assert "4 times in a row without a tool call" in outcome.report
+    nudges = [t for t in user_texts(server.chat_requests[-1]) if t.startswith("You replied without a tool call")]
+    assert len(nudges) == 3 and all("1. write hello.py" in n for n in nudges)
+
+
+def test_prose_then_back_to_work_resets_the_count(tmp_path):
+    script = finish_script()
+    script[2:2] = ["Let me think.", "Still thinking.", "Hmm."]
+    script[6:6] = ["One more thought.", "And another."]
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "done", outcome.report
+
+
+def test_the_same_result_three_times_gets_a_notice(tmp_path):
+    same = call("run", {"command": "cat missing.txt"})
+    script = [PLAN, same, same, same, call("run", {"command": "true"})]
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        run(tmp_path, vmd, server, config=agent_config(server, max_steps=5))
+    results = tool_results(server.chat_requests[-1])
+    runs = [r for r in results if "missing.txt" in r]
+    assert len(runs) == 3
+    assert "same result" not in runs[0] and "same result" not in runs[1]
+    assert "[vmagent: this command has given this same result 3 times" in runs[2]
+
+
+def test_a_task_list_that_does_not_move_gets_a_reminder(tmp_path):
+    idle = call("run", {"command": "date +%N"})
+    with running_vmd(tmp_path) as vmd, start_ollama([PLAN], default=idle) as server:
+        run(tmp_path, vmd, server, config=agent_config(server, max_steps=16, stall_reminder_steps=12))
+    reminders = [i for i, body in enumerate(server.chat_requests)
+                 if any("has not changed in 12 steps" in t for t in user_texts(body))]
+    assert reminders and reminders[0] == 13
+    text = next(t for t in user_texts(server.chat_requests[13]) if "has not changed" in t)
+    assert "1. write hello.py" in text
+
+
+# --- questions ----------------------------------------------------------------------------
+
+
+def test_a_question_keeps_the_session_and_resume_carries_on(tmp_path):
+    transcript = tmp_path / "job" / "transcript.json"
+    first = [PLAN, call("ask_user", {"question": "Python 2 or 3?"})]
+    with running_vmd(tmp_path) as vmd:
+        with start_ollama(first) as server:
+            events: list[dict] = []
+            outcome = run(tmp_path, vmd, server, events=events)
+        assert outcome.state == "question" and outcome.question == "Python 2 or 3?"
+        assert {"type": "state", "state": "question", "question": "Python 2 or 3?"} in events
+        record = vmd.record(outcome.session_id)
+        assert not any(e["kind"] == "close" for e in record), "a waiting session is not closed"
+        saved = json.loads(transcript.read_text())
+        assert saved["session_id"] == outcome.session_id and saved["state"] == "question"
+
+        rest = finish_script()[1:]
+        with start_ollama(rest) as server:
+            resumed = resume_job(transcript, answer="3, please", on_event=lambda e: None,
+                                 config=agent_config(server), vmd_socket=vmd.socket)
+        assert resumed.state == "done" and resumed.verification_passed is True, resumed.report
+        assert resumed.session_id == outcome.session_id and resumed.steps == outcome.steps + len(rest)
+        answer = [t for t in user_texts(server.chat_requests[0]) if "3, please" in t]
+        assert answer, "the answer is in the conversation"
+        assert user_texts(server.chat_requests[0])[0].startswith("The task:")
+
+
+def test_cancel_while_waiting_for_an_answer_closes_with_a_report(tmp_path):
+    transcript = tmp_path / "job" / "transcript.json"
+    with running_vmd(tmp_path) as vmd:
+        with start_ollama([PLAN, call("ask_user", {"question": "which?"})]) as server:
+            outcome = run(tmp_path, vmd, server)
+        assert outcome.state == "question"
+        cancel = threading.Event()
+        cancel.set()
+        with start_ollama([]) as server:
+            done = resume_job(transcript, on_event=lambda e: None, cancel=cancel,
+                              config=agent_config(server), vmd_socket=vmd.socket)
+        assert done.state == "cancelled" and not server.chat_requests
+        assert_closed_with_report(vmd, done)
+
+
+def test_resume_without_a_transcript_reports_why(tmp_path):
+    outcome = resume_job(tmp_path / "nope.json", answer="x", on_event=lambda e: None)
+    assert outcome.state == "failed" and "could not be read" in outcome.report
+
+
+def test_a_missing_prompt_refuses_to_start_with_a_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("VMAGENT_PROMPTS", str(tmp_path / "empty"))
+    monkeypatch.setattr("vmagent.prompts.REPO_PROMPTS_DIR", tmp_path / "also-empty")
+    outcome = run_job(JobSpec(task="t"), on_event=lambda e: None, transcript_path=tmp_path / "t.json",
+                      config=AgentConfig(), vmd_socket=str(tmp_path / "no.sock"))
+    assert outcome.state == "failed" and "prompt.md was not found" in outcome.report

@@ -1,0 +1,142 @@
+"""`vmagent run "TASK" …` (one job in this terminal) and `vmagent serve` (the job service).
+
+Exit codes of `run`: 0 when the job is done and vmd's own re-run of the verification
+passed; 1 for any other outcome; 2 when the job could not start (usage, configuration,
+a missing prompt.md, vmd not reachable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE = 0, 1, 2
+
+
+class TerminalView:
+    """Live progress for a person at a terminal. Never raises into the loop (it may be
+    written to a closed pipe); the loop guards it too."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.tasks = ""
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "status":
+            self._line(f"· {event.get('text', '')}")
+        elif kind == "tasks":
+            text = str(event.get("text") or "")
+            if text != self.tasks:
+                self.tasks = text
+                self._line("tasks:\n" + "\n".join(f"  {line}" for line in text.splitlines()))
+        elif kind == "command":
+            self._line(f"$ {event.get('command', '')}")
+        elif kind == "output":
+            prefix = "  ! " if event.get("stream") == "stderr" else "    "
+            self._line(prefix + str(event.get("line", "")))
+        elif kind == "screenshot":
+            self._line(f"[screenshot {event.get('width')}x{event.get('height')}]")
+        elif kind == "speech":
+            self._line("agent: " + " ".join(str(event.get("text", "")).split())[:300])
+        elif kind == "state":
+            question = f": {event['question']}" if event.get("question") else ""
+            self._line(f"state: {event.get('state')}{question}")
+
+    def _line(self, text: str) -> None:
+        try:
+            print(text, file=self.out, flush=True)
+        except (OSError, ValueError):
+            pass
+
+
+def _run(args: argparse.Namespace) -> int:
+    from vmagent import loop, tools
+    from vmagent.client import Vmd, VmdUnavailable, default_socket
+    from vmagent.config import AgentConfig, ConfigError
+    from vmagent.prompts import PromptMissing, load_prompts
+
+    socket_path = default_socket()
+    try:
+        config = AgentConfig.load()
+        load_prompts(tools.os_family_of(args.os), desktop=False)
+        Vmd(socket_path, timeout=10).connect().close()
+    except (ConfigError, PromptMissing, VmdUnavailable) as exc:
+        print(f"vmagent run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    spec = loop.JobSpec(task=args.task, os=args.os, project=args.project, owner=args.owner or "",
+                        model=args.model)
+    transcript = Path(args.transcript) if args.transcript else Path(
+        tempfile.mkdtemp(prefix="vmagent-run-")) / "transcript.json"
+    cancel = threading.Event()
+    view = TerminalView(sys.stderr)
+    view._line(f"· transcript: {transcript}")
+    try:
+        outcome = _run_until_done(loop, spec, view, cancel, transcript, config, socket_path)
+    finally:
+        cancel.set()
+    print(outcome.report, flush=True)
+    if outcome.state in ("question", "unfreeze"):
+        print(f"The session waits for a person ({outcome.state}): {outcome.question}\n"
+              f"Carry on with the job service, or resume from {transcript}.", file=sys.stderr)
+    return EXIT_DONE if outcome.state == "done" and outcome.verification_passed else EXIT_NOT_DONE
+
+
+def _run_until_done(loop, spec, view, cancel, transcript, config, socket_path):
+    """Runs the job in a thread so that Ctrl-C cancels it (the loop closes the session
+    and reports) instead of killing it mid-turn."""
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.setdefault("outcome", loop.run_job(
+        spec, on_event=view, cancel=cancel, transcript_path=transcript, config=config,
+        vmd_socket=socket_path)), name="vmagent-job", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        try:
+            worker.join(0.5)
+        except KeyboardInterrupt:
+            if cancel.is_set():
+                raise
+            view._line("· cancelling: the session closes and reports (Ctrl-C again to abandon it)")
+            cancel.set()
+    return result["outcome"]
+
+
+def _serve(argv: list[str]) -> int:
+    from vmagent.service import serve_main
+    return serve_main(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vmagent", description="A VM-sandboxed coding agent.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one job here, with live progress, and print its report")
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--os", default=os.environ.get("VMD_DEFAULT_OS") or "debian",
+                     help="the guest image (default: debian)")
+    run.add_argument("--project", required=True, help="the project folder (a git repository) to work in")
+    run.add_argument("--owner", default="", help="the project's owner (Gitea user or org)")
+    run.add_argument("--model", help="the Ollama model (default: from config / VMAGENT_MODEL)")
+    run.add_argument("--transcript", help="where to keep the transcript (default: a temporary folder)")
+    sub.add_parser("serve", help="serve the job API (options: vmagent serve --help)", add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        return _serve(argv[1:])
+    args = parser().parse_args(argv)  # exits 2 on a usage error
+    if not args.task.strip():
+        print("vmagent run: the task is empty; say what the agent should do.", file=sys.stderr)
+        return EXIT_USAGE
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,666 @@
+"""The turn loop: one job, from the task to a report.
+
+    run_job(spec, on_event=..., transcript_path=...)      a new job
+    resume_job(transcript_path, answer=..., on_event=...) the same job after a question
+
+A job opens a vmd session without waiting for the machine, and the first turns offer
+only the planning tools: the model writes the task list while the guest boots. Once a
+plan exists and the guest answers, the model is told the machine is up and gets every
+tool. Each turn then is: guards, compaction, one model call, the tool calls it asked
+for, the transcript written to disk.
+
+Every way out ends in `_end`: unless the session waits for a person, vmd closes it
+(commit + push) and the report is vmd's, built from its record, with the loop's notes
+on why it ended. Nothing the model says decides the outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel
+
+from vmagent import tools
+from vmagent.client import Vmd, VmdError, VmdUnavailable, default_socket
+from vmagent.compact import Compactor, PinnedContext, cap_tool_result
+from vmagent.config import AgentConfig, ConfigError
+from vmagent.llm import LLM, OllamaError, drop_old_images
+from vmagent.prompts import PromptMissing, load_prompts
+
+log = logging.getLogger(__name__)
+
+# vmd's error code for "the machine is not up" (vmd/session.py NOT_READY).
+NOT_READY = -32003
+# session_ready is asked in slices so that a cancel is seen while the guest boots.
+READY_SLICE_S = 30.0
+# How long phase two waits for the guest at most: a cold TCG boot of the Debian guest
+# took ~60 s, a desktop several minutes; vmd gives up on its own after its
+# boot_timeout_s (600 s by default) and then says why.
+BOOT_WAIT_S = 900.0
+TRANSCRIPT_VERSION = 1
+
+Event = dict[str, Any]
+
+
+class JobSpec(BaseModel):
+    task: str
+    os: str = "debian"
+    project: str | None = None
+    owner: str = ""
+    chat_id: str = ""
+    model: str | None = None
+
+
+class Outcome(BaseModel):
+    state: Literal["done", "question", "unfreeze", "cancelled", "failed"]
+    report: str
+    session_id: str | None
+    question: str | None
+    verification_passed: bool | None
+    steps: int
+
+
+@dataclass
+class Ending:
+    """Why the loop stops: the outcome state and a sentence for the report."""
+
+    state: str
+    reason: str
+
+
+# --- the job's state, kept on disk after every turn -----------------------------------
+
+
+@dataclass
+class Guards:
+    """Counters the guards keep; saved with the transcript so a resumed job keeps them."""
+
+    prose_streak: int = 0
+    # sha1 of (command, exit code, output) -> how many times that exact result came back
+    repeats: dict[str, int] = field(default_factory=dict)
+    steps_since_tasks_moved: int = 0
+    last_tasks: str = ""
+
+
+@dataclass
+class Job:
+    spec: JobSpec
+    transcript_path: Path
+    session_id: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 0
+    phase: str = "planning"  # planning | working
+    desktop: bool = False
+    boot_seconds: float | None = None
+    # Seconds worked in earlier runs of this job; time spent waiting for a person is not work.
+    active_before_s: float = 0.0
+    started_at: float = field(default_factory=time.time)
+    run_started: float = field(default_factory=time.monotonic)
+    guards: Guards = field(default_factory=Guards)
+    verification: str | None = None  # the last verification command the model named
+    notes: list[str] = field(default_factory=list)  # the loop's own lines for the report
+    state: str = "running"
+    question: str | None = None
+    tasks_text: str = ""
+    status_line: str = ""
+
+    @property
+    def os_family(self) -> str:
+        return tools.os_family_of(self.spec.os)
+
+    def active_seconds(self) -> float:
+        return self.active_before_s + (time.monotonic() - self.run_started)
+
+    def save(self) -> None:
+        data = {
+            "version": TRANSCRIPT_VERSION,
+            "spec": self.spec.model_dump(),
+            "session_id": self.session_id,
+            "state": self.state,
+            "question": self.question,
+            "phase": self.phase,
+            "desktop": self.desktop,
+            "boot_seconds": self.boot_seconds,
+            "steps": self.steps,
+            "started_at": self.started_at,
+            "active_seconds": round(self.active_seconds(), 3),
+            "saved_at": time.time(),
+            "guards": asdict(self.guards),
+            "verification": self.verification,
+            "notes": self.notes,
+            "messages": self.messages,
+        }
+        path = Path(self.transcript_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, ensure_ascii=False, default=str))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Job":
+        data = json.loads(Path(path).read_text())
+        job = cls(spec=JobSpec(**data["spec"]), transcript_path=Path(path))
+        job.session_id = data.get("session_id")
+        job.messages = list(data.get("messages") or [])
+        job.steps = int(data.get("steps") or 0)
+        job.phase = data.get("phase") or "planning"
+        job.desktop = bool(data.get("desktop"))
+        job.boot_seconds = data.get("boot_seconds")
+        job.active_before_s = float(data.get("active_seconds") or 0.0)
+        job.started_at = float(data.get("started_at") or time.time())
+        job.guards = Guards(**(data.get("guards") or {}))
+        job.verification = data.get("verification")
+        job.notes = list(data.get("notes") or [])
+        job.state = data.get("state") or "running"
+        job.question = data.get("question")
+        return job
+
+
+class Events:
+    """The watcher's feed. A view never breaks the work: whatever on_event raises is logged once."""
+
+    def __init__(self, on_event: Callable[[Event], None] | None):
+        self.on_event = on_event
+        self.failures = 0
+
+    def emit(self, event: Event) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(event)
+        except Exception:
+            self.failures += 1
+            if self.failures == 1:
+                log.exception("the event watcher failed on a %s event; the job goes on", event.get("type"))
+
+    def from_vmd(self, method: str, params: dict) -> None:
+        if method == "output":
+            self.emit({"type": "output", "stream": params.get("stream", "stdout"), "line": params.get("line", "")})
+
+
+# --- the public entry points ----------------------------------------------------------
+
+
+def run_job(
+    spec: JobSpec,
+    *,
+    on_event: Callable[[Event], None],
+    cancel: threading.Event | None = None,
+    transcript_path: Path,
+    config: AgentConfig | None = None,
+    vmd_socket: str | None = None,
+) -> Outcome:
+    """Run one job to its end (done, failed, cancelled) or to a question. Never raises."""
+    events = Events(on_event)
+    cancel = cancel or threading.Event()
+    job = Job(spec=spec, transcript_path=Path(transcript_path))
+    try:
+        config = _config_for(spec, config)
+        system = _system_prompt(job, config_desktop=False)
+    except (ConfigError, PromptMissing) as exc:
+        return _end_without_session(job, events, f"The job could not start: {exc}")
+    vmd = Vmd(vmd_socket or default_socket(), on_notify=events.from_vmd)
+    try:
+        opened = vmd.call("session_open", os=spec.os, project=spec.project, owner=spec.owner,
+                          task=spec.task, wait=False, chat_id=spec.chat_id)
+    except (VmdUnavailable, VmdError) as exc:
+        return _end_without_session(job, events, f"vmd could not open a session: {exc}")
+    job.session_id = opened.get("session_id") or vmd.session_id
+    events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
+    job.messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": _opening_message(spec, opened)},
+    ]
+    job.save()
+    return _work(job, vmd, config, events, cancel)
+
+
+def resume_job(
+    transcript_path: Path,
+    *,
+    answer: str | None = None,
+    approved: bool | None = None,
+    on_event: Callable[[Event], None],
+    cancel: threading.Event | None = None,
+    config: AgentConfig | None = None,
+    vmd_socket: str | None = None,
+) -> Outcome:
+    """Carry on a job that stopped with a question or an approval request. Never raises."""
+    events = Events(on_event)
+    cancel = cancel or threading.Event()
+    try:
+        job = Job.load(Path(transcript_path))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        spec = JobSpec(task="(unknown: the transcript could not be read)")
+        job = Job(spec=spec, transcript_path=Path(transcript_path))
+        return _end_without_session(job, events, f"The job cannot be resumed: its transcript "
+                                                 f"{transcript_path} could not be read ({exc}).")
+    if not job.session_id:
+        return _end_without_session(job, events, "The job cannot be resumed: its transcript names no session.")
+    job.state, job.question = "running", None
+    vmd = Vmd(vmd_socket or default_socket(), on_notify=events.from_vmd)
+    try:
+        config = _config_for(job.spec, config)
+        vmd.call("session_attach", session_id=job.session_id)
+        if cancel.is_set():  # cancelled while it waited: close it without waking the model
+            return _end(job, vmd, Ending("cancelled", "Cancelled while the session waited for a person."), events)
+        resumed = vmd.call("session_resume", answer=answer or "", approved=approved)
+    except ConfigError as exc:
+        return _end(job, vmd, Ending("failed", f"The job could not resume: {exc}"), events)
+    except (VmdUnavailable, VmdError) as exc:
+        return _end(job, vmd, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
+    events.emit({"type": "status", "text": "resumed with the person's answer"})
+    job.messages.append({"role": "user", "content": resumed.get("text") or _answer_text(answer, approved)})
+    job.save()
+    return _work(job, vmd, config, events, cancel)
+
+
+# --- the loop -------------------------------------------------------------------------
+
+
+def _work(job: Job, vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event) -> Outcome:
+    llm = LLM(config)
+    compactor = Compactor(config, llm)
+    try:
+        ending = None
+        while ending is None:
+            ending = _turn(job, vmd, llm, compactor, config, events, cancel)
+            job.save()
+    except VmdUnavailable as exc:
+        ending = Ending("failed", f"vmd went away during the session: {exc}")
+    except OllamaError as exc:
+        ending = Ending("failed", f"The model could not answer: {exc}")
+    except Exception as exc:  # a bug in the loop must still end in a report
+        log.error("the loop failed:\n%s", traceback.format_exc())
+        ending = Ending("failed", f"The agent loop stopped on an internal error: {type(exc).__name__}: {exc}")
+    return _end(job, vmd, ending, events)
+
+
+def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfig,
+          events: Events, cancel: threading.Event) -> Ending | None:
+    """One turn: guards, the hand-over when due, one model call, its tool calls."""
+    ending = cancelled(cancel) or past_deadline(job, config) or at_step_cap(job, config)
+    if ending:
+        return ending
+
+    status = vmd.call("session_status")
+    _show_status(job, status, events)
+    ending = machine_gone(status)
+    if ending:
+        return ending
+    if job.phase == "planning" and status.get("planned"):
+        ending = _hand_over_machine(job, vmd, config, events, cancel)
+        if ending:
+            return ending
+    stall_reminder(job, config)
+
+    offered = tools.tool_names(job.phase, job.desktop)
+    schemas = tools.schemas(job.os_family, job.phase, job.desktop)
+    pinned = PinnedContext(task_list=job.tasks_text or "(no tasks planned yet)", verification=job.verification)
+    job.messages, compacted = compactor.maybe_compact(job.messages, schemas, pinned)
+    if compacted:
+        events.emit({"type": "status", "text": "compacted the conversation to stay within the model's context"})
+
+    reply = llm.chat(job.messages, tools=schemas)
+    job.steps += 1
+    compactor.observe(job.messages, schemas, reply)
+    if reply.thinking.strip():
+        events.emit({"type": "thinking", "text": reply.thinking})
+    if reply.content.strip():
+        events.emit({"type": "speech", "text": reply.content})
+
+    if not reply.tool_calls:
+        return prose_only(job, reply.content, config)
+    job.guards.prose_streak = 0
+    if reply.content.strip():
+        _note(vmd, job.steps, reply.content.strip())
+    job.messages.append(reply.as_message())
+
+    for call in reply.tool_calls:
+        outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events)
+        if outcome.state in ("question", "unfreeze"):
+            return Ending(outcome.state, "The agent asked a person and waits for the answer; "
+                                         "the machine is kept suspended.")
+        if outcome.state == "finished":
+            return Ending("done", "The agent finished and vmd accepted it.")
+    return None
+
+
+def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str],
+               config: AgentConfig, events: Events) -> tools.ToolOutcome:
+    """Run one tool call and put its result in the history, capped, with any notice."""
+    verb = tools._tool_name(name)
+    parsed = tools.parse_arguments(verb, arguments) if verb in tools.TOOLS else None
+    params = parsed.params if parsed is not None and parsed.ok else None
+    if verb == "run" and params:
+        events.emit({"type": "command", "command": params["command"]})
+    elif verb in tools.TOOLS:
+        events.emit({"type": "status", "text": f"{verb}"})
+    if verb == "finish" and params and params.get("verification"):
+        job.verification = params["verification"].get("command")
+
+    outcome = tools.call(vmd, name, arguments, offered=offered)
+
+    text = outcome.text
+    if verb == "run" and outcome.ok and outcome.result:
+        text += repeat_notice(job, params or {}, outcome.result, config)
+    message: dict[str, Any] = {"role": "tool", "tool_name": verb or str(name),
+                               "content": cap_tool_result(text, config.tool_result_cap_chars)}
+    if outcome.image_b64:
+        message["images"] = [outcome.image_b64]
+        result = outcome.result or {}
+        events.emit({"type": "screenshot", "png_base64": outcome.image_b64,
+                     "width": result.get("width"), "height": result.get("height")})
+    job.messages.append(message)
+    job.messages = drop_old_images(job.messages, config.keep_images)
+    return outcome
+
+
+def _hand_over_machine(job: Job, vmd: Vmd, config: AgentConfig, events: Events,
+                       cancel: threading.Event) -> Ending | None:
+    """Phase two: wait for the guest, tell the agent what it has, offer every tool."""
+    events.emit({"type": "status", "text": "plan made; waiting for the machine"})
+    waited = time.monotonic()
+    while True:
+        left = min(BOOT_WAIT_S - (time.monotonic() - waited), config.deadline_s - job.active_seconds())
+        try:
+            ready = vmd.call("session_ready", timeout=max(1.0, min(READY_SLICE_S, left)), desktop=False)
+            break
+        except VmdError as exc:
+            still_booting = exc.code == NOT_READY and vmd.call("session_status").get("machine") == "booting"
+            if not still_booting:
+                return Ending("failed", f"The machine could not be used: {exc.message}")
+            if cancel.is_set():
+                return Ending("cancelled", "Cancelled by the user while the machine booted.")
+            if left <= READY_SLICE_S:
+                return Ending("failed", f"The machine was still booting {time.monotonic() - waited:.0f} s "
+                                        f"after the plan was made; stopped waiting. ({exc.message})")
+    facts = ready.get("facts") or {}
+    job.boot_seconds = ready.get("seconds")
+    job.desktop = facts.get("desktop") is True or job.os_family == "windows"
+    if job.desktop:  # the screen part of the prompt joins once a desktop is known to exist
+        job.messages[0] = {"role": "system", "content": _system_prompt(job, config_desktop=True)}
+    job.phase = "working"
+    events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s"})
+    job.messages.append({"role": "user", "content": _machine_up_message(job, ready, facts)})
+    return None
+
+
+def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
+    """The one way out. Closes the session unless it waits for a person, then reports."""
+    job.notes.append(ending.reason)
+    question = None
+    vmd, vmd_error = _reconnected(vmd, job)
+    if vmd is not None and ending.state in ("question", "unfreeze"):
+        try:
+            status = vmd.call("session_status")
+            question = status.get("question") if ending.state == "question" else status.get("unfreeze_request")
+        except (VmdUnavailable, VmdError) as exc:
+            vmd_error = str(exc)
+    elif vmd is not None:
+        if ending.state == "cancelled":
+            _quietly(vmd, "session_cancel")
+        closed = _quietly(vmd, "session_close")
+        if closed is None:
+            job.notes.append("vmd could not close the session (commit and push); see its log.")
+    report, passed = _vmd_report(vmd) if vmd is not None else (None, None)
+    if report is None:
+        report = _local_report(job, ending, vmd_error or "vmd could not build the report")
+    else:
+        report += _loop_notes(job)
+    job.state, job.question = ending.state, question
+    _save_quietly(job)
+    outcome = Outcome(state=ending.state, report=report, session_id=job.session_id, question=question,
+                      verification_passed=passed, steps=job.steps)
+    state_event: Event = {"type": "state", "state": ending.state}
+    if question:
+        state_event["question"] = question
+    events.emit(state_event)
+    events.emit({"type": "done", "outcome": outcome.model_dump()})
+    if vmd is not None:
+        vmd.close()
+    return outcome
+
+
+def _end_without_session(job: Job, events: Events, reason: str) -> Outcome:
+    job.notes.append(reason)
+    report = _local_report(job, Ending("failed", reason), None)
+    job.state = "failed"
+    _save_quietly(job)
+    outcome = Outcome(state="failed", report=report, session_id=job.session_id, question=None,
+                      verification_passed=None, steps=job.steps)
+    events.emit({"type": "state", "state": "failed"})
+    events.emit({"type": "done", "outcome": outcome.model_dump()})
+    return outcome
+
+
+# --- guards ---------------------------------------------------------------------------
+
+
+def cancelled(cancel: threading.Event) -> Ending | None:
+    # Checked every turn: a person who cancels gets the report of what was done so far.
+    if cancel.is_set():
+        return Ending("cancelled", "Cancelled by the user.")
+    return None
+
+
+def past_deadline(job: Job, config: AgentConfig) -> Ending | None:
+    # The promise made to the person is a result within the deadline, not a longer try.
+    if job.active_seconds() >= config.deadline_s:
+        return Ending("failed", f"Stopped at the session deadline ({config.deadline_s / 60:.0f} min of work).")
+    return None
+
+
+def at_step_cap(job: Job, config: AgentConfig) -> Ending | None:
+    # Past the cap the bench's sessions were going in circles; a report helps more.
+    if job.steps >= config.max_steps:
+        return Ending("failed", f"Stopped at the step cap ({config.max_steps} model turns) without a finish.")
+    return None
+
+
+def machine_gone(status: dict) -> Ending | None:
+    # A failed or destroyed guest will not come back in this session; every further
+    # turn would only collect errors. The project folder is on the host and is kept.
+    machine = str(status.get("machine") or "")
+    if machine.startswith("failed") or (machine == "destroyed" and status.get("state") != "closed"):
+        return Ending("failed", f"The machine is gone ({machine}); the project folder was kept.")
+    return None
+
+
+def prose_only(job: Job, content: str, config: AgentConfig) -> Ending | None:
+    # Work happens only through tool calls. Small models drift into describing what they
+    # would do; a nudge with the task list brings most back, three ignored ones mean the
+    # model has lost the tool protocol.
+    job.guards.prose_streak += 1
+    if job.guards.prose_streak > config.max_prose_replies:
+        return Ending("failed", f"The model answered {job.guards.prose_streak} times in a row without a "
+                                "tool call after being reminded; stopped.")
+    job.messages.append({"role": "assistant", "content": content})
+    job.messages.append({"role": "user", "content": (
+        "You replied without a tool call, and nothing happens without one. Call the tool for "
+        "your next step now. If every task is done or blocked, call finish with a verification "
+        "command.\n\nThe task list:\n" + (job.tasks_text or "(no tasks planned yet: call plan_tasks)"))})
+    return None
+
+
+def repeat_notice(job: Job, params: dict, result: dict, config: AgentConfig) -> str:
+    # Models poll: the same command with the same result, again and again. The count is
+    # of identical results (exit code and output), so a changing build log is not one.
+    key = json.dumps([params.get("command"), params.get("cwd"), result.get("exit_code"),
+                      result.get("stdout"), result.get("stderr")], ensure_ascii=False, default=str)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+    count = job.guards.repeats.get(digest, 0) + 1
+    job.guards.repeats[digest] = count
+    if count < config.repeat_notice_after:
+        return ""
+    return (f"\n[vmagent: this command has given this same result {count} times. Running it again "
+            "will not change it: read the output, change the approach, or mark the task blocked "
+            "with the reason.]")
+
+
+def stall_reminder(job: Job, config: AgentConfig) -> None:
+    # A task list that has not moved for many steps usually means the agent forgot it,
+    # or is stuck on one task; showing it again is cheap.
+    if job.guards.steps_since_tasks_moved < config.stall_reminder_steps:
+        return
+    job.guards.steps_since_tasks_moved = 0
+    job.messages.append({"role": "user", "content": (
+        f"[vmagent: the task list has not changed in {config.stall_reminder_steps} steps.] Check it "
+        "against what you have done: mark finished tasks done (with how you verified them), mark "
+        "a task blocked if it cannot be done, or change approach.\n\n" + (job.tasks_text or "(no tasks)"))})
+
+
+# --- pieces -------------------------------------------------------------------------------
+
+
+def _config_for(spec: JobSpec, config: AgentConfig | None) -> AgentConfig:
+    config = config or AgentConfig.load()
+    if spec.model:
+        config = config.model_copy(update={"model": spec.model})
+    return config
+
+
+def _system_prompt(job: Job, config_desktop: bool) -> str:
+    prompts = load_prompts(job.os_family, desktop=config_desktop)
+    for warning in prompts.warnings:
+        log.warning("%s", warning)
+    return prompts.system
+
+
+def _opening_message(spec: JobSpec, opened: dict) -> str:
+    where = tools.OS_WORDS[tools.os_family_of(spec.os)]
+    storage = opened.get("storage") or ""
+    return (
+        f"The task:\n\n{spec.task.strip()}\n\n"
+        f"A {spec.os} machine is booting for you now ({where['shell']}; the project folder "
+        f"will be {where['project']}). {('Storage: ' + storage + '.') if storage else ''}\n"
+        "First write the task list with plan_tasks: short, checkable steps in the order you "
+        "will do them, the last one the check that proves the result. The machine's tools "
+        "appear once the plan exists and the machine is up."
+    )
+
+
+def _machine_up_message(job: Job, ready: dict, facts: dict) -> str:
+    shown = {k: v for k, v in facts.items() if v not in (None, "", [], {}) and k != "boot_id"}
+    lines = [f"The machine is up: it took {job.boot_seconds or 0:.0f} s to boot."]
+    lines += [f"- {k}: {v}" for k, v in shown.items()]
+    offered = tools.tool_names("working", job.desktop)
+    lines.append(f"All tools are available now: {', '.join(offered)}.")
+    lines.append("Work through the task list, keeping it true as you go:\n" + (job.tasks_text or ""))
+    return "\n".join(lines)
+
+
+def _answer_text(answer: str | None, approved: bool | None) -> str:
+    if approved is not None:
+        return f"The person {'approved' if approved else 'declined'} your request." + (
+            f" They said: {answer}" if answer else "")
+    return f"The person answered: {answer or '(no answer given)'}"
+
+
+def _show_status(job: Job, status: dict, events: Events) -> None:
+    tasks_text = str(status.get("tasks") or "")
+    if tasks_text != job.guards.last_tasks:
+        job.guards.last_tasks = tasks_text
+        job.guards.steps_since_tasks_moved = 0
+        if tasks_text:
+            events.emit({"type": "tasks", "text": tasks_text})
+    elif job.steps:
+        job.guards.steps_since_tasks_moved += 1
+    job.tasks_text = tasks_text
+    line = str(status.get("status_line") or "")
+    if line and line != job.status_line:
+        job.status_line = line
+        events.emit({"type": "status", "text": line})
+
+
+def _note(vmd: Vmd, turn: int, text: str) -> None:
+    try:
+        vmd.call("note", turn=turn, text=text[:4000])
+    except VmdError as exc:  # the record misses a line; the work goes on
+        log.warning("vmd refused a note: %s", exc)
+
+
+def _quietly(vmd: Vmd, verb: str) -> dict | None:
+    try:
+        return vmd.call(verb)
+    except (VmdUnavailable, VmdError) as exc:
+        log.warning("%s failed: %s", verb, exc)
+        return None
+
+
+def _reconnected(vmd: Vmd, job: Job) -> tuple[Vmd | None, str | None]:
+    """The connection bound to the job's session, re-attached if it was lost; None if vmd is gone."""
+    if not job.session_id:
+        return None, "no session was opened"
+    if vmd._sock is not None and vmd.session_id == job.session_id:
+        return vmd, None
+    fresh = Vmd(vmd.socket_path, on_notify=vmd.on_notify)
+    try:
+        fresh.call("session_attach", session_id=job.session_id)
+        return fresh, None
+    except (VmdUnavailable, VmdError) as exc:
+        fresh.close()
+        return None, str(exc)
+
+
+def _vmd_report(vmd: Vmd) -> tuple[str | None, bool | None]:
+    try:
+        result = vmd.call("report")
+    except (VmdUnavailable, VmdError) as exc:
+        log.warning("vmd could not build the report: %s", exc)
+        return None, None
+    status = (result.get("outcome") or {}).get("status")
+    passed = True if status == "passed" else False if status == "failed" else None
+    markdown = result.get("markdown")
+    return (markdown if isinstance(markdown, str) and markdown.strip() else None), passed
+
+
+def _loop_notes(job: Job) -> str:
+    lines = ["", "## How the session ended", ""]
+    lines += [f"- {note}" for note in job.notes]
+    lines.append(f"- {job.steps} model turns.")
+    return "\n".join(lines) + "\n"
+
+
+def _local_report(job: Job, ending: Ending, vmd_error: str | None) -> str:
+    """The report when vmd cannot give one: what the loop itself knows, said plainly."""
+    md = [f"# vmagent job: {job.spec.task.strip().splitlines()[0][:100] if job.spec.task.strip() else '(no task)'}",
+          "", f"**Outcome: ⚠️ {ending.state}, not verified** — {ending.reason}", ""]
+    if vmd_error:
+        md += [f"vmd could not be reached for its report ({vmd_error}), so this report is the "
+               "agent's own: nothing here was verified, committed or pushed by vmd.", ""]
+    md += [f"OS `{job.spec.os}`" + (f" · project `{job.spec.owner or 'local'}/{job.spec.project}`"
+                                     if job.spec.project else "")]
+    if job.session_id:
+        md.append(f"Session `{job.session_id}` (its record stays in vmd's state dir).")
+    md += ["", "## Tasks (as last seen)", "", job.tasks_text or "No plan was made."]
+    commands = [c for c in _commands_run(job.messages)][-10:]
+    if commands:
+        md += ["", "## Last commands", ""] + [f"- `{c}`" for c in commands]
+    return "\n".join(md) + "\n" + _loop_notes(job)
+
+
+def _commands_run(messages: list[dict[str, Any]]):
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            if function.get("name") == "run":
+                parsed = tools.parse_arguments("run", function.get("arguments"))
+                if parsed.ok:
+                    yield " ".join(parsed.params["command"].split())[:200]
+
+
+def _save_quietly(job: Job) -> None:
+    try:
+        job.save()
+    except OSError as exc:
+        log.warning("could not write the transcript %s: %s", job.transcript_path, exc)
