@@ -1,0 +1,450 @@
+"""The job service over real HTTP: a real `vmagent serve` process, real worker processes.
+
+Tests marked `uses_scripted_worker` run tests/scripted_worker.py as the job process (same
+command line, job.json and NDJSON frames as vmagent.worker); they switch to the real worker
+once the turn loop, tests/ollama_server.py and vmd can run jobs here. What they show
+about the service (auth, restart, kill, cancel, queue) does not depend on which runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.loop_harness import call, running_vmd, user_texts
+from tests.ollama_server import start_ollama
+from tests.service_harness import (ALICE, BOB, REAL_WORKER, SERVICE, ServiceProcess, real_worker_env,
+                                   uses_scripted_worker, wait_for_state)
+from tests.test_loop import PLAN, finish_script
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = ServiceProcess(tmp_path / "svc").start()
+    yield svc
+    svc.stop()
+    _stop_workers(svc)
+
+
+def _stop_workers(svc: ServiceProcess) -> None:
+    """Workers outlive the service by design; a test cleans up the ones it started."""
+    db = svc.data_dir / "jobs.sqlite3"
+    if not db.exists():
+        return
+    with sqlite3.connect(db) as conn:
+        pids = [r[0] for r in conn.execute("SELECT worker_pid FROM jobs WHERE worker_pid IS NOT NULL")]
+    for pid in pids:
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if str(svc.data_dir).encode() in cmdline:
+            os.kill(pid, signal.SIGKILL)
+
+
+def worker_pid(svc: ServiceProcess, job_id: str) -> int:
+    with sqlite3.connect(svc.data_dir / "jobs.sqlite3") as conn:
+        return conn.execute("SELECT worker_pid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+
+
+def start(client: httpx.Client, task: str, **extra) -> dict:
+    response = client.post("/jobs", json={"task": task, "chat_id": extra.pop("chat_id", "chat-1"), **extra})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_for_event(client: httpx.Client, job_id: str, predicate, timeout: float = 20) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with client.stream("GET", f"/jobs/{job_id}/events", params={"follow": "false"}) as stream:
+            body = stream.read().decode()
+        events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {\"type")]
+        if any(predicate(e) for e in events):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no matching event for job {job_id}")
+
+
+# --- a job's life ------------------------------------------------------------------------
+
+@uses_scripted_worker
+def test_a_job_runs_to_a_report_with_its_events_in_order(service):
+    alice = service.client()
+    job = start(alice, "write hello world in main.py")
+    assert job["owner"] == "alice" and job["state"] in ("queued", "running")
+    assert "/jobs/%s/preview?token=" % job["id"] in job["preview_url"]
+    done = wait_for_state(alice, job["id"], "done")
+    assert done["report"].startswith("# Job done") and done["verification_passed"] is True
+    assert done["session_id"] == "sess-1" and done["steps"] == 3
+    assert done["tasks"].startswith("1. [done]") and done["preview_ready"] is True
+    with alice.stream("GET", f"/jobs/{job['id']}/events") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        body = stream.read().decode()
+    kinds = [json.loads(l[6:])["type"] for l in body.splitlines() if l.startswith("data: {\"type")]
+    assert kinds[:2] == ["state", "state"] and "command" in kinds and "screenshot" in kinds
+    assert kinds[-2:] == ["done", "state"] and body.rstrip().endswith('"seq": %d}' % len(kinds))
+    png = alice.get(f"/jobs/{job['id']}/screen.png")
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+
+
+@uses_scripted_worker
+def test_events_stream_live_while_the_job_runs(service):
+    alice = service.client()
+    job = start(alice, "slow job")
+    seen = []
+    with alice.stream("GET", f"/jobs/{job['id']}/events") as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+            if sum(1 for e in seen if str(e.get("line", "")).startswith("tick")) >= 5:
+                break
+    assert [e["line"] for e in seen if str(e.get("line", "")).startswith("tick")][:5] == [f"tick {i}" for i in range(5)]
+    alice.post(f"/jobs/{job['id']}/cancel")
+    wait_for_state(alice, job["id"], "cancelled")
+
+
+# --- auth --------------------------------------------------------------------------------
+
+@uses_scripted_worker
+def test_another_users_job_is_404_everywhere(service):
+    alice, bob = service.client(ALICE), service.client(BOB)
+    job = start(alice, "ask a question", chat_id="alice-chat")
+    wait_for_state(alice, job["id"], "needs_input")
+    jid = job["id"]
+    assert bob.get(f"/jobs/{jid}").status_code == 404
+    assert bob.post(f"/jobs/{jid}/answer", json={"answer": "8080"}).status_code == 404
+    assert bob.post(f"/jobs/{jid}/cancel").status_code == 404
+    assert bob.post(f"/jobs/{jid}/ask", json={"question": "what?"}).status_code == 404
+    assert bob.get(f"/jobs/{jid}/events").status_code == 404
+    assert bob.get(f"/jobs/{jid}/screen.png").status_code == 404
+    assert bob.get(f"/jobs/{jid}/preview").status_code == 404
+    assert bob.get("/jobs", params={"chat_id": "alice-chat"}).json() == {"jobs": []}
+    assert alice.get("/jobs", params={"chat_id": "alice-chat"}).json()["jobs"][0]["id"] == jid
+    assert wait_for_state(alice, jid, "needs_input")["question"] == "Which port should the server use?"
+
+
+def test_tokens_and_forwarded_user_headers(service):
+    anonymous = httpx.Client(base_url=service.url)
+    assert anonymous.get("/jobs").status_code == 401
+    assert service.client("not-a-token").get("/jobs").status_code == 401
+    # A user token ignores the forwarded headers: anyone can send those.
+    job = start(service.client(ALICE, {"X-OpenWebUI-User-Id": "bob"}), "hello")
+    assert job["owner"] == "alice"
+    # The service token names the user from the headers, and only with them.
+    via_webui = service.client(SERVICE, {"X-OpenWebUI-User-Id": "bob", "X-OpenWebUI-User-Email": "bob@example.org"})
+    assert start(via_webui, "hello")["owner"] == "bob"
+    assert via_webui.get(f"/jobs/{job['id']}").status_code == 404
+    assert service.client(SERVICE).get("/jobs").status_code == 401
+
+
+@uses_scripted_worker
+def test_preview_link_opens_only_its_own_job_without_cookies_and_allows_origin_null(service):
+    alice = service.client()
+    first = wait_for_state(alice, start(alice, "one")["id"], "done")
+    second = wait_for_state(alice, start(alice, "two")["id"], "done")
+    token = first["preview_url"].split("token=")[1]
+    plain = httpx.Client(base_url=service.url)
+    page = plain.get(f"/jobs/{first['id']}/preview", params={"token": token}, headers={"Origin": "null"})
+    assert page.status_code == 200 and "iframe:height" in page.text and "set-cookie" not in page.headers
+    assert page.headers.get("access-control-allow-origin") == "null"
+    assert plain.get(f"/jobs/{first['id']}/screen.png", params={"token": token}).content.startswith(b"\x89PNG")
+    with plain.stream("GET", f"/jobs/{first['id']}/events", params={"token": token}) as stream:
+        assert b"\"done\"" in stream.read()
+    assert plain.get(f"/jobs/{second['id']}/screen.png", params={"token": token}).status_code == 403
+    expired = "1000." + token.split(".")[1]
+    assert plain.get(f"/jobs/{first['id']}/preview", params={"token": expired}).status_code == 403
+    preflight = plain.options(f"/jobs/{first['id']}/events", headers={
+        "Origin": "null", "Access-Control-Request-Method": "GET"})
+    assert preflight.headers.get("access-control-allow-origin") == "null"
+
+
+# --- questions and approvals ---------------------------------------------------------------
+
+@uses_scripted_worker
+def test_an_answer_resumes_the_same_guest(service):
+    alice = service.client()
+    job = start(alice, "question first")
+    waiting = wait_for_state(alice, job["id"], "needs_input")
+    assert waiting["question"] == "Which port should the server use?"
+    boot_id = json.loads((service.data_dir / "jobs" / job["id"] / "transcript.json").read_text())["boot_id"]
+    assert alice.post(f"/jobs/{job['id']}/approve").status_code == 409
+    assert alice.post(f"/jobs/{job['id']}/answer", json={"answer": "8080"}).status_code == 200
+    done = wait_for_state(alice, job["id"], "done")
+    assert "answer='8080'" in done["report"] and f"boot_id={boot_id}" in done["report"]
+    assert done["question"] is None
+    assert alice.post(f"/jobs/{job['id']}/answer", json={"answer": "again"}).status_code == 409
+
+
+@uses_scripted_worker
+@pytest.mark.parametrize("decision, approved", [("approve", True), ("deny", False)])
+def test_an_unfreeze_request_is_approved_or_denied(service, decision, approved):
+    alice = service.client()
+    job = start(alice, "needs unfreeze")
+    waiting = wait_for_state(alice, job["id"], "needs_approval")
+    assert "pypi.org" in waiting["question"]
+    assert alice.post(f"/jobs/{job['id']}/answer", json={"answer": "yes"}).status_code == 409
+    assert alice.post(f"/jobs/{job['id']}/{decision}", json={"reason": "ok"}).status_code == 200
+    done = wait_for_state(alice, job["id"], "done")
+    assert f"approved={approved}" in done["report"]
+
+
+# --- cancel, kill, queue -------------------------------------------------------------------
+
+@uses_scripted_worker
+def test_cancel_ends_the_job_with_the_loops_report(service):
+    alice = service.client()
+    job = start(alice, "slow job")
+    wait_for_event(alice, job["id"], lambda e: e.get("line") == "tick 2")
+    assert alice.post(f"/jobs/{job['id']}/cancel").status_code == 200
+    cancelled = wait_for_state(alice, job["id"], "cancelled", timeout=10)
+    assert "Stopped by a person" in cancelled["report"]
+    assert alice.post(f"/jobs/{job['id']}/cancel").status_code == 409
+
+
+@uses_scripted_worker
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(service):
+    alice = service.client()
+    job = start(alice, "stubborn job")
+    wait_for_event(alice, job["id"], lambda e: e.get("line") == "tick 1")
+    began = time.time()
+    alice.post(f"/jobs/{job['id']}/cancel")
+    cancelled = wait_for_state(alice, job["id"], "cancelled", timeout=15)
+    assert 2.5 < time.time() - began < 10
+    assert "killed by signal 9" in cancelled["report"] and "tick" in cancelled["report"]
+
+
+@uses_scripted_worker
+def test_a_waiting_job_is_cancelled_through_its_guest(service):
+    alice = service.client()
+    job = start(alice, "question first")
+    wait_for_state(alice, job["id"], "needs_input")
+    alice.post(f"/jobs/{job['id']}/cancel")
+    cancelled = wait_for_state(alice, job["id"], "cancelled")
+    assert "Cancelled while waiting" in cancelled["report"]
+
+
+@uses_scripted_worker
+def test_a_worker_killed_mid_job_leaves_a_failed_job_with_a_report(service):
+    alice = service.client()
+    job = start(alice, "slow job")
+    wait_for_event(alice, job["id"], lambda e: e.get("line") == "tick 3")
+    os.kill(worker_pid(service, job["id"]), signal.SIGKILL)
+    failed = wait_for_state(alice, job["id"], "failed")
+    report = failed["report"]
+    assert "worker process ended before it wrote a report (killed by signal 9)" in report
+    assert "Last status: working" in report and "write main.py" in report
+    assert "$ python3 main.py" in report and "tick 3" in report
+
+
+@uses_scripted_worker
+def test_a_worker_that_crashes_leaves_its_log_in_the_report(service):
+    alice = service.client()
+    failed = wait_for_state(alice, start(alice, "crash please")["id"], "failed")
+    assert "(exit code 3)" in failed["report"] and "$ make build" in failed["report"]
+    assert "crashing on purpose" in failed["report"]
+
+
+@uses_scripted_worker
+def test_jobs_beyond_the_limit_wait_in_the_queue(tmp_path):
+    svc = ServiceProcess(tmp_path / "svc", max_concurrent=1).start()
+    try:
+        alice = svc.client()
+        first, second, third = (start(alice, f"slow job {n}") for n in range(3))
+        wait_for_state(alice, first["id"], "running")
+        time.sleep(0.5)
+        assert alice.get(f"/jobs/{second['id']}").json()["state"] == "queued"
+        assert alice.get(f"/jobs/{third['id']}").json()["state"] == "queued"
+        alice.post(f"/jobs/{third['id']}/cancel")
+        assert "before it started" in wait_for_state(alice, third["id"], "cancelled")["report"]
+        alice.post(f"/jobs/{first['id']}/cancel")
+        wait_for_state(alice, second["id"], "running")
+        alice.post(f"/jobs/{second['id']}/cancel")
+        wait_for_state(alice, second["id"], "cancelled")
+    finally:
+        svc.stop()
+        _stop_workers(svc)
+
+
+# --- restart -----------------------------------------------------------------------------
+
+@uses_scripted_worker
+def test_a_restart_keeps_every_state_and_leaves_nothing_running_without_a_worker(tmp_path):
+    svc = ServiceProcess(tmp_path / "svc", max_concurrent=2).start()
+    try:
+        alice = svc.client()
+        done = wait_for_state(alice, start(alice, "plain")["id"], "done")
+        failed = wait_for_state(alice, start(alice, "crash")["id"], "failed")
+        question = wait_for_state(alice, start(alice, "question")["id"], "needs_input")
+        approval = wait_for_state(alice, start(alice, "unfreeze")["id"], "needs_approval")
+        survivor = start(alice, "slow survivor")
+        orphan = start(alice, "slow orphan")
+        queued = start(alice, "slow queued")
+        cancelled = start(alice, "slow cancelled")
+        alice.post(f"/jobs/{cancelled['id']}/cancel")
+        wait_for_state(alice, cancelled["id"], "cancelled")
+        for job in (survivor, orphan):
+            wait_for_event(alice, job["id"], lambda e: e.get("line") == "tick 1")
+        assert alice.get(f"/jobs/{queued['id']}").json()["state"] == "queued"
+
+        svc.stop(kill=True)  # the service dies; workers live on in their own sessions
+        os.kill(worker_pid(svc, orphan["id"]), signal.SIGKILL)  # and one of them dies meanwhile
+        time.sleep(0.3)
+        svc.start()
+        alice = svc.client()
+
+        state = lambda j: alice.get(f"/jobs/{j['id']}").json()
+        assert state(done)["state"] == "done" and state(done)["report"] == done["report"]
+        assert state(failed)["state"] == "failed" and state(cancelled)["state"] == "cancelled"
+        assert state(question)["state"] == "needs_input" and state(question)["question"]
+        assert state(approval)["state"] == "needs_approval"
+        lost = wait_for_state(alice, orphan["id"], "failed")
+        assert "job service stopped while this job ran" in lost["report"] and "tick" in lost["report"]
+        # The survivor was re-attached: its ticks keep arriving through the new service.
+        assert state(survivor)["state"] == "running"
+        before = len(alice.get(f"/jobs/{survivor['id']}/events", params={"follow": "false"}).text)
+        time.sleep(0.5)
+        assert len(alice.get(f"/jobs/{survivor['id']}/events", params={"follow": "false"}).text) > before
+        # The queued job took the orphan's slot.
+        wait_for_state(alice, queued["id"], "running")
+        # Answers after a restart resume the same guest.
+        alice.post(f"/jobs/{question['id']}/answer", json={"answer": "8080"})
+        alice.post(f"/jobs/{survivor['id']}/cancel")
+        assert "Stopped by a person" in wait_for_state(alice, survivor["id"], "cancelled")["report"]
+        alice.post(f"/jobs/{queued['id']}/cancel")
+        wait_for_state(alice, queued["id"], "cancelled")
+        resumed = wait_for_state(alice, question["id"], "done")
+        boot_id = json.loads((svc.data_dir / "jobs" / question["id"] / "transcript.json").read_text())["boot_id"]
+        assert f"boot_id={boot_id}" in resumed["report"]
+    finally:
+        svc.stop()
+        _stop_workers(svc)
+
+
+# --- questions about a finished job ---------------------------------------------------------
+
+@uses_scripted_worker
+def test_a_finished_job_is_asked_about_from_its_record_and_repo(tmp_path):
+    projects = tmp_path / "projects"
+    repo = projects / "demo"
+    repo.mkdir(parents=True)
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)
+    git("init", "-q")
+    (repo / "main.py").write_text("print('hello')\n")
+    git("add", "main.py")
+    git("-c", "user.name=vmagent", "-c", "user.email=vmagent@localhost", "commit", "-qm", "Add main.py printing hello")
+    with start_ollama(["main.py now prints hello."]) as server:
+        svc = ServiceProcess(tmp_path / "svc", projects_dir=str(projects)).start()
+        svc_model = ServiceProcess(tmp_path / "svc2", projects_dir=str(projects), ask_model="small",
+                                   ollama_url=server.url).start()
+        try:
+            alice = svc.client()
+            job = wait_for_state(alice, start(alice, "write main", project="demo")["id"], "done")
+            answer = alice.post(f"/jobs/{job['id']}/ask", json={"question": "What changed in main.py?"}).json()
+            assert answer["method"] == "extractive" and "git" in answer["sources"]
+            assert "Add main.py printing hello" in answer["answer"] and "[report]" in answer["answer"]
+
+            alice = svc_model.client()
+            job = wait_for_state(alice, start(alice, "write main", project="demo")["id"], "done")
+            answer = alice.post(f"/jobs/{job['id']}/ask", json={"question": "What changed in main.py?"}).json()
+            assert answer == {**answer, "method": "model", "answer": "main.py now prints hello."}
+            sent = server.chat_requests[-1]
+            assert sent["options"]["num_ctx"] > 4096
+            assert "Add main.py printing hello" in sent["messages"][0]["content"]
+        finally:
+            for s in (svc, svc_model):
+                s.stop()
+                _stop_workers(s)
+        for s in (svc, svc_model):
+            s.stop()
+            _stop_workers(s)
+
+
+# --- the real worker: vmagent.worker running the turn loop against a real vmd -----------------
+# (vmd serves its verbs from tests/vmd_fakes.py's stand-in machine, commands run with bash
+# in the project folder; the model is tests/ollama_server.py playing a script.)
+
+def real_service(tmp_path, vmd, server, name="svc", **settings) -> ServiceProcess:
+    return ServiceProcess(tmp_path / name, worker_command=REAL_WORKER, vmd_socket=vmd.socket,
+                          env=real_worker_env(server.url), **settings)
+
+
+def test_real_worker_runs_a_job_to_a_verified_report(tmp_path):
+    with running_vmd(tmp_path) as vmd, start_ollama(finish_script()) as server:
+        svc = real_service(tmp_path, vmd, server).start()
+        try:
+            alice = svc.client()
+            job = start(alice, "write hello.py that prints hello", project="hello")
+            done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=60)
+            assert done["state"] == "done" and done["verification_passed"] is True, done["report"]
+            assert done["session_id"] and done["preview_ready"] is True
+            events = alice.get(f"/jobs/{job['id']}/events", params={"follow": "false"}).text
+            assert '"command": "python3 hello.py"' in events and '"line": "hello"' in events
+        finally:
+            svc.stop()
+            _stop_workers(svc)
+
+
+def test_real_worker_question_survives_a_service_restart_and_resumes_the_same_session(tmp_path):
+    script = [PLAN, call("ask_user", {"question": "Python 2 or 3?"}), *finish_script()[1:]]
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        svc = real_service(tmp_path, vmd, server).start()
+        try:
+            alice = svc.client()
+            job = start(alice, "write hello.py", project="hello")
+            waiting = wait_for_state(alice, job["id"], {"needs_input", "failed"}, timeout=60)
+            assert waiting["state"] == "needs_input" and waiting["question"] == "Python 2 or 3?", waiting["report"]
+            svc.stop(kill=True)
+            svc.start()
+            alice = svc.client()
+            assert alice.get(f"/jobs/{job['id']}").json()["state"] == "needs_input"
+            alice.post(f"/jobs/{job['id']}/answer", json={"answer": "3, please"})
+            done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=60)
+            assert done["state"] == "done" and done["verification_passed"] is True, done["report"]
+            assert done["session_id"] == waiting["session_id"]
+            assert any("3, please" in t for t in user_texts(server.chat_requests[-1]))
+        finally:
+            svc.stop()
+            _stop_workers(svc)
+
+
+def _busy_script(n: int = 200) -> list:
+    return [PLAN, *[call("run", {"command": f"sleep 0.2; echo working {i}"}) for i in range(n)]]
+
+
+def test_real_worker_cancel_ends_with_the_loops_report(tmp_path):
+    with running_vmd(tmp_path) as vmd, start_ollama(_busy_script()) as server:
+        svc = real_service(tmp_path, vmd, server).start()
+        try:
+            alice = svc.client()
+            job = start(alice, "keep working", project="busy")
+            wait_for_event(alice, job["id"], lambda e: e.get("line") == "working 2", timeout=60)
+            alice.post(f"/jobs/{job['id']}/cancel")
+            cancelled = wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=30)
+            assert cancelled["state"] == "cancelled" and cancelled["session_id"], cancelled["report"]
+            assert "killed by signal" not in cancelled["report"]
+        finally:
+            svc.stop()
+            _stop_workers(svc)
+
+
+def test_real_worker_killed_mid_job_leaves_a_failed_job_with_a_report(tmp_path):
+    with running_vmd(tmp_path) as vmd, start_ollama(_busy_script()) as server:
+        svc = real_service(tmp_path, vmd, server).start()
+        try:
+            alice = svc.client()
+            job = start(alice, "keep working", project="busy")
+            wait_for_event(alice, job["id"], lambda e: e.get("line") == "working 2", timeout=60)
+            os.kill(worker_pid(svc, job["id"]), signal.SIGKILL)
+            failed = wait_for_state(alice, job["id"], "failed", timeout=20)
+            assert "killed by signal 9" in failed["report"] and "working 2" in failed["report"]
+            assert "write hello.py" in failed["report"]  # the task list it had
+        finally:
+            svc.stop()
+            _stop_workers(svc)

@@ -1,0 +1,137 @@
+"""Questions about a job, answered from what it left behind, without booting a machine.
+
+The sources are the job's row (task, state, question), its report, its events (commands
+and their output) and, when the service can read vmd's project folders, the project's git
+history. With a model configured, the model answers from those sources only; without one
+(or when it fails) the answer is the lines of the record that match the question, and it
+says so.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from .config import ServiceConfig
+from .store import Store
+
+# The model sees at most this much of the record; the report and the tail matter most.
+MAX_CONTEXT_CHARS = 40000
+_STOPWORDS = set("""the a an and or of to in on for with did does do you your was were is are
+what why how when where which who this that it its from at by be been have has had not
+can could would should about into than then them they there their job""".split())
+_FILE_PATTERN = re.compile(r"[\w./-]+\.[A-Za-z0-9]{1,8}\b")
+
+
+def gather_sources(store: Store, job: dict, question: str, config: ServiceConfig) -> list[tuple[str, str]]:
+    sources: list[tuple[str, str]] = [
+        ("job", f"Task: {job['task']}\nOS: {job['os']}\nProject: {job['project'] or '(none)'}\n"
+                f"State: {job['state']}\nSteps: {job['steps']}\n"
+                f"Verification passed: {job['verification_passed']}"),
+    ]
+    if job.get("question"):
+        sources.append(("question", job["question"]))
+    if job.get("report"):
+        sources.append(("report", job["report"]))
+    if job.get("tasks_text"):
+        sources.append(("tasks", job["tasks_text"]))
+    terminal: list[str] = []
+    for _, event in store.iter_events(job["id"]):
+        kind = event.get("type")
+        if kind == "command":
+            terminal.append(f"$ {event.get('command', '')}")
+        elif kind == "output":
+            terminal.append(str(event.get("line", "")))
+        elif kind == "speech":
+            terminal.append(f"(agent said) {event.get('text', '')}")
+    if terminal:
+        sources.append(("terminal", "\n".join(terminal[-600:])))
+    history = project_history(config, job, question)
+    if history:
+        sources.append(("git", history))
+    return sources
+
+
+def project_history(config: ServiceConfig, job: dict, question: str) -> str:
+    if not config.projects_dir or not job.get("project"):
+        return ""
+    repo = Path(config.projects_dir) / job["project"]
+    if not (repo / ".git").exists():
+        return ""
+    commands = [["log", "--stat", "-n", "10", "--format=commit %h %ad %s", "--date=iso"]]
+    for name in _FILE_PATTERN.findall(question)[:3]:
+        commands.append(["log", "-p", "-n", "3", "--format=commit %h %s", "--", name])
+    parts = []
+    for args in commands:
+        try:
+            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                 timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.strip():
+            parts.append(f"$ git {' '.join(args)}\n{out[:8000]}")
+    return "\n\n".join(parts)
+
+
+def answer_question(store: Store, job: dict, question: str, config: ServiceConfig) -> dict:
+    sources = gather_sources(store, job, question, config)
+    note = ""
+    if config.ollama_url and config.ask_model:
+        try:
+            return {"answer": _ask_model(config, question, sources), "method": "model",
+                    "sources": [name for name, _ in sources]}
+        except Exception as exc:  # any failure of the model falls back to the record itself
+            note = f"(The model could not be asked: {exc}. These are the matching lines instead.)\n\n"
+    return {"answer": note + extractive_answer(question, sources), "method": "extractive",
+            "sources": [name for name, _ in sources]}
+
+
+def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, str]]) -> str:
+    context = "\n\n".join(f"=== {name} ===\n{text}" for name, text in sources)
+    if len(context) > MAX_CONTEXT_CHARS:
+        context = context[:MAX_CONTEXT_CHARS // 4] + "\n…\n" + context[-(MAX_CONTEXT_CHARS * 3 // 4):]
+    messages = [
+        {"role": "system", "content": (
+            "You answer questions about a finished coding job that ran in a virtual machine. "
+            "Use only the record below. If the record does not say, answer that it does not say. "
+            "Quote commands and file names exactly. Be brief.\n\n" + context)},
+        {"role": "user", "content": question},
+    ]
+    # Imported here: the service runs (extractive answers) without the model client.
+    from vmagent.config import AgentConfig
+    from vmagent.llm import LLM
+
+    llm = LLM(AgentConfig(ollama_host=config.ollama_url, model=config.ask_model,
+                          num_ctx=config.ask_num_ctx, request_timeout_s=config.ask_timeout_s,
+                          retries=1))
+    content = llm.chat(messages, think=False).content.strip()
+    if not content:
+        raise ValueError("the model returned an empty answer")
+    return content
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9_.]{3,}", text.lower()) if w not in _STOPWORDS}
+
+
+def extractive_answer(question: str, sources: list[tuple[str, str]], limit: int = 15) -> str:
+    wanted = _words(question)
+    scored = []
+    order = 0
+    for name, text in sources:
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            score = len(wanted & _words(line))
+            scored.append((score, order, name, line.strip()))
+            order += 1
+    hits = sorted((s for s in scored if s[0] > 0), key=lambda s: (-s[0], s[1]))[:limit]
+    if not hits:
+        report = next((text for name, text in sources if name == "report"), "")
+        summary = "\n".join(report.splitlines()[:20]) if report else "(this job has no report yet)"
+        return ("Nothing in this job's record matches the question directly. "
+                "No model is configured to interpret it; here is the start of the report:\n\n" + summary)
+    lines = [f"[{name}] {line[:500]}" for _, _, name, line in sorted(hits, key=lambda s: s[1])]
+    return ("No model is configured for questions, so these are the lines of the job's record "
+            "(report, terminal, tasks, git history) that match the question:\n\n" + "\n".join(lines))

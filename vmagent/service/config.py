@@ -1,0 +1,80 @@
+"""The job service's settings: one pydantic model, loaded from a YAML/JSON file and the environment.
+
+Secrets (tokens) come from the environment in deployments, never from a file in the repo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class ServiceConfig(BaseModel):
+    data_dir: Path = Path(".state/service")
+    host: str = "127.0.0.1"
+    port: int = 8700
+    # The address browsers and Open WebUI use to reach this service; the preview URL is
+    # built from it. Empty: taken from the request that created the job.
+    public_url: str = ""
+    # token -> user id. A user sees, answers and cancels only jobs they own.
+    tokens: dict[str, str] = Field(default_factory=dict)
+    # Open WebUI's token: with it (and only with it) the X-OpenWebUI-User-* headers name the user.
+    service_token: str = ""
+    # Each job holds a guest; more than this at once starves the host, so the rest queue.
+    max_concurrent: int = Field(default=2, ge=1)
+    # The job process. Default: the real worker with the interpreter running the service.
+    worker_command: list[str] | None = None
+    # A worker gets this long after SIGTERM to write its report before SIGKILL.
+    cancel_grace_s: float = 3.0
+    # Preview links live this long: a job runs up to two hours and people look later.
+    preview_ttl_s: int = 24 * 3600
+    vmd_socket: str | None = None
+    # Where vmd keeps project repositories (read-only here), for questions about a job.
+    projects_dir: Path | None = None
+    # Model for questions about finished jobs; empty: an extractive answer from the record.
+    ollama_url: str = ""
+    ask_model: str = ""
+    # The answer model's context: Ollama's default (2048) silently cuts the record off.
+    ask_num_ctx: int = 16384
+    ask_timeout_s: float = 120.0
+    # Extra origins allowed by CORS besides "null" (Open WebUI's sandboxed iframe).
+    cors_origins: list[str] = Field(default_factory=list)
+
+    def resolved_worker_command(self) -> list[str]:
+        return list(self.worker_command or [sys.executable, "-m", "vmagent.worker"])
+
+
+def load_config(path: str | os.PathLike | None = None, **overrides) -> ServiceConfig:
+    """File first, then environment (VMAGENT_SERVICE_TOKEN, VMAGENT_TOKENS="tok:user,..."), then overrides."""
+    data: dict = {}
+    if path:
+        text = Path(path).read_text()
+        if str(path).endswith((".yml", ".yaml")):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+    env = os.environ
+    if env.get("VMAGENT_SERVICE_TOKEN"):
+        data["service_token"] = env["VMAGENT_SERVICE_TOKEN"]
+    if env.get("VMAGENT_TOKENS"):
+        tokens = dict(data.get("tokens") or {})
+        for pair in env["VMAGENT_TOKENS"].split(","):
+            token, _, user = pair.strip().partition(":")
+            if token and user:
+                tokens[token] = user
+        data["tokens"] = tokens
+    for key, name in (("public_url", "VMAGENT_PUBLIC_URL"), ("data_dir", "VMAGENT_DATA_DIR"),
+                      ("ollama_url", "OLLAMA_URL"), ("ask_model", "VMAGENT_ASK_MODEL"),
+                      ("vmd_socket", "VMD_SOCKET"), ("projects_dir", "VMAGENT_PROJECTS_DIR")):
+        if env.get(name):
+            data[key] = env[name]
+    if env.get("VMAGENT_MAX_CONCURRENT"):
+        data["max_concurrent"] = int(env["VMAGENT_MAX_CONCURRENT"])
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return ServiceConfig.model_validate(data)

@@ -1,0 +1,211 @@
+"""Jobs and their events in SQLite (WAL), so that a restart of the service loses nothing.
+
+One row per job; one row per event the job's worker wrote (screenshots are kept as the
+newest PNG in the job's folder, the event row only says that one arrived).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+JOB_STATES = ("queued", "running", "needs_input", "needs_approval", "done", "failed", "cancelled")
+# States in which no worker runs and none will start by itself.
+RESTING_STATES = ("needs_input", "needs_approval", "done", "failed", "cancelled")
+FINAL_STATES = ("done", "failed", "cancelled")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    chat_id TEXT NOT NULL DEFAULT '',
+    message_id TEXT NOT NULL DEFAULT '',
+    task TEXT NOT NULL,
+    os TEXT NOT NULL,
+    project TEXT,
+    model TEXT,
+    state TEXT NOT NULL,
+    question TEXT,
+    report TEXT,
+    session_id TEXT,
+    verification_passed INTEGER,
+    steps INTEGER NOT NULL DEFAULT 0,
+    status_line TEXT NOT NULL DEFAULT '',
+    tasks_text TEXT NOT NULL DEFAULT '',
+    preview_ready INTEGER NOT NULL DEFAULT 0,
+    screenshot_seq INTEGER NOT NULL DEFAULT 0,
+    preview_secret TEXT NOT NULL,
+    worker_pid INTEGER,
+    frames_offset INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_owner_chat ON jobs (owner, chat_id, created);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, created);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+"""
+
+_COLUMNS = (
+    "id", "owner", "chat_id", "message_id", "task", "os", "project", "model", "state",
+    "question", "report", "session_id", "verification_passed", "steps", "status_line",
+    "tasks_text", "preview_ready", "screenshot_seq", "preview_secret", "worker_pid",
+    "frames_offset", "created", "updated",
+)
+
+
+class Store:
+    """Thread-safe: the HTTP handlers and the worker readers share one connection under a lock."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        # Called with (job_id, seq) after each event is stored: live watchers wake on it.
+        self.listeners: list[Callable[[str, int], None]] = []
+        self.jobs_dir = self.data_dir / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", check_same_thread=False,
+                                   isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    # --- jobs ----------------------------------------------------------------------
+
+    def create_job(self, *, owner: str, task: str, os: str, project: str | None,
+                   chat_id: str = "", message_id: str = "", model: str | None = None) -> dict:
+        now = time.time()
+        job = {
+            "id": uuid.uuid4().hex[:16], "owner": owner, "chat_id": chat_id or "",
+            "message_id": message_id or "", "task": task, "os": os, "project": project,
+            "model": model, "state": "queued", "question": None, "report": None,
+            "session_id": None, "verification_passed": None, "steps": 0, "status_line": "queued",
+            "tasks_text": "", "preview_ready": 0, "screenshot_seq": 0,
+            "preview_secret": secrets.token_hex(32), "worker_pid": None, "frames_offset": 0,
+            "created": now, "updated": now,
+        }
+        with self._lock:
+            self._db.execute(
+                f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})",
+                [job[c] for c in _COLUMNS],
+            )
+        self.job_dir(job["id"]).mkdir(parents=True, exist_ok=True)
+        self.add_event(job["id"], {"type": "state", "state": "queued"})
+        return self.get_job(job["id"])
+
+    def get_job(self, job_id: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dict(row) if row else None
+
+    def update_job(self, job_id: str, **fields: Any) -> dict | None:
+        unknown = set(fields) - set(_COLUMNS)
+        if unknown:
+            raise KeyError(f"unknown job fields: {sorted(unknown)}")
+        fields["updated"] = time.time()
+        assignments = ", ".join(f"{k} = ?" for k in fields)
+        with self._lock:
+            self._db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*fields.values(), job_id])
+        return self.get_job(job_id)
+
+    def set_state(self, job_id: str, state: str, **fields: Any) -> dict | None:
+        """Change state and record the change as an event, so watchers see it too."""
+        if state not in JOB_STATES:
+            raise ValueError(f"unknown job state {state!r}")
+        job = self.update_job(job_id, state=state, **fields)
+        event: dict = {"type": "state", "state": state}
+        if job and job.get("question") and state in ("needs_input", "needs_approval"):
+            event["question"] = job["question"]
+        self.add_event(job_id, event)
+        return job
+
+    def list_jobs(self, *, owner: str | None = None, chat_id: str | None = None,
+                  states: tuple[str, ...] | None = None, limit: int = 100) -> list[dict]:
+        clauses, args = [], []
+        if owner is not None:
+            clauses.append("owner = ?")
+            args.append(owner)
+        if chat_id is not None:
+            clauses.append("chat_id = ?")
+            args.append(chat_id)
+        if states:
+            clauses.append(f"state IN ({', '.join('?' for _ in states)})")
+            args.extend(states)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT * FROM jobs {where} ORDER BY created DESC LIMIT ?", [*args, limit]
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    def queued_jobs(self) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM jobs WHERE state = 'queued' ORDER BY created ASC"
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    # --- events --------------------------------------------------------------------
+
+    def add_event(self, job_id: str, event: dict) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?", (job_id,)
+            ).fetchone()
+            seq = int(row[0]) + 1
+            self._db.execute(
+                "INSERT INTO events (job_id, seq, ts, data) VALUES (?, ?, ?, ?)",
+                (job_id, seq, time.time(), json.dumps(event)),
+            )
+        for listener in list(self.listeners):
+            try:
+                listener(job_id, seq)
+            except Exception:  # a view never breaks the work
+                pass
+        return seq
+
+    def events(self, job_id: str, after: int = 0, limit: int | None = None) -> list[tuple[int, dict]]:
+        sql = "SELECT seq, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"
+        args: list = [job_id, after]
+        if limit:
+            sql += " LIMIT ?"
+            args.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [(int(r["seq"]), json.loads(r["data"])) for r in rows]
+
+    def tail_events(self, job_id: str, count: int) -> list[tuple[int, dict]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, data FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
+                (job_id, count),
+            ).fetchall()
+        return [(int(r["seq"]), json.loads(r["data"])) for r in reversed(rows)]
+
+    def iter_events(self, job_id: str) -> Iterator[tuple[int, dict]]:
+        after = 0
+        while True:
+            batch = self.events(job_id, after=after, limit=500)
+            if not batch:
+                return
+            yield from batch
+            after = batch[-1][0]

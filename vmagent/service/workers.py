@@ -1,0 +1,400 @@
+"""One worker process per job, a concurrency limit with a queue, and cancel.
+
+A worker writes NDJSON frames on its stdout. The service points that stdout at a file in
+the job's folder and tails it, rather than holding a pipe: a worker then outlives a
+restart of the service, and the new service re-attaches by reading on from the offset it
+stored. A worker that ends without a `done` frame leaves a failed (or, when cancel was
+asked, cancelled) job whose report is built from what is known — never one stuck running.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .config import ServiceConfig
+from .store import Store
+
+log = logging.getLogger("vmagent.service")
+
+OUTCOME_TO_STATE = {
+    "done": "done",
+    "question": "needs_input",
+    "unfreeze": "needs_approval",
+    "cancelled": "cancelled",
+    "failed": "failed",
+}
+# Long lines bloat the store and the preview; a person reads the tail anyway.
+MAX_LINE_CHARS = 4000
+# How often a reader looks for new frames when the file has none.
+TAIL_INTERVAL_S = 0.05
+
+
+def write_job_file(job_dir: Path, data: dict) -> None:
+    tmp = job_dir / "job.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(job_dir / "job.json")
+
+
+def read_job_file(job_dir: Path) -> dict:
+    try:
+        return json.loads((job_dir / "job.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def job_spec(job: dict) -> dict:
+    return {"task": job["task"], "os": job["os"], "project": job["project"],
+            "owner": job["owner"], "chat_id": job["chat_id"], "model": job["model"]}
+
+
+def _pid_runs_job(pid: int | None, job_dir: Path) -> bool:
+    """True if `pid` is alive and is this job's worker (a reused pid is not)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if not Path("/proc/self").exists():  # no procfs: a live pid is all we can know
+        return True
+    try:
+        raw = cmdline.read_bytes()
+    except OSError:
+        return False
+    if not raw:  # a zombie has no cmdline: it is dead for our purposes
+        return False
+    return str(job_dir).encode() in raw
+
+
+class _Worker:
+    """What the service knows about one live worker process."""
+
+    def __init__(self, job_id: str, pid: int, popen: subprocess.Popen | None):
+        self.job_id = job_id
+        self.pid = pid
+        self.popen = popen
+        self.cancel_requested = False
+        self.got_done = False
+        self.exit_code: int | None = None
+
+    def alive(self, job_dir: Path) -> bool:
+        if self.popen is not None:
+            code = self.popen.poll()
+            if code is not None:
+                self.exit_code = code
+                return False
+            return True
+        return _pid_runs_job(self.pid, job_dir)
+
+
+class WorkerPool:
+    def __init__(self, store: Store, config: ServiceConfig):
+        self.store = store
+        self.config = config
+        self._lock = threading.RLock()
+        self._running: dict[str, _Worker] = {}
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Re-attach to workers a previous service left running, fail the dead ones, start the queue."""
+        for job in self.store.list_jobs(states=("running",), limit=100000):
+            job_dir = self.store.job_dir(job["id"])
+            if _pid_runs_job(job["worker_pid"], job_dir):
+                log.info("re-attaching to job %s (worker pid %s)", job["id"], job["worker_pid"])
+                worker = _Worker(job["id"], job["worker_pid"], None)
+                with self._lock:
+                    self._running[job["id"]] = worker
+                threading.Thread(target=self._follow, args=(worker,), daemon=True,
+                                 name=f"job-{job['id']}").start()
+            else:
+                # Read what it wrote before it died: its done frame may be there.
+                worker = _Worker(job["id"], job["worker_pid"] or 0, None)
+                self._ingest_available(worker)
+                if not worker.got_done:
+                    self._fail_without_report(
+                        worker, "the job service stopped while this job ran, and its worker "
+                        "process is gone")
+        self.pump()
+
+    def close(self) -> None:
+        """Stop following workers; they keep running and a new service re-attaches to them."""
+        self._closed = True
+
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    # --- queue ---------------------------------------------------------------------
+
+    def submit(self, job: dict, *, answer: str | None = None, approved: bool | None = None,
+               resume: bool = False, cancel: bool = False) -> None:
+        """Write the job file for a fresh run or a resume, queue the job, start what fits."""
+        job_dir = self.store.job_dir(job["id"])
+        job_dir.mkdir(parents=True, exist_ok=True)
+        data = {"job_id": job["id"], "spec": job_spec(job),
+                "mode": "resume" if resume else "run", "cancel": cancel,
+                "vmd_socket": self.config.vmd_socket}
+        if resume:
+            data["answer"] = answer
+            data["approved"] = approved
+        write_job_file(job_dir, data)
+        if job["state"] != "queued":
+            self.store.set_state(job["id"], "queued", status_line="queued", question=None)
+        if cancel:
+            # Closing a suspended guest is short and must not wait behind the queue.
+            self._spawn(self.store.get_job(job["id"]))
+        else:
+            self.pump()
+
+    def pump(self) -> None:
+        if self._closed:
+            return
+        with self._lock:
+            for job in self.store.queued_jobs():
+                if len(self._running) >= self.config.max_concurrent:
+                    break
+                if job["id"] in self._running:
+                    continue
+                self._spawn(job)
+
+    def _spawn(self, job: dict) -> None:
+        job_dir = self.store.job_dir(job["id"])
+        if not (job_dir / "job.json").exists():
+            write_job_file(job_dir, {"job_id": job["id"], "spec": job_spec(job), "mode": "run",
+                                     "cancel": False, "vmd_socket": self.config.vmd_socket})
+        frames_path = job_dir / "frames.ndjson"
+        offset = frames_path.stat().st_size if frames_path.exists() else 0
+        command = self.config.resolved_worker_command() + ["--job-dir", str(job_dir)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.config.vmd_socket:
+            env["VMD_SOCKET"] = self.config.vmd_socket
+        with open(frames_path, "ab") as frames, open(job_dir / "worker.log", "ab") as errors:
+            try:
+                popen = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=frames, stderr=errors, env=env,
+                    # Its own session: a Ctrl-C or stop of the service does not reach it.
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self.store.set_state(job["id"], "failed", report=(
+                    f"# The job could not start\n\nThe worker command `{' '.join(command)}` "
+                    f"failed to start: {exc}. Check `worker_command` in the service config."))
+                return
+        worker = _Worker(job["id"], popen.pid, popen)
+        with self._lock:
+            self._running[job["id"]] = worker
+        self.store.update_job(job["id"], worker_pid=popen.pid, frames_offset=offset)
+        self.store.set_state(job["id"], "running", status_line="starting")
+        threading.Thread(target=self._follow, args=(worker,), daemon=True,
+                         name=f"job-{job['id']}").start()
+
+    # --- cancel --------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> dict | None:
+        job = self.store.get_job(job_id)
+        if job is None:
+            return None
+        with self._lock:
+            worker = self._running.get(job_id)
+        if worker is not None:
+            worker.cancel_requested = True
+            self.store.add_event(job_id, {"type": "status", "text": "cancelling"})
+            self._signal(worker, signal.SIGTERM)
+            timer = threading.Timer(self.config.cancel_grace_s, self._kill_if_alive, args=(worker,))
+            timer.daemon = True
+            timer.start()
+            return self.store.get_job(job_id)
+        if job["state"] == "queued" and read_job_file(self.store.job_dir(job_id)).get("mode") != "resume":
+            return self.store.set_state(job_id, "cancelled", status_line="cancelled", report=(
+                f"# Job cancelled\n\nTask: {job['task']}\n\nThe job was cancelled before it "
+                "started; no machine was used."))
+        if job["state"] in ("needs_input", "needs_approval", "queued"):
+            # A suspended guest waits: a worker resumes it with cancel set, so the loop
+            # closes the session (commit + push) and writes the report.
+            self.submit(job, resume=True, cancel=True)
+            return self.store.get_job(job_id)
+        return job
+
+    def _signal(self, worker: _Worker, sig: int) -> None:
+        try:
+            os.kill(worker.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _kill_if_alive(self, worker: _Worker) -> None:
+        if worker.alive(self.store.job_dir(worker.job_id)):
+            log.warning("job %s: worker %s ignored SIGTERM; killing it", worker.job_id, worker.pid)
+            self._signal(worker, signal.SIGKILL)
+
+    # --- frames --------------------------------------------------------------------
+
+    def _follow(self, worker: _Worker) -> None:
+        job_dir = self.store.job_dir(worker.job_id)
+        try:
+            while not self._closed:
+                read_any = self._ingest_available(worker)
+                if read_any:
+                    continue
+                if not worker.alive(job_dir):
+                    self._ingest_available(worker)
+                    break
+                time.sleep(TAIL_INTERVAL_S)
+            if self._closed:
+                return
+            if worker.popen is not None:
+                worker.exit_code = worker.popen.wait()
+            if not worker.got_done:
+                if worker.cancel_requested:
+                    self._fail_without_report(worker, "it was cancelled and its worker was "
+                                              "stopped before it wrote a report",
+                                              state="cancelled")
+                else:
+                    self._fail_without_report(worker, "its worker process ended before it wrote "
+                                              "a report")
+        except Exception as exc:  # never leave a job running because a reader broke
+            log.exception("job %s: following the worker failed", worker.job_id)
+            self._fail_without_report(worker, f"the service lost track of its worker ({exc})")
+        finally:
+            if not self._closed:
+                with self._lock:
+                    self._running.pop(worker.job_id, None)
+                self.pump()
+
+    def _ingest_available(self, worker: _Worker) -> bool:
+        """Read complete frames past the stored offset; True if any were read."""
+        job = self.store.get_job(worker.job_id)
+        path = self.store.job_dir(worker.job_id) / "frames.ndjson"
+        if job is None or not path.exists():
+            return False
+        offset = job["frames_offset"]
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return False
+        for raw in chunk[: end + 1].splitlines():
+            if raw.strip():
+                self._handle_frame(worker, raw)
+        self.store.update_job(worker.job_id, frames_offset=offset + end + 1)
+        return True
+
+    def _handle_frame(self, worker: _Worker, raw: bytes) -> None:
+        job_id = worker.job_id
+        try:
+            frame = json.loads(raw)
+            if not isinstance(frame, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            frame = {"type": "output", "stream": "worker", "line": raw.decode(errors="replace")}
+        kind = frame.get("type")
+        if kind == "screenshot":
+            self._save_screenshot(job_id, frame)
+            return
+        if kind == "done":
+            self._finish(worker, frame.get("outcome") or {})
+            return
+        for key in ("line", "text", "command"):
+            value = frame.get(key)
+            if isinstance(value, str) and len(value) > MAX_LINE_CHARS:
+                frame[key] = value[:MAX_LINE_CHARS] + " …"
+        self.store.add_event(job_id, frame)
+        if kind == "status" and isinstance(frame.get("text"), str):
+            self.store.update_job(job_id, status_line=frame["text"])
+        elif kind == "tasks" and isinstance(frame.get("text"), str):
+            self.store.update_job(job_id, tasks_text=frame["text"])
+        elif kind == "command":
+            self.store.update_job(job_id, preview_ready=1)
+        elif kind == "state" and frame.get("question"):
+            self.store.update_job(job_id, question=str(frame["question"]))
+
+    def _save_screenshot(self, job_id: str, frame: dict) -> None:
+        try:
+            png = base64.b64decode(frame.get("png_base64") or "", validate=False)
+        except (ValueError, TypeError):
+            png = b""
+        if not png.startswith(b"\x89PNG"):
+            self.store.add_event(job_id, {"type": "status", "text": "a screenshot arrived unreadable"})
+            return
+        job_dir = self.store.job_dir(job_id)
+        tmp = job_dir / "screen.png.tmp"
+        tmp.write_bytes(png)
+        tmp.replace(job_dir / "screen.png")
+        seq = self.store.add_event(job_id, {"type": "screenshot", "width": frame.get("width"),
+                                            "height": frame.get("height")})
+        self.store.update_job(job_id, preview_ready=1, screenshot_seq=seq)
+
+    def _finish(self, worker: _Worker, outcome: dict) -> None:
+        worker.got_done = True
+        job_id = worker.job_id
+        state = OUTCOME_TO_STATE.get(str(outcome.get("state")), "failed")
+        report = outcome.get("report") or "The job ended without a report."
+        verified = outcome.get("verification_passed")
+        self.store.add_event(job_id, {"type": "done", "outcome": outcome})
+        fields = {
+            "report": report,
+            "question": outcome.get("question") if state in ("needs_input", "needs_approval") else None,
+            "verification_passed": None if verified is None else int(bool(verified)),
+            "steps": int(outcome.get("steps") or 0),
+            "status_line": {"needs_input": "waiting for an answer",
+                            "needs_approval": "waiting for approval"}.get(state, state),
+        }
+        if outcome.get("session_id"):
+            fields["session_id"] = outcome["session_id"]
+        self.store.set_state(job_id, state, **fields)
+
+    def _fail_without_report(self, worker: _Worker, why: str, state: str = "failed") -> None:
+        job = self.store.get_job(worker.job_id)
+        if job is None:
+            return
+        self.store.set_state(worker.job_id, state, report=build_salvage_report(
+            self.store, job, why, worker.exit_code, state), status_line=state)
+
+
+def build_salvage_report(store: Store, job: dict, why: str, exit_code: int | None,
+                         state: str = "failed") -> str:
+    """A report from what the service knows when the worker could not write one."""
+    lines = [f"# Job {state}: {job['task'][:200]}", ""]
+    how = ""
+    if exit_code is not None:
+        how = (f" (killed by signal {-exit_code})" if exit_code < 0 else f" (exit code {exit_code})")
+    lines.append(f"The job stopped because {why}{how}. This report is built by the job service "
+                 "from the events it had received; nothing in it comes from the model's prose.")
+    lines += ["", f"- OS: {job['os']}", f"- Project: {job['project'] or '(none)'}",
+              f"- Last status: {job['status_line'] or '(none)'}"]
+    if job.get("session_id"):
+        lines.append(f"- vmd session: {job['session_id']} (its record holds the full history)")
+    if job["tasks_text"]:
+        lines += ["", "## Tasks", "", job["tasks_text"]]
+    activity = []
+    for _, event in store.tail_events(job["id"], 400):
+        kind = event.get("type")
+        if kind == "command":
+            activity.append(f"$ {event.get('command', '')}")
+        elif kind == "output":
+            activity.append(str(event.get("line", "")))
+    if activity:
+        lines += ["", "## Last terminal activity", "", "```", *activity[-40:], "```"]
+    log_path = store.job_dir(job["id"]) / "worker.log"
+    try:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+    except OSError:
+        tail = []
+    if tail:
+        lines += ["", "## Worker log (last lines)", "", "```", *tail, "```"]
+    lines += ["", "The project folder on the host keeps whatever was written to it. Start a new "
+              "job to carry on; if the machine is still listed by vmd, its session can be closed there."]
+    return "\n".join(lines)

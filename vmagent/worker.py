@@ -1,0 +1,107 @@
+"""One job's process: `python -m vmagent.worker --job-dir DIR`.
+
+Reads DIR/job.json ({"spec": {...}, "mode": "run" | "resume", "answer", "approved",
+"cancel", "vmd_socket"}), runs the turn loop (a fresh job, or the resume of one that asked
+a question), and writes every event as one NDJSON frame on stdout, flushed at once. The
+transcript lives at DIR/transcript.json. SIGTERM sets the cancel event: the loop ends
+with a report. Whatever happens, the last frame is {"type": "done", "outcome": {...}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+
+class FrameWriter:
+    """NDJSON frames on the real stdout; anything else printed goes to stderr instead."""
+
+    def __init__(self) -> None:
+        # Keep the original stdout for frames and point fd 1 at stderr, so a stray print
+        # in a library cannot corrupt the frame stream the service parses.
+        self._out = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        self._lock = threading.Lock()
+        self.done_written = False
+
+    def write(self, event: dict) -> None:
+        try:
+            line = json.dumps(event, default=str)
+        except (TypeError, ValueError) as exc:
+            line = json.dumps({"type": "status", "text": f"an event could not be encoded: {exc}"})
+        with self._lock:
+            if event.get("type") == "done":
+                if self.done_written:
+                    return
+                self.done_written = True
+            try:
+                self._out.write(line + "\n")
+                self._out.flush()
+            except (OSError, ValueError):
+                pass  # the service went away; the job goes on and its record stays in vmd
+
+
+def _outcome_dict(outcome) -> dict:
+    if hasattr(outcome, "model_dump"):
+        return outcome.model_dump()
+    return dict(outcome)
+
+
+def failed_outcome(report: str) -> dict:
+    return {"state": "failed", "report": report, "session_id": None, "question": None,
+            "verification_passed": None, "steps": 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vmagent.worker")
+    parser.add_argument("--job-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    frames = FrameWriter()
+    cancel = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    signal.signal(signal.SIGINT, lambda *_: cancel.set())
+
+    job_dir: Path = args.job_dir
+    transcript = job_dir / "transcript.json"
+    try:
+        job = json.loads((job_dir / "job.json").read_text())
+    except (OSError, ValueError) as exc:
+        frames.write({"type": "done", "outcome": failed_outcome(
+            f"# Job failed\n\nThe worker could not read {job_dir / 'job.json'}: {exc}.")})
+        return 2
+    if job.get("cancel"):
+        cancel.set()
+    vmd_socket = job.get("vmd_socket") or None
+
+    try:
+        # Imported here, not at the top: the loop pulls in the model client and more, and
+        # the service must be able to start workers (and its tests run) without them.
+        from vmagent import loop
+
+        if job.get("mode") == "resume":
+            outcome = loop.resume_job(transcript, answer=job.get("answer"), approved=job.get("approved"),
+                                      on_event=frames.write, cancel=cancel, vmd_socket=vmd_socket)
+        else:
+            spec = loop.JobSpec(**job["spec"])
+            outcome = loop.run_job(spec, on_event=frames.write, cancel=cancel,
+                                   transcript_path=transcript, vmd_socket=vmd_socket)
+        frames.write({"type": "done", "outcome": _outcome_dict(outcome)})
+        return 0
+    except BaseException as exc:  # every exit produces a result
+        detail = "".join(traceback.format_exception(exc))
+        print(detail, file=sys.stderr)
+        frames.write({"type": "done", "outcome": failed_outcome(
+            "# Job failed\n\nThe worker stopped on an error before the loop could write its "
+            f"report: {type(exc).__name__}: {exc}\n\nThe full traceback is in the job's worker.log.")})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
