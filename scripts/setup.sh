@@ -50,9 +50,14 @@ if [ "${1:-}" = "--start" ]; then
     mkdir -p "$state" "$(dirname "$sock")"
     nohup .venv/bin/vmd serve --socket "$sock" --state-dir "$state" >"$state/vmd.log" 2>&1 &
     for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.2; done
-    nohup env VMD_SOCKET="$sock" .venv/bin/vmagent serve >"$state/vmagent.log" 2>&1 &
+    # The job service needs a token for its callers (Open WebUI's tool uses it): keep one
+    # beside the state, readable by root only.
+    token_file="$state/service-token"
+    [ -s "$token_file" ] || (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$token_file")
+    nohup env VMD_SOCKET="$sock" VMAGENT_SERVICE_TOKEN="$(cat "$token_file")" \
+        .venv/bin/vmagent serve --data-dir "$state/service" >"$state/vmagent.log" 2>&1 &
     echo "vmd:       $sock (log $state/vmd.log)"
-    echo "service:   http://127.0.0.1:${VMAGENT_PORT:-8790} (log $state/vmagent.log)"
+    echo "service:   http://127.0.0.1:8700 (log $state/vmagent.log; token in $token_file)"
     echo "run a job: VMD_SOCKET=$sock OLLAMA_HOST=http://OLLAMA:11434 .venv/bin/vmagent run \"TASK\" --os debian --project demo"
 fi
 say "ready"

@@ -205,6 +205,42 @@ def test_bad_screen_input_is_refused_with_the_valid_choices(booted):
         screen.type("naïve")
 
 
+@pytest.fixture
+def host_listener():
+    """An HTTP server on the host's loopback: what a guest with egress could reach."""
+    import http.server
+    import threading
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"reached-the-host")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_egress_is_closed_until_opened_and_closes_again(booted, host_listener):
+    machine, _, _ = booted
+    fetch = "curl -s -m 5 http://{gw}:%d/ || echo unreachable" % host_listener
+    # Closed by default: restrict=on keeps the SSH forward but lets nothing out.
+    assert "unreachable" in machine.guest.run(fetch.format(gw="10.0.2.2"), timeout=30).stdout
+    assert not machine.egress_open()
+    machine.set_egress(True)
+    assert machine.egress_open()
+    assert _wait_for(machine, "ip -4 route | grep -q '^default via 10.0.3.2' && echo routed", timeout=60)
+    assert machine.guest.run(fetch.format(gw="10.0.3.2"), timeout=30).stdout.strip() == "reached-the-host"
+    machine.set_egress(False)
+    assert not machine.egress_open()
+    assert "unreachable" in machine.guest.run(fetch.format(gw="10.0.3.2"), timeout=30).stdout
+
+
 def test_destroy_leaves_nothing_but_the_project_folder(debian_image, tmp_path):
     project = tmp_path / "project"
     project.mkdir()

@@ -116,24 +116,55 @@ class GuestAgentChannel:
         _sub(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
 
 
+# The guest's network configuration tells its two NICs apart by these addresses
+# (images/debian/rootfs/etc/systemd/network/).
+SSH_NIC_MAC = "52:54:00:a9:00:01"
+EGRESS_NIC_MAC = "52:54:00:e9:00:01"
+EGRESS_NET = "10.0.3.0/24"
+HOTPLUG_PORT = "ua-hotplug0"
+
+
+def egress_netdev_args() -> tuple[str, str]:
+    """(netdev, device) for the egress NIC: unrestricted user networking on its own
+    subnet, so its route never competes with the SSH NIC's."""
+    return (f"user,id=vmdegress,net={EGRESS_NET}",
+            f"virtio-net-pci,netdev=vmdegress,mac={EGRESS_NIC_MAC},id=vmdegressnic")
+
+
 @dataclass
 class UserNetwork:
     """QEMU user-mode networking with the guest's sshd forwarded to a host loopback port.
 
     libvirt 9.0 cannot express hostfwd for the slirp backend, so the netdev and its NIC
-    go on QEMU's command line. `restrict=on` closes egress while keeping the forwards.
+    go on QEMU's command line. The SSH NIC is always `restrict=on` (no egress, the
+    forward still works); egress is a second NIC, present from the start when asked for
+    or hot-plugged later when a person approves it.
     """
     ssh_port: int
     egress: bool = False
-    # A fixed PCI slot far from libvirt's own allocations, which do not know about it.
+    # Fixed PCI slots far from libvirt's own allocations, which do not know about them.
     pci_addr: str = "0x1e"
+    egress_pci_addr: str = "0x1d"
 
     def args(self) -> list[str]:
-        netdev = f"user,id=vmdnet0,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22"
-        if not self.egress:
-            netdev += ",restrict=on"
-        return ["-netdev", netdev, "-device",
-                f"virtio-net-pci,netdev=vmdnet0,bus=pcie.0,addr={self.pci_addr}"]
+        args = ["-netdev", f"user,id=vmdnet0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
+                "-device", f"virtio-net-pci,netdev=vmdnet0,mac={SSH_NIC_MAC},bus=pcie.0,addr={self.pci_addr}"]
+        if self.egress:
+            netdev, device = egress_netdev_args()
+            args += ["-netdev", netdev, "-device", f"{device},bus=pcie.0,addr={self.egress_pci_addr}"]
+        return args
+
+
+@dataclass
+class HotplugPort:
+    """A spare PCIe root port: q35's root bus takes no hot-plugged devices."""
+    alias: str = HOTPLUG_PORT
+    # Well above the indexes libvirt gives the root ports it adds for its own devices.
+    index: int = 16
+
+    def write(self, devices: ET.Element) -> None:
+        port = _sub(devices, "controller", type="pci", model="pcie-root-port", index=str(self.index))
+        _sub(port, "alias", name=self.alias)
 
 
 @dataclass
@@ -184,6 +215,7 @@ class Domain:
         if self.video:
             self.video.write(devices)
         Tablet().write(devices)
+        HotplugPort().write(devices)
         GuestAgentChannel().write(devices)
         if self.serial:
             self.serial.write(devices)

@@ -86,7 +86,8 @@ def find_image(name: str, root: Path | None = None) -> Image:
     except ImageMissing:
         pass
     if root.is_dir():
-        built = sorted(root.glob(f"{name}-*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        built = sorted((p for p in root.glob(f"{name}-*/manifest.json") if not p.parent.name.endswith(".partial")),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
         candidates += [p.parent for p in built]
     for folder in candidates:
         if (folder / "manifest.json").is_file():

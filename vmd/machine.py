@@ -8,6 +8,7 @@ overlay, no QEMU process (and so no forwarded port).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -17,10 +18,12 @@ import time
 from pathlib import Path
 
 import libvirt
+import libvirt_qemu
 import paramiko
 from pydantic import BaseModel
 
-from vmd.domain_xml import DirectKernel, Disk, Domain, SerialLog, SharedFolder, UserNetwork, Video
+from vmd.domain_xml import (EGRESS_NET, EGRESS_NIC_MAC, HOTPLUG_PORT, DirectKernel, Disk, Domain,
+                            SerialLog, SharedFolder, UserNetwork, Video)
 from vmd.guest import Guest, GuestError, LinuxGuest, SshConnection
 from vmd.images import Image
 from vmd.screen import Screen
@@ -215,12 +218,16 @@ class Machine:
         if desktop and self.image.desktop:
             # The desktop is up when openbox manages windows and the terminal is on screen
             # (the window exists, unmapped, well before that).
-            probe = ("export DISPLAY=:0; xprop -root _NET_SUPPORTING_WM_CHECK 2>/dev/null | grep -q 'window id'"
-                     " && xwininfo -name terminal 2>/dev/null | grep -q IsViewable")
-            while self.guest.run(probe, timeout=20).exit_code != 0:
+            probe = ("export DISPLAY=:0; xprop -root _NET_SUPPORTING_WM_CHECK 2>&1 | grep -q 'window id' "
+                     "|| { echo 'no window manager yet'; exit 1; }; "
+                     "xwininfo -name terminal 2>&1 | grep -E 'Map State|error' | grep -q IsViewable "
+                     "|| { echo 'the terminal window is not on screen yet'; exit 1; }")
+            while (seen := self.guest.run(probe, timeout=20)).exit_code != 0:
                 if time.monotonic() > deadline:
-                    raise MachineError(f"the guest '{self.name}' answers over SSH but its desktop did "
-                                       f"not come up within {timeout:.0f} s; use the shell, or reboot_vm.")
+                    raise MachineError(
+                        f"the guest '{self.name}' answers over SSH but its desktop did not come up "
+                        f"within {timeout:.0f} s ({(seen.stdout + seen.stderr).strip()[-300:]}); use the "
+                        "shell, or reboot_vm.")
                 time.sleep(1.0)
         self.facts = self.read_facts()
         self.facts.seconds = round(time.monotonic() - self.started, 1)
@@ -250,6 +257,37 @@ class Machine:
         except OSError:
             return "(no console log)"
         return "\n".join(text.splitlines()[-lines:]) or "(console log empty)"
+
+    # --- egress -------------------------------------------------------------------------
+
+    def _qmp(self, execute: str, **arguments) -> dict:
+        command = json.dumps({"execute": execute, "arguments": arguments} if arguments else {"execute": execute})
+        reply = json.loads(libvirt_qemu.qemuMonitorCommand(self.domain, command, 0))
+        if "error" in reply:
+            raise MachineError(f"QEMU refused {execute}: {reply['error'].get('desc', reply['error'])}")
+        return reply.get("return", {})
+
+    def egress_open(self) -> bool:
+        peripherals = self._qmp("qom-list", path="/machine/peripheral")
+        return any(p.get("name") == "vmdegressnic" for p in peripherals)
+
+    def set_egress(self, open_: bool) -> None:
+        """Open or close the guest's way out by hot-plugging its egress NIC.
+
+        The SSH NIC stays restricted either way; the guest configures the egress NIC by
+        its MAC address (a default route and DNS) as soon as it appears."""
+        if open_ == self.egress_open():
+            return
+        if open_:
+            self._qmp("netdev_add", type="user", id="vmdegress", net=EGRESS_NET)
+            self._qmp("device_add", driver="virtio-net-pci", netdev="vmdegress", mac=EGRESS_NIC_MAC,
+                      id="vmdegressnic", bus=HOTPLUG_PORT)
+        else:
+            self._qmp("device_del", id="vmdegressnic")
+            deadline = time.monotonic() + 30 * timeout_scale(self.accel)
+            while self.egress_open() and time.monotonic() < deadline:
+                time.sleep(0.5)  # the guest must let go of the device before its netdev goes
+            self._qmp("netdev_del", id="vmdegress")
 
     def suspend(self) -> None:
         self.ssh.close()

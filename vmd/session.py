@@ -184,6 +184,12 @@ class LibvirtMachine:
     def destroy(self):
         self.machine.destroy()
 
+    def alive(self) -> bool:
+        return self.machine.state() in ("running", "paused")
+
+    def set_egress(self, open_: bool) -> None:
+        self.machine.set_egress(open_)
+
 
 class LibvirtMachines:
     """The default MachineFactory: an image from the images dir, a domain in libvirt."""
@@ -436,6 +442,10 @@ class Session:
         except Exception as exc:
             self._count(verb)
             message = _sentence(exc, f"{verb} failed")
+            if verb in V.MACHINE_VERBS and not self._machine_alive():
+                message = ("the machine is gone (destroyed or crashed), so nothing more can run in this "
+                           "session. The project folder is kept on the host: call session_close to "
+                           f"commit it. ({message})")
             self.record.verb(verb, args, error=message, duration=time.monotonic() - started)
             raise VerbError(message) from exc
         self._count(verb)
@@ -467,6 +477,16 @@ class Session:
         if verb in V.MACHINE_VERBS and not self.tasks.planned:
             raise VerbError(f"REFUSED: {verb} needs a plan first: call plan_tasks with the steps of "
                             "the work (the machine boots meanwhile), then use the machine.", REFUSED)
+
+    def _machine_alive(self) -> bool:
+        """False only when the machine is known to be gone (destroyed from outside, crashed)."""
+        probe = getattr(self.machine, "alive", None)
+        if self.machine is None or probe is None:
+            return True
+        try:
+            return bool(probe())
+        except Exception:
+            return False
 
     def _guest(self) -> SessionMachine:
         """The machine, once it is up; waits for the boot if it is still going."""
@@ -519,7 +539,7 @@ class Session:
         elif s.state in ("question", "unfreeze"):
             machine = "suspended"
         elif self._boot_done.is_set() and self.machine is not None:
-            machine = "ready"
+            machine = "ready" if self._machine_alive() else "destroyed"
         else:
             machine = "booting"
         parts = [s.state, f"machine {machine.split(':')[0]}"]
