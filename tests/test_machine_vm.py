@@ -34,9 +34,11 @@ def booted(debian_image, tmp_path_factory):
     os.chmod(project, 0o777)
     machine = Machine.create(debian_image, name=f"vmtest-{uuid.uuid4().hex[:8]}",
                              workdir=root / "work", project_dir=project)
-    facts = machine.ready(timeout=300, desktop=True)
-    yield machine, facts, project
-    machine.destroy()
+    try:
+        facts = machine.ready(timeout=300, desktop=True)
+        yield machine, facts, project
+    finally:
+        machine.destroy()
 
 
 def test_ready_returns_facts_read_from_the_guest(booted):
@@ -247,8 +249,12 @@ def test_destroy_leaves_nothing_but_the_project_folder(debian_image, tmp_path):
     os.chmod(project, 0o777)
     machine = Machine.create(debian_image, name=f"vmtest-{uuid.uuid4().hex[:8]}",
                              workdir=tmp_path / "work", project_dir=project)
-    machine.ready(timeout=300)
-    machine.guest.run("echo kept > /mnt/project/kept.txt && sync")
+    try:
+        machine.ready(timeout=300)
+        machine.guest.run("echo kept > /mnt/project/kept.txt && sync")
+    except BaseException:
+        machine.destroy()
+        raise
     pid = int(subprocess.run(["pgrep", "-f", f"guest={machine.name}"], capture_output=True,
                              text=True).stdout.split()[0])
     machine.destroy()

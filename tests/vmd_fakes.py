@@ -23,6 +23,16 @@ class LocalMachine:
         self.project_path = str(root)
         self.suspended = False
         self.destroyed = False
+        # Set by a test to play a guest destroyed from outside (or crashed): alive() says
+        # so and every machine call fails the way a dropped SSH connection does.
+        self.gone = False
+
+    def alive(self) -> bool:
+        return not self.gone
+
+    def _reachable(self) -> None:
+        if self.gone:
+            raise ConnectionResetError("the SSH connection to the guest was reset")
 
     def _path(self, path: str) -> Path:
         p = Path(path)
@@ -35,6 +45,7 @@ class LocalMachine:
                 "hostname": "fake"}
 
     def run(self, command, timeout, cwd, on_output):
+        self._reachable()
         started = time.monotonic()
         proc = subprocess.run(["bash", "-c", command], cwd=self._path(cwd) if cwd else self.project_path,
                               capture_output=True, text=True, timeout=timeout)
@@ -47,23 +58,27 @@ class LocalMachine:
                 "duration": round(time.monotonic() - started, 3), "truncated": False, "timed_out": False}
 
     def read_file(self, path, offset, limit):
+        self._reachable()
         data = self._path(path).read_bytes()
         chunk = data[offset: offset + limit if limit else None]
         return {"content": chunk.decode(), "size": len(data), "offset": offset,
                 "truncated": offset + len(chunk) < len(data)}
 
     def write_file(self, path, content):
+        self._reachable()
         p = self._path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(content)
         return len(content.encode())
 
     def append_file(self, path, content):
+        self._reachable()
         with open(self._path(path), "a") as fh:
             fh.write(content)
         return len(content.encode())
 
     def edit_file(self, path, old, new):
+        self._reachable()
         p = self._path(path)
         text = p.read_text()
         n = text.count(old)
@@ -72,10 +87,12 @@ class LocalMachine:
         p.write_text(text.replace(old, new))
 
     def list_dir(self, path):
+        self._reachable()
         return [{"name": e.name, "type": "dir" if e.is_dir() else "file", "size": e.stat().st_size}
                 for e in sorted(self._path(path).iterdir())]
 
     def screenshot(self):
+        self._reachable()
         png = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
                b"\x90wS\xde\x00\x00\x00\x0cIDATx\x9cc\xf8\xff\xff?\x00\x05\xfe\x02\xfe\xa75\x81\x84"
                b"\x00\x00\x00\x00IEND\xaeB`\x82")
