@@ -53,8 +53,11 @@ def test_egress_is_opened_only_when_asked_and_kvm_gets_host_cpu():
     root = ET.fromstring(_domain(accel="kvm", network=UserNetwork(40022, egress=True)).to_xml())
     assert root.get("type") == "kvm"
     assert root.find("cpu").get("mode") == "host-passthrough"
-    args = " ".join(a.get("value") for a in root.find(f"{{{QEMU_NS}}}commandline"))
-    assert "restrict=on" not in args
+    args = [a.get("value") for a in root.find(f"{{{QEMU_NS}}}commandline")]
+    netdevs = [args[i + 1] for i, a in enumerate(args) if a == "-netdev"]
+    # The SSH NIC stays restricted; egress is a second, unrestricted NIC on its own subnet.
+    assert netdevs[0].startswith("user,id=vmdnet0,restrict=on")
+    assert netdevs[1] == "user,id=vmdegress,net=10.0.3.0/24"
 
 
 def test_a_headless_machine_without_project_has_no_screen_or_share():

@@ -333,3 +333,33 @@ def test_a_missing_prompt_refuses_to_start_with_a_report(tmp_path, monkeypatch):
     outcome = run_job(JobSpec(task="t"), on_event=lambda e: None, transcript_path=tmp_path / "t.json",
                       config=AgentConfig(), vmd_socket=str(tmp_path / "no.sock"))
     assert outcome.state == "failed" and "prompt.md was not found" in outcome.report
+
+
+def test_an_answer_right_after_a_vmd_restart_wakes_the_paused_machine(tmp_path):
+    """After a restart vmd re-binds the machine in the background; an answer that arrives
+    before that is done must still resume the paused guest, not skip it."""
+    from tests.vmd_fakes import LocalMachines, make_config
+    from vmd.rpc import VmdServer
+
+    transcript = tmp_path / "job" / "transcript.json"
+    machines = LocalMachines()
+    config = make_config(tmp_path)
+    server = VmdServer(config, machines).start()
+    try:
+        with start_ollama([PLAN, call("run", {"command": "true"}), call("ask_user", {"question": "which?"})]) as llm:
+            asked = run_job(JobSpec(task="write hello.py", project="hello"), on_event=lambda e: None,
+                            transcript_path=transcript, config=agent_config(llm), vmd_socket=str(config.socket))
+        assert asked.state == "question"
+        [machine] = machines.machines.values()
+        assert machine.suspended, "a waiting session's machine is paused"
+
+        server.stop()
+        machines.attach_seconds = 0.5  # re-binding the guest takes a moment
+        server = VmdServer(config, machines).start()
+        with start_ollama(finish_script()[1:]) as llm:
+            done = resume_job(transcript, answer="this one", on_event=lambda e: None,
+                              config=agent_config(llm), vmd_socket=str(config.socket))
+        assert done.state == "done" and done.verification_passed is True, done.report
+        assert machines.attached == [machine.spec.name]
+    finally:
+        server.stop()

@@ -3,7 +3,7 @@ module) and called with the arguments Open WebUI injects, against a running job 
 
 These use tests/scripted_worker.py as the job process (`uses_scripted_worker`); the full
 story of the issue — a question, both services restarted, the same guest (same boot id)
-carrying on — needs the real worker, the loop and a guest, and moves there once they land.
+carrying on — runs on a real guest in tests/test_openwebui_vm.py.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ class LocalMachine:
     def _reachable(self) -> None:
         if self.gone:
             raise ConnectionResetError("the SSH connection to the guest was reset")
+        if self.suspended:  # a paused guest does not answer; SSH would time out
+            raise TimeoutError("the guest did not answer: it is paused")
 
     def _path(self, path: str) -> Path:
         p = Path(path)
@@ -40,6 +42,7 @@ class LocalMachine:
 
     def ready(self, timeout, desktop=False):
         time.sleep(self.factory.boot_seconds)
+        self._reachable()
         return {"os": "fake linux", "kernel": os.uname().release, "python": "", "git": "",
                 "desktop": desktop, "project_path": self.project_path, "boot_id": "fake",
                 "hostname": "fake"}
@@ -136,8 +139,10 @@ class LocalMachine:
 
 
 class LocalMachines:
-    def __init__(self, boot_seconds: float = 0.0, fail: str | None = None):
+    def __init__(self, boot_seconds: float = 0.0, fail: str | None = None, attach_seconds: float = 0.0):
         self.boot_seconds = boot_seconds
+        # How long re-binding a machine takes (libvirt lookups after a vmd restart).
+        self.attach_seconds = attach_seconds
         self.fail = fail
         self.machines: dict[str, LocalMachine] = {}
         self.attached: list[str] = []
@@ -151,6 +156,7 @@ class LocalMachines:
         return machine
 
     def attach(self, spec):
+        time.sleep(self.attach_seconds)
         if spec.name not in self.machines:
             raise RuntimeError(f"the guest '{spec.name}' no longer exists.")
         self.attached.append(spec.name)

@@ -570,6 +570,9 @@ class Session:
             if state not in ("question", "unfreeze"):
                 raise VerbError(f"REFUSED: the session is {state}, not waiting for an answer; "
                                 "nothing to resume.", REFUSED)
+        # After a vmd restart the machine is re-attached by a thread that session_attach
+        # started; resuming before it is done would skip waking the paused guest.
+        self._boot_done.wait(self.config.boot_timeout_s)
         machine = self.machine
         if machine is not None:
             machine.resume()

@@ -1,0 +1,224 @@
+"""The Open WebUI tool file as Open WebUI calls it, against the whole stack on a real guest.
+
+Open WebUI's side is played the way tests/test_openwebui_tool.py plays it: the file's
+source exec'd into a fresh module, the injected `__user__`, `__chat_id__`,
+`__message_id__` and an `__event_emitter__` that records what the chat would show. The
+rest is real: the job service over HTTP with real worker processes and the turn loop,
+`vmd serve` as its own process driving libvirt, and the Debian guest. The model is the
+scripted Ollama server (tests/ollama_server.py).
+
+The story: the agent plans, records the guest's boot id in the project folder, and asks
+a question. The guest is paused while the question waits; then vmd and the job service
+are both stopped and started again; the answer resumes the same guest (the boot id read
+after the answer is the one read before it), and the agent finishes with a check that
+vmd re-runs itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.loop_harness import call, calls, user_texts
+from tests.ollama_server import start_ollama
+from tests.service_harness import REAL_WORKER, SERVICE, ServiceProcess, real_worker_env
+from tests.test_openwebui_tool import USER, call as tool_call, jobs_of, load_tool
+from tests.vmd_fakes import short_socket_dir
+
+pytestmark = pytest.mark.vm
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAT = "chat-vm"
+PROJECT = "greeting"
+QUESTION = "Which greeting should greet.txt hold?"
+ANSWER = "hello there"
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+# vmd re-runs this at finish: the greeting is there and the guest never rebooted.
+CHECK = ("cd /mnt/project && grep -qx 'hello there' greet.txt && "
+         f"test \"$({BOOT_ID})\" = \"$(cat boot_id.before)\"")
+
+SCRIPT = [
+    call("plan_tasks", {"tasks": ["record the boot id", "ask which greeting to write",
+                                  "write greet.txt and check the machine is the same"]},
+         content="Planning while the machine boots."),
+    calls(("update_task", {"id": 1, "status": "in_progress"}),
+          ("run", {"command": f"{BOOT_ID} | tee /mnt/project/boot_id.before"})),
+    calls(("update_task", {"id": 1, "status": "done", "note": "in boot_id.before"}),
+          ("update_task", {"id": 2, "status": "in_progress"}),
+          ("ask_user", {"question": QUESTION})),
+    # --- after the answer, in a new worker, against a new vmd ---
+    calls(("update_task", {"id": 2, "status": "done", "note": ANSWER}),
+          ("run", {"command": f"{BOOT_ID} | tee /mnt/project/boot_id.after && "
+                              f"echo '{ANSWER}' > /mnt/project/greet.txt"})),
+    call("update_task", {"id": 3, "status": "done", "note": "greet.txt written, same boot id"}),
+    call("finish", {"summary": "greet.txt holds the greeting the person chose",
+                    "verification": {"command": CHECK, "expect_exit": 0}}),
+]
+
+
+class VmdProcess:
+    """`vmd serve` as its own process, so that stopping it is a real restart."""
+
+    def __init__(self, work: Path, images_dir: Path):
+        self.socket = short_socket_dir() / "vmd.sock"
+        self.state = work / "state"
+        self.log_path = work / "vmd.log"
+        self.images_dir = images_dir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "VmdProcess":
+        env = {**os.environ, "VMD_BOOT_TIMEOUT_S": "900", "VMD_VERIFY_TIMEOUT_S": "300"}
+        for name in ("VMD_CONFIG", "GITEA_URL", "GITEA_TOKEN", "VMD_STATE_DIR", "VMD_SOCKET"):
+            env.pop(name, None)
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vmd.cli", "serve", "--socket", str(self.socket),
+                 "--state-dir", str(self.state), "--images-dir", str(self.images_dir)],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not self.socket.exists():
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "vmd serve did not listen within 30 s"
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def record(self, session_id: str) -> list[dict]:
+        path = self.state / "sessions" / session_id / "record.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _clean_up_domains(conn, marker: str) -> None:
+    """A failed test must not leave a guest running: destroy the ones made under tmp_path."""
+    import libvirt
+
+    for domain in conn.listAllDomains():
+        try:
+            if not domain.name().startswith("vmagent-") or marker not in domain.XMLDesc(0):
+                continue
+            if domain.isActive():
+                domain.destroy()
+            domain.undefine()
+        except libvirt.libvirtError:
+            pass
+
+
+def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp_path, debian_image):
+    import libvirt
+
+    from tests.test_service_api import _stop_workers
+
+    conn = libvirt.open("qemu:///system")
+    timings: dict[str, float] = {}
+    vmd = VmdProcess(tmp_path, debian_image.dir.parent).start()
+    svc = None
+    started = time.monotonic()
+    try:
+        with start_ollama(SCRIPT) as ollama:
+            svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, vmd_socket=str(vmd.socket),
+                                 env=real_worker_env(ollama.url)).start()
+            module = load_tool()
+            tools = module.Tools()
+            tools.valves = module.Tools.Valves(service_url=svc.url, service_token=SERVICE, poll_interval=0.3)
+
+            # --- the task: plan, a command, a question -----------------------------------
+            text, first = tool_call(tools.run_task_in_vm, CHAT, task="Write greet.txt with a greeting I pick",
+                                    os="debian", project=PROJECT)
+            timings["to the question"] = time.monotonic() - started
+            assert QUESTION in text and "answer_vm_question" in text, text
+            assert "Ask the person" in text
+            statuses = first.statuses()
+            assert statuses[-1] == {"description": "The VM agent has a question.", "done": True}
+            assert all(s["done"] is False for s in statuses[:-1])
+            [embed] = first.embeds()  # the preview went out once, when the first command ran
+            assert embed["replace"] is True and "/preview?token=" in embed["embeds"][0]
+
+            [waiting] = jobs_of(svc, CHAT)
+            assert waiting["state"] == "needs_input" and waiting["question"] == QUESTION, waiting
+            assert waiting["owner"] == USER["id"] and waiting["message_id"] == "m-1"
+            session_id = waiting["session_id"]
+            domain = conn.lookupByName(f"vmagent-{session_id}")
+            # The guest waits paused: its vCPUs are stopped, it uses no CPU.
+            assert domain.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+            project = vmd.state / "projects" / USER["id"] / PROJECT
+            boot_before = (project / "boot_id.before").read_text().strip()
+            assert len(boot_before) == 36, boot_before
+            ready = next(e for e in vmd.record(session_id) if e["kind"] == "machine" and e["event"] == "ready")
+            assert ready["facts"]["boot_id"] == boot_before
+
+            # --- both services stop and start again --------------------------------------
+            svc_pid, vmd_pid = svc.proc.pid, vmd.proc.pid
+            restart = time.monotonic()
+            svc.stop()
+            vmd.stop()
+            assert domain.state()[0] == libvirt.VIR_DOMAIN_PAUSED, "the guest outlives vmd, still paused"
+            vmd.start()
+            svc.start()
+            assert (svc.proc.pid, vmd.proc.pid) != (svc_pid, vmd_pid)
+            timings["restart of both"] = time.monotonic() - restart
+            [still] = jobs_of(svc, CHAT)
+            assert still["state"] == "needs_input" and still["question"] == QUESTION
+            assert domain.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+
+            # --- the answer: the same guest carries on to the finish ---------------------
+            answered = time.monotonic()
+            report, second = tool_call(tools.answer_vm_question, CHAT, answer=ANSWER)
+            timings["answer to report"] = time.monotonic() - answered
+
+        [done] = jobs_of(svc, CHAT)
+        assert done["state"] == "done" and done["verification_passed"] is True, report
+        assert report == done["report"] and done["session_id"] == session_id
+        statuses = second.statuses()
+        assert statuses[0] == {"description": "Answer given; the same machine carries on…", "done": False}
+        assert statuses[-1] == {"description": "The VM agent finished.", "done": True}
+        assert all(s["done"] is False for s in statuses[:-1])
+        # the answer reached the model, in the conversation it had before the question
+        resumed = ollama.chat_requests[3]
+        assert any(ANSWER in t for t in user_texts(resumed))
+        assert any("Write greet.txt" in t for t in user_texts(resumed))
+
+        # same machine, not rebooted: the boot id read after the answer is the one from before
+        assert (project / "boot_id.after").read_text().strip() == boot_before
+        assert (project / "greet.txt").read_text() == f"{ANSWER}\n"
+        record = vmd.record(session_id)
+        assert not any(e["kind"] == "machine" and e.get("event") == "ready"
+                       for e in record[record.index(ready) + 1:]), "the guest was not booted again"
+
+        # the report: vmd's own re-run of the check, and the commit
+        assert "✅ verified" in report and "exit code **0**" in report and CHECK in report, report
+        bare = vmd.state / "git" / USER["id"] / f"{PROJECT}.git"
+        head = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "main"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        assert head[:12] in report, report
+        assert "`A greet.txt`" in report
+        close = next(e for e in record if e["kind"] == "close")
+        assert close["commit"] == head and close["machine_destroyed"] is True
+        assert f"vmagent-{session_id}" not in [d.name() for d in conn.listAllDomains()], \
+            "closing the session leaves no guest behind"
+    finally:
+        timings["total"] = time.monotonic() - started
+        print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
+        if svc is not None:
+            svc.stop()
+            _stop_workers(svc)
+        vmd.stop()
+        _clean_up_domains(conn, str(tmp_path))
+        conn.close()
