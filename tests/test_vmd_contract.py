@@ -124,6 +124,10 @@ def test_every_verb_over_the_socket(vmd):
 
     shot = c.call("screenshot")
     assert base64.b64decode(shot["png_base64"]).startswith(b"\x89PNG")
+    steps = c.call("session_status")["steps"]
+    peek = c.call("peek")  # the preview's look: a PNG, but not a step of the session
+    assert peek["available"] and base64.b64decode(peek["png_base64"]).startswith(b"\x89PNG")
+    assert c.call("session_status")["steps"] == steps
     c.call("click", x=1, y=2, button="right", double=True)
     c.call("move", x=3, y=4)
     c.call("type", text="hi")
@@ -174,7 +178,8 @@ def test_every_verb_over_the_socket(vmd):
     c.close()
     verbs_seen = {line for line in (config.sessions_dir / closed_session(config) / "record.jsonl").read_text().split("\"verb\": \"")[1:]}
     served = {v.split('"')[0] for v in verbs_seen}
-    assert set(V.VERBS) - {"session_open", "session_attach"} <= served
+    assert set(V.VERBS) - {"session_open", "session_attach", "peek"} <= served
+    assert "peek" not in served  # a watcher's look is not something the agent did
 
 
 def closed_session(config) -> str:

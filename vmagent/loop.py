@@ -215,6 +215,7 @@ def run_job(
     except (VmdUnavailable, VmdError) as exc:
         return _end_without_session(job, events, f"vmd could not open a session: {exc}")
     job.session_id = opened.get("session_id") or vmd.session_id
+    events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
     job.messages = [
         {"role": "system", "content": system},
@@ -258,6 +259,7 @@ def resume_job(
         return _end(job, vmd, Ending("failed", f"The job could not resume: {exc}"), events)
     except (VmdUnavailable, VmdError) as exc:
         return _end(job, vmd, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
+    events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": "resumed with the person's answer"})
     job.messages.append({"role": "user", "content": resumed.get("text") or _answer_text(answer, approved)})
     job.save()

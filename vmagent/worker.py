@@ -48,6 +48,46 @@ class FrameWriter:
                 pass  # the service went away; the job goes on and its record stays in vmd
 
 
+class ScreenWatcher:
+    """Keeps the preview's screen live between the agent's own screenshots.
+
+    On its own vmd connection it asks for `peek` (a look that is not a step of the
+    session and not in its record) every `interval` seconds, and sends a frame only when
+    the screen changed. Anything that goes wrong here only stops the watching."""
+
+    def __init__(self, vmd_socket: str | None, emit, interval: float):
+        self.vmd_socket, self.emit, self.interval = vmd_socket, emit, interval
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def watch(self, session_id: str) -> None:
+        if self.interval <= 0 or self.thread is not None:
+            return
+        self.thread = threading.Thread(target=self._run, args=(session_id,), name="screen-watch", daemon=True)
+        self.thread.start()
+
+    def _run(self, session_id: str) -> None:
+        from vmagent.client import Vmd, VmdError, VmdUnavailable
+
+        last = None
+        try:
+            with Vmd(self.vmd_socket) as vmd:
+                vmd.call("session_attach", session_id=session_id)
+                while not self.stop.wait(self.interval):
+                    try:
+                        seen = vmd.call("peek")
+                    except VmdError:
+                        continue  # closed, or not up yet: try again next tick
+                    picture = seen.get("png_base64")
+                    if not seen.get("available") or not picture or picture == last:
+                        continue
+                    last = picture
+                    self.emit({"type": "screenshot", "png_base64": picture, "width": seen.get("width"),
+                               "height": seen.get("height"), "watch": True})
+        except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
+            print(f"screen watching stopped: {exc}", file=sys.stderr)
+
+
 def _outcome_dict(outcome) -> dict:
     if hasattr(outcome, "model_dump"):
         return outcome.model_dump()
@@ -80,6 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         cancel.set()
     vmd_socket = job.get("vmd_socket") or None
 
+    # Seconds between looks at the screen for the live preview; 0 turns it off.
+    watcher = ScreenWatcher(vmd_socket, frames.write, float(os.environ.get("VMAGENT_SCREEN_WATCH_S", "5")))
+
+    def on_event(event: dict) -> None:
+        if event.get("type") == "session" and event.get("session_id"):
+            watcher.watch(str(event["session_id"]))
+        elif event.get("type") in ("state", "done"):
+            watcher.stop.set()  # the session is ending or waiting: nothing more to watch
+        frames.write(event)
+
     try:
         # Imported here, not at the top: the loop pulls in the model client and more, and
         # the service must be able to start workers (and its tests run) without them.
@@ -87,11 +137,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if job.get("mode") == "resume":
             outcome = loop.resume_job(transcript, answer=job.get("answer"), approved=job.get("approved"),
-                                      on_event=frames.write, cancel=cancel, vmd_socket=vmd_socket)
+                                      on_event=on_event, cancel=cancel, vmd_socket=vmd_socket)
         else:
             spec = loop.JobSpec(**job["spec"])
-            outcome = loop.run_job(spec, on_event=frames.write, cancel=cancel,
+            outcome = loop.run_job(spec, on_event=on_event, cancel=cancel,
                                    transcript_path=transcript, vmd_socket=vmd_socket)
+        watcher.stop.set()
         frames.write({"type": "done", "outcome": _outcome_dict(outcome)})
         return 0
     except BaseException as exc:  # every exit produces a result

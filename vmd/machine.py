@@ -7,8 +7,10 @@ overlay, no QEMU process (and so no forwarded port).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import os
 import re
 import shutil
@@ -91,6 +93,17 @@ def connect(uri: str = DEFAULT_URI) -> libvirt.virConnect:
             f"cannot reach libvirt at {uri} ({exc.get_error_message()}). Start it with "
             "`virtlogd -d; libvirtd -d` (or `systemctl start libvirtd`), or set VMD_LIBVIRT_URI."
         ) from None
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def free_port() -> int:
@@ -196,22 +209,10 @@ class Machine:
     def ready(self, timeout: float, desktop: bool = False) -> Facts:
         """Wait until the guest answers over SSH (and its desktop is up, if asked)."""
         deadline = time.monotonic() + timeout
-        last_error = "no answer yet"
-        while True:
-            if not self.alive():
-                raise MachineError(f"the guest '{self.name}' stopped while booting. "
-                                   f"Last console lines:\n{self.console_tail()}")
-            try:
-                self.ssh.transport()
-                break
-            except (OSError, paramiko.SSHException, EOFError) as exc:
-                last_error = str(exc) or type(exc).__name__
-            if time.monotonic() > deadline:
-                raise MachineError(
-                    f"the guest '{self.name}' did not answer over SSH within {timeout:.0f} s "
-                    f"({last_error}). Give session_ready a longer timeout, or destroy the session "
-                    f"and open a new one. Last console lines:\n{self.console_tail()}")
-            time.sleep(1.0)
+        # While sshd is not up, paramiko's transport thread logs each refused banner as an
+        # ERROR with a traceback; those are expected here and would drown real output.
+        with _quiet_logger("paramiko.transport"):
+            self._wait_for_ssh(deadline, timeout)
         if self.project_dir is not None:
             self.guest.run(f"mountpoint -q {self.image.project_path} || sudo mount {self.image.project_path}",
                            timeout=30)
@@ -232,6 +233,24 @@ class Machine:
         self.facts = self.read_facts()
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
+
+    def _wait_for_ssh(self, deadline: float, timeout: float) -> None:
+        last_error = "no answer yet"
+        while True:
+            if not self.alive():
+                raise MachineError(f"the guest '{self.name}' stopped while booting. "
+                                   f"Last console lines:\n{self.console_tail()}")
+            try:
+                self.ssh.transport()
+                return
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                last_error = str(exc) or type(exc).__name__
+            if time.monotonic() > deadline:
+                raise MachineError(
+                    f"the guest '{self.name}' did not answer over SSH within {timeout:.0f} s "
+                    f"({last_error}). Give session_ready a longer timeout, or destroy the session "
+                    f"and open a new one. Last console lines:\n{self.console_tail()}")
+            time.sleep(1.0)
 
     def read_facts(self) -> Facts:
         script = (

@@ -11,6 +11,7 @@ default one drives libvirt (vmd/machine.py), tests may hand in another.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import secrets
@@ -429,6 +430,8 @@ class Session:
     # --- serving a verb -------------------------------------------------------------------
 
     def call(self, verb: str, params: V.Params, notify: Notify | None = None) -> dict:
+        if verb == "peek":  # a watcher's look, not a step of the session
+            return self._v_peek(params, notify)
         started = time.monotonic()
         args = params.model_dump()
         try:
@@ -603,6 +606,15 @@ class Session:
         self.record.append("answer", state=state, answer=p.answer, approved=p.approved)
         return {"state": self.s.state, "text": text}
 
+    def _v_peek(self, p, notify) -> dict:
+        machine = self.machine
+        if (self.s.state not in ("ready", "finished") or machine is None or not self._boot_done.is_set()
+                or self._boot_error):
+            return {"available": False, "text": f"no screen to show while the session is {self.s.state}."}
+        shot = machine.screenshot()
+        return {"available": True, "png_base64": base64.b64encode(shot["png"]).decode(),
+                "width": shot["width"], "height": shot["height"], "text": "the screen now."}
+
     def _v_note(self, p: V.Note, notify) -> dict:
         self.record.append("note", turn=p.turn, text=p.text)
         return {"ok": True, "text": "noted."}
@@ -697,7 +709,6 @@ class Session:
     # --- screen ----------------------------------------------------------------------------
 
     def _v_screenshot(self, p, notify) -> dict:
-        import base64
         shot = self._guest().screenshot()
         path = self.record.save_screenshot(shot["png"])
         return {"width": shot["width"], "height": shot["height"], "scale": shot["scale"], "path": path,

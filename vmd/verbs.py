@@ -209,6 +209,9 @@ VERBS: dict[str, type[Params]] = {
     "session_cancel": Empty,
     "session_close": Empty,
     "session_resume": Answer,
+    # A look at the screen for people watching (the preview), not an action of the agent:
+    # never offered to the model, never in the record. -> {available, png_base64, width, height}
+    "peek": Empty,
     "report": Empty,
     "note": Note,
     "plan_tasks": PlanTasks,

@@ -335,7 +335,12 @@ class WorkerPool:
         tmp.replace(job_dir / "screen.png")
         seq = self.store.add_event(job_id, {"type": "screenshot", "width": frame.get("width"),
                                             "height": frame.get("height")})
-        self.store.update_job(job_id, preview_ready=1, screenshot_seq=seq)
+        # The preview opens when the agent itself first looks at the screen (or runs a
+        # command); the watcher's looks only keep an open preview live.
+        if frame.get("watch"):
+            self.store.update_job(job_id, screenshot_seq=seq)
+        else:
+            self.store.update_job(job_id, preview_ready=1, screenshot_seq=seq)
 
     def _finish(self, worker: _Worker, outcome: dict) -> None:
         worker.got_done = True
