@@ -142,8 +142,8 @@ def build_report(record_path: str | Path) -> Report:
     failed = sum(1 for e in verbs if "error" in e)
     refused = sum(1 for e in verbs if str((e.get("result") or {}).get("text", "")).startswith("REFUSED")
                   or str(e.get("error", "")).startswith("REFUSED"))
-    line = f"{len(verbs)} steps ({runs} commands run, {failed} failed or refused calls"
-    line += f", {refused} refusals)" if refused else ")"
+    line = (f"{_count(len(verbs), 'step')} ({_count(runs, 'command')} run, "
+            f"{_count(failed, 'call')} failed with an error, {_count(refused, 'refusal')})")
     if first and last:
         line += f" over {_duration((last - first).total_seconds())}"
     md.append(line + ".")
@@ -165,3 +165,7 @@ def build_report(record_path: str | Path) -> Report:
         md += ["", "## The agent's summary (its own words, not verified)", "", outcome_event["summary"]]
 
     return Report(markdown="\n".join(md) + "\n", outcome=outcome)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
