@@ -198,6 +198,10 @@ class LibvirtMachines:
     def __init__(self, config: VmdConfig):
         self.config = config
 
+    def timeout_scale(self) -> float:
+        from vmd.machine import timeout_scale
+        return timeout_scale()
+
     def _image(self, spec: MachineSpec):
         from vmd.images import find_image  # lazily: tests without libvirt never import it
         return find_image(spec.os, self.config.images_dir)
@@ -355,7 +359,7 @@ class Session:
         session.save()
         session._start_machine(attach=False)
         if params.wait:
-            session._boot_done.wait(config.boot_timeout_s)
+            session._boot_done.wait(session.boot_timeout)
         return session
 
     @classmethod
@@ -408,7 +412,7 @@ class Session:
                 self._needs_ready = True
                 self.record.append("machine", event="attached", suspended=True)
                 return
-            facts = machine.ready(self.config.boot_timeout_s)
+            facts = machine.ready(self.boot_timeout)
             with self._lock:
                 self.s.facts = facts
                 if self.s.boot_seconds is None or attach:
@@ -481,6 +485,20 @@ class Session:
             raise VerbError(f"REFUSED: {verb} needs a plan first: call plan_tasks with the steps of "
                             "the work (the machine boots meanwhile), then use the machine.", REFUSED)
 
+    @property
+    def boot_timeout(self) -> float:
+        return self.config.boot_timeout_s * self._timeout_scale()
+
+    @property
+    def verify_timeout(self) -> float:
+        return self.config.verify_timeout_s * self._timeout_scale()
+
+    def _timeout_scale(self) -> float:
+        # The configured timeouts are what a KVM host needs; without KVM (TCG, as on the
+        # CI machines) the same work takes several times longer.
+        scale = getattr(self.machines, "timeout_scale", None)
+        return float(scale()) if scale else 1.0
+
     def _machine_alive(self) -> bool:
         """False only when the machine is known to be gone (destroyed from outside, crashed)."""
         probe = getattr(self.machine, "alive", None)
@@ -493,8 +511,8 @@ class Session:
 
     def _guest(self) -> SessionMachine:
         """The machine, once it is up; waits for the boot if it is still going."""
-        if not self._boot_done.wait(self.config.boot_timeout_s):
-            raise VerbError(f"the machine is still booting after {self.config.boot_timeout_s:.0f} s; "
+        if not self._boot_done.wait(self.boot_timeout):
+            raise VerbError(f"the machine is still booting after {self.boot_timeout:.0f} s; "
                             "call session_ready with a longer timeout.", NOT_READY)
         if self._boot_error:
             raise VerbError(self._boot_error, NOT_READY)
@@ -575,12 +593,12 @@ class Session:
                                 "nothing to resume.", REFUSED)
         # After a vmd restart the machine is re-attached by a thread that session_attach
         # started; resuming before it is done would skip waking the paused guest.
-        self._boot_done.wait(self.config.boot_timeout_s)
+        self._boot_done.wait(self.boot_timeout)
         machine = self.machine
         if machine is not None:
             machine.resume()
             if self._needs_ready:
-                self.s.facts = machine.ready(self.config.boot_timeout_s)
+                self.s.facts = machine.ready(self.boot_timeout)
                 self._needs_ready = False
         with self._lock:
             if state == "question":
@@ -750,7 +768,7 @@ class Session:
         return {"online": online, "detail": detail, "text": text}
 
     def _v_reboot_vm(self, p, notify) -> dict:
-        seconds = self._guest().reboot(self.config.boot_timeout_s)
+        seconds = self._guest().reboot(self.boot_timeout)
         self._desktop_ready = False
         return {"seconds": seconds, "text": f"the machine rebooted and answers again after {seconds:.0f} s."}
 
@@ -798,7 +816,7 @@ class Session:
                             "\"<a command that proves the work>\", \"expect_exit\": 0}); vmd runs it itself."}
         machine = self._guest()
         cwd = self.s.facts.get("project_path") or machine.project_path if self.s.project_dir else None
-        result = machine.run(p.verification.command, self.config.verify_timeout_s, cwd, _output_sink(notify))
+        result = machine.run(p.verification.command, self.verify_timeout, cwd, _output_sink(notify))
         output = (result["stdout"] or "") + (("\n" if result["stdout"] else "") + result["stderr"]
                                              if result["stderr"] else "")
         tail = output[-self.config.output_tail_chars:]
