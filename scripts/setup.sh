@@ -33,7 +33,7 @@ if ! virsh -c qemu:///system version >/dev/null 2>&1; then
     pgrep -x libvirtd >/dev/null || libvirtd -d
     for _ in $(seq 50); do virsh -c qemu:///system version >/dev/null 2>&1 && break; sleep 0.2; done
 fi
-virsh -c qemu:///system version | head -n 3
+virsh -c qemu:///system version
 
 say "python environment (.venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv

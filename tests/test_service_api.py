@@ -445,6 +445,12 @@ def test_real_worker_killed_mid_job_leaves_a_failed_job_with_a_report(tmp_path):
             failed = wait_for_state(alice, job["id"], "failed", timeout=20)
             assert "killed by signal 9" in failed["report"] and "working 2" in failed["report"]
             assert "write hello.py" in failed["report"]  # the task list it had
+            # The service closed the orphaned vmd session: committed, machine gone, and
+            # vmd's own report (from its record) leads the job's report.
+            assert failed["report"].startswith("# vmagent session ")
+            machine = vmd.machines.machines[f"vmagent-{failed['session_id']}"]
+            assert machine.destroyed
+            assert "## Commit" in failed["report"] and "has not been closed" not in failed["report"]
         finally:
             svc.stop()
             _stop_workers(svc)

@@ -320,6 +320,8 @@ class WorkerPool:
             self.store.update_job(job_id, preview_ready=1)
         elif kind == "state" and frame.get("question"):
             self.store.update_job(job_id, question=str(frame["question"]))
+        elif kind == "session" and frame.get("session_id"):
+            self.store.update_job(job_id, session_id=str(frame["session_id"]))
 
     def _save_screenshot(self, job_id: str, frame: dict) -> None:
         try:
@@ -365,8 +367,29 @@ class WorkerPool:
         job = self.store.get_job(worker.job_id)
         if job is None:
             return
-        self.store.set_state(worker.job_id, state, report=build_salvage_report(
-            self.store, job, why, worker.exit_code, state), status_line=state)
+        salvage = build_salvage_report(self.store, job, why, worker.exit_code, state)
+        report = salvage
+        if job.get("session_id"):
+            # The loop never reached its own close: do it here, so the work is committed and
+            # pushed, the machine does not run on, and the report is vmd's from its record.
+            closed = close_session(self.config.vmd_socket, job["session_id"])
+            if closed:
+                report = closed + "\n\n---\n\n" + salvage
+        self.store.set_state(worker.job_id, state, report=report, status_line=state)
+
+
+def close_session(vmd_socket: str | None, session_id: str) -> str | None:
+    """Close a vmd session whose worker died; vmd's report, or None if vmd can't be reached."""
+    from vmagent.client import Vmd, VmdError, VmdUnavailable
+
+    try:
+        with Vmd(vmd_socket, timeout=300) as vmd:
+            vmd.call("session_attach", session_id=session_id)
+            vmd.call("session_close")
+            return vmd.call("report").get("markdown")
+    except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
+        log.warning("could not close vmd session %s after its worker died: %s", session_id, exc)
+        return None
 
 
 def build_salvage_report(store: Store, job: dict, why: str, exit_code: int | None,
