@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,7 +50,11 @@ SCRIPT = [
                                   "write greet.txt and check the machine is the same"]},
          content="Planning while the machine boots."),
     calls(("update_task", {"id": 1, "status": "in_progress"}),
-          ("run", {"command": f"{BOOT_ID} | tee /mnt/project/boot_id.before"})),
+          # ...and waits for the desktop, as an agent about to use the screen would, so
+          # that the live preview has the guest's desktop to show.
+          ("run", {"command": f"{BOOT_ID} | tee /mnt/project/boot_id.before; export DISPLAY=:0; "
+                              "until xwininfo -name terminal 2>/dev/null | grep -q IsViewable; "
+                              "do sleep 0.5; done; sleep 3"})),
     calls(("update_task", {"id": 1, "status": "done", "note": "in boot_id.before"}),
           ("update_task", {"id": 2, "status": "in_progress"}),
           ("ask_user", {"question": QUESTION})),
@@ -121,6 +126,33 @@ def _clean_up_domains(conn, marker: str) -> None:
             pass
 
 
+def render_preview(tmp_path, embed: str) -> None:
+    """Headless Chromium renders the preview of the live job; a PNG goes to artifacts/."""
+    from tests.test_preview_browser import ARTIFACTS, Browser  # Chromium comes with setup.sh
+
+    url = re.search(r"https?://[^\s\"'<>]+/preview\?token=[^\s\"'<>]+", embed)[0].replace("&amp;", "&")
+    browser = Browser(tmp_path)
+    try:
+        browser.open(url, width=1400, height=800)
+        # The newest screenshot is the guest's desktop at its configured size.
+        browser.wait_for("document.getElementById('screen').complete && "
+                         "document.getElementById('screen').naturalWidth === 1280", timeout=30)
+        terminal = browser.wait_for("document.getElementById('terminal').innerText.indexOf('boot_id') >= 0 && "
+                                    "document.getElementById('terminal').innerText", timeout=30)
+        assert "$ " in terminal  # commands shown as a person would type them
+        ARTIFACTS.mkdir(exist_ok=True)
+        browser.screenshot(ARTIFACTS / "preview-guest.png")
+        shown = browser.evaluate(
+            "(function(){var i=document.getElementById('screen'),c=document.createElement('canvas');"
+            "c.width=i.naturalWidth;c.height=i.naturalHeight;var x=c.getContext('2d');x.drawImage(i,0,0);"
+            "var d=x.getImageData(0,0,c.width,c.height).data,seen={};"
+            "for(var k=0;k<d.length;k+=4*97){seen[d[k]+','+d[k+1]+','+d[k+2]]=1}"
+            "return Object.keys(seen).length})()")
+        assert shown > 3, "the preview shows a flat screen, not the guest's desktop"
+    finally:
+        browser.close()
+
+
 def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp_path, debian_image):
     import libvirt
 
@@ -133,8 +165,10 @@ def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp
     started = time.monotonic()
     try:
         with start_ollama(SCRIPT) as ollama:
+            # Looks at the screen every second, so the preview shows the guest's desktop.
+            env = {**real_worker_env(ollama.url), "VMAGENT_SCREEN_WATCH_S": "1"}
             svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, vmd_socket=str(vmd.socket),
-                                 env=real_worker_env(ollama.url)).start()
+                                 env=env).start()
             module = load_tool()
             tools = module.Tools()
             tools.valves = module.Tools.Valves(service_url=svc.url, service_token=SERVICE, poll_interval=0.3)
@@ -163,6 +197,9 @@ def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp
             assert len(boot_before) == 36, boot_before
             ready = next(e for e in vmd.record(session_id) if e["kind"] == "machine" and e["event"] == "ready")
             assert ready["facts"]["boot_id"] == boot_before
+
+            # --- the preview, as the chat shows it: the guest's real screen and terminal ---
+            render_preview(tmp_path, embed["embeds"][0])
 
             # --- both services stop and start again --------------------------------------
             svc_pid, vmd_pid = svc.proc.pid, vmd.proc.pid
