@@ -37,6 +37,7 @@ def test_one_whole_session_on_a_real_guest(tmp_path, debian_image, gitea):
         c.call("plan_tasks", tasks=["write greet.py", "check it runs"])  # while the guest boots
         ready = c.call("session_ready", timeout=900)
         assert ready["facts"]["project_path"] and ready["seconds"] > 0
+        assert ready["facts"]["desktop"] is True  # handed over with its desktop up
         c.call("update_task", id=1, status="in_progress")
         c.call("write_file", path="greet.py", content="print('hello from the guest')\n")
         c.call("update_task", id=1, status="done")

@@ -37,6 +37,10 @@ class MachineError(RuntimeError):
     """The machine could not be created, reached or destroyed; the message says what to do."""
 
 
+class DesktopMissing(MachineError):
+    """The guest answers over SSH, but its desktop did not come up in time."""
+
+
 class Facts(BaseModel):
     os: str
     kernel: str
@@ -206,8 +210,9 @@ class Machine:
         return {libvirt.VIR_DOMAIN_RUNNING: "running", libvirt.VIR_DOMAIN_PAUSED: "paused",
                 libvirt.VIR_DOMAIN_SHUTOFF: "shutoff"}.get(code, "other")
 
-    def ready(self, timeout: float, desktop: bool = False) -> Facts:
-        """Wait until the guest answers over SSH (and its desktop is up, if asked)."""
+    def ready(self, timeout: float, desktop: bool = False, desktop_timeout: float | None = None) -> Facts:
+        """Wait until the guest answers over SSH (and its desktop is up, if asked: at most
+        `desktop_timeout` more seconds, then DesktopMissing)."""
         deadline = time.monotonic() + timeout
         # While sshd is not up, paramiko's transport thread logs each refused banner as an
         # ERROR with a traceback; those are expected here and would drown real output.
@@ -223,9 +228,11 @@ class Machine:
                      "|| { echo 'no window manager yet'; exit 1; }; "
                      "xwininfo -name terminal 2>&1 | grep -E 'Map State|error' | grep -q IsViewable "
                      "|| { echo 'the terminal window is not on screen yet'; exit 1; }")
+            if desktop_timeout is not None:
+                deadline = min(deadline, time.monotonic() + desktop_timeout)
             while (seen := self.guest.run(probe, timeout=20)).exit_code != 0:
                 if time.monotonic() > deadline:
-                    raise MachineError(
+                    raise DesktopMissing(
                         f"the guest '{self.name}' answers over SSH but its desktop did not come up "
                         f"within {timeout:.0f} s ({(seen.stdout + seen.stderr).strip()[-300:]}); use the "
                         "shell, or reboot_vm.")

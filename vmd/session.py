@@ -108,8 +108,25 @@ class LibvirtMachine:
         self.os_family = image.os_family
         self.project_path = image.project_path
 
+    # How long the desktop may take after SSH answers, on a KVM host (x4 under TCG); it
+    # took 5-8 s under TCG here.
+    DESKTOP_WAIT_S = 30.0
+
     def ready(self, timeout, desktop=False):
-        return self.machine.ready(timeout, desktop=desktop).model_dump()
+        """SSH, and the desktop when the image has one: the machine is handed over with a
+        usable screen, so the agent's first screenshot shows it. A desktop that does not
+        come up leaves a shell-only machine (facts say desktop false), not a failed boot."""
+        from vmd.machine import DesktopMissing, timeout_scale
+
+        try:
+            facts = self.machine.ready(timeout, desktop=True,
+                                       desktop_timeout=self.DESKTOP_WAIT_S * timeout_scale(self.machine.accel))
+        except DesktopMissing as exc:
+            facts = self.machine.read_facts()
+            facts.desktop = False
+            facts.seconds = round(time.monotonic() - self.machine.started, 1)
+            return {**facts.model_dump(), "desktop_problem": str(exc)}
+        return facts.model_dump()
 
     def run(self, command, timeout, cwd, on_output):
         return self.machine.guest.run(command, timeout=timeout, cwd=cwd, on_output=on_output).model_dump()
