@@ -232,8 +232,8 @@ def test_attach_after_a_restart_of_the_server(tmp_path):
         assert attached["state"] == "question"
         status = c.call("session_status")
         assert status["question"] == "may I?" and "[x] 1. before" in status["tasks"]
+        c.call("session_resume", answer="yes")  # waits for the re-attach, done in the background
         assert f"vmagent-{sid}" in machines.attached
-        c.call("session_resume", answer="yes")
         assert c.call("run", command="cat x.txt")["stdout"] == "x\n"
         c.call("update_task", id=2, status="done")
         assert c.call("finish", verification={"command": "test -f x.txt"})["accepted"] is True
