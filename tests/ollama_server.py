@@ -319,7 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if body.get("tools") and "tools" not in server.capabilities:
             entry.outcome = "refused 400 tools"
-            self._json(400, {"error": f"registry.ollama.ai/library/{model} does not support tools"})
+            self._json(400, {"error": f"{model} does not support tools"})
             return
 
         turn = server._next_turn(body)

@@ -91,8 +91,8 @@ def main() -> int:
                 question="Which port should the server use?")
         return 0
     if "unfreeze" in task:
-        outcome("unfreeze", "# Waiting for approval\n\nNetwork access to pypi.org is needed.",
-                question="Network access to pypi.org is needed to install requests.")
+        outcome("unfreeze", "# Waiting for approval\n\nNetwork access to the package index is needed.",
+                question="Network access to the package index is needed to install requests.")
         return 0
     if "crash" in task:
         emit({"type": "command", "command": "make build"})

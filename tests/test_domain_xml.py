@@ -24,9 +24,9 @@ TEST_URI = "test:///default"
 def _domain(**overrides) -> Domain:
     spec = dict(name="t", memory_mib=1024, vcpus=2, accel="qemu",
                 boot=DirectKernel("/img/vmlinuz", "/img/initrd.img", "root=/dev/vda rw"),
-                disk=Disk("/work/overlay.qcow2"), network=UserNetwork(ssh_port=40022),
+                disk=Disk("/srv/vm/overlay.qcow2"), network=UserNetwork(ssh_port=40022),
                 video=Video(1280, 800), shared=SharedFolder("/projects/p"),
-                serial=SerialLog("/work/console.log"))
+                serial=SerialLog("/srv/vm/console.log"))
     spec.update(overrides)
     return Domain(**spec)
 
@@ -36,7 +36,7 @@ def test_the_xml_asks_for_what_the_agent_relies_on():
     assert root.get("type") == "qemu"
     assert root.find("os/kernel").text == "/img/vmlinuz"
     assert root.find("os/cmdline").text == "root=/dev/vda rw"
-    assert root.find("devices/disk/source").get("file") == "/work/overlay.qcow2"
+    assert root.find("devices/disk/source").get("file") == "/srv/vm/overlay.qcow2"
     assert root.find("devices/input[@type='tablet']").get("bus") == "usb"
     fs = root.find("devices/filesystem")
     assert fs.find("source").get("dir") == "/projects/p" and fs.find("target").get("dir") == "project"

@@ -127,7 +127,7 @@ def test_a_question_goes_to_the_person_and_the_answer_resumes_the_job(tools, ser
 @uses_scripted_worker
 def test_an_approval_is_given_with_a_plain_yes(tools):
     text, _ = call(tools.run_task_in_vm, "chat-u", task="unfreeze please")
-    assert "asks for approval" in text and "pypi.org" in text
+    assert "asks for approval" in text and "the package index" in text
     report, _ = call(tools.answer_vm_question, "chat-u", answer="Yes, go ahead")
     assert "approved=True" in report
 

@@ -188,7 +188,7 @@ def test_an_unfreeze_request_is_approved_or_denied(service, decision, approved):
     alice = service.client()
     job = start(alice, "needs unfreeze")
     waiting = wait_for_state(alice, job["id"], "needs_approval")
-    assert "pypi.org" in waiting["question"]
+    assert "the package index" in waiting["question"]
     assert alice.post(f"/jobs/{job['id']}/answer", json={"answer": "yes"}).status_code == 409
     assert alice.post(f"/jobs/{job['id']}/{decision}", json={"reason": "ok"}).status_code == 200
     done = wait_for_state(alice, job["id"], "done")

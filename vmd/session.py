@@ -181,12 +181,17 @@ class LibvirtMachine:
                             f"{(result.stderr or result.stdout).strip()[-400:]}")
         return f"started {path}; take a screenshot to see its window."
 
+    # Where check_internet tries to connect: any public host answering on port 80 will do
+    # (VMD_INTERNET_PROBE overrides it, e.g. for a host behind a proxy).
+    INTERNET_PROBE = os.environ.get("VMD_INTERNET_PROBE", "example.com")
+
     def check_internet(self):
+        host = self.INTERNET_PROBE
         if self.os_family == "windows":
             command = ("try { (Invoke-WebRequest -UseBasicParsing -TimeoutSec 8 "
-                       "http://deb.debian.org/ -Method Head).StatusCode } catch { exit 1 }")
+                       f"http://{host}/ -Method Head).StatusCode }} catch {{ exit 1 }}")
         else:
-            command = "timeout 8 bash -c 'exec 3<>/dev/tcp/deb.debian.org/80' && echo reachable"
+            command = f"timeout 8 bash -c 'exec 3<>/dev/tcp/{host}/80' && echo reachable"
         result = self.machine.guest.run(command, timeout=20)
         return result.exit_code == 0, (result.stdout + result.stderr).strip()[-300:]
 
