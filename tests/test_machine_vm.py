@@ -26,14 +26,19 @@ from vmd.screen import ScreenError
 pytestmark = pytest.mark.vm
 
 
-@pytest.fixture(scope="module")
-def booted(debian_image, tmp_path_factory):
-    root = tmp_path_factory.mktemp("machine")
+def machine_with_project(image, root):
+    """A new guest sharing `root/project` (writable by the guest's user) as /mnt/project."""
     project = root / "project"
     project.mkdir()
     os.chmod(project, 0o777)
-    machine = Machine.create(debian_image, name=f"vmtest-{uuid.uuid4().hex[:8]}",
-                             workdir=root / "work", project_dir=project)
+    machine = Machine.create(image, name=f"vmtest-{uuid.uuid4().hex[:8]}", workdir=root / "work",
+                             project_dir=project)
+    return machine, project
+
+
+@pytest.fixture(scope="module")
+def booted(debian_image, tmp_path_factory):
+    machine, project = machine_with_project(debian_image, tmp_path_factory.mktemp("machine"))
     try:
         facts = machine.ready(timeout=300, desktop=True)
         yield machine, facts, project
@@ -244,11 +249,7 @@ def test_egress_is_closed_until_opened_and_closes_again(booted, host_listener):
 
 
 def test_destroy_leaves_nothing_but_the_project_folder(debian_image, tmp_path):
-    project = tmp_path / "project"
-    project.mkdir()
-    os.chmod(project, 0o777)
-    machine = Machine.create(debian_image, name=f"vmtest-{uuid.uuid4().hex[:8]}",
-                             workdir=tmp_path / "work", project_dir=project)
+    machine, project = machine_with_project(debian_image, tmp_path)
     try:
         machine.ready(timeout=300)
         machine.guest.run("echo kept > /mnt/project/kept.txt && sync")

@@ -8,6 +8,8 @@ about the service (auth, restart, kill, cancel, queue) does not depend on which 
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -418,39 +420,38 @@ def _busy_script(n: int = 200) -> list:
     return [PLAN, *[call("run", {"command": f"sleep 0.2; echo working {i}"}) for i in range(n)]]
 
 
-def test_real_worker_cancel_ends_with_the_loops_report(tmp_path):
+@contextlib.contextmanager
+def busy_real_job(tmp_path):
+    """A real worker well into a long job: (vmd, service, client, job)."""
     with running_vmd(tmp_path) as vmd, start_ollama(_busy_script()) as server:
         svc = real_service(tmp_path, vmd, server).start()
         try:
             alice = svc.client()
             job = start(alice, "keep working", project="busy")
             wait_for_event(alice, job["id"], lambda e: e.get("line") == "working 2", timeout=60)
-            alice.post(f"/jobs/{job['id']}/cancel")
-            cancelled = wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=30)
-            assert cancelled["state"] == "cancelled" and cancelled["session_id"], cancelled["report"]
-            assert "killed by signal" not in cancelled["report"]
+            yield vmd, svc, alice, job
         finally:
             svc.stop()
             _stop_workers(svc)
+
+
+def test_real_worker_cancel_ends_with_the_loops_report(tmp_path):
+    with busy_real_job(tmp_path) as (vmd, svc, alice, job):
+        alice.post(f"/jobs/{job['id']}/cancel")
+        cancelled = wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=30)
+        assert cancelled["state"] == "cancelled" and cancelled["session_id"], cancelled["report"]
+        assert "killed by signal" not in cancelled["report"]
 
 
 def test_real_worker_killed_mid_job_leaves_a_failed_job_with_a_report(tmp_path):
-    with running_vmd(tmp_path) as vmd, start_ollama(_busy_script()) as server:
-        svc = real_service(tmp_path, vmd, server).start()
-        try:
-            alice = svc.client()
-            job = start(alice, "keep working", project="busy")
-            wait_for_event(alice, job["id"], lambda e: e.get("line") == "working 2", timeout=60)
-            os.kill(worker_pid(svc, job["id"]), signal.SIGKILL)
-            failed = wait_for_state(alice, job["id"], "failed", timeout=20)
-            assert "killed by signal 9" in failed["report"] and "working 2" in failed["report"]
-            assert "write hello.py" in failed["report"]  # the task list it had
-            # The service closed the orphaned vmd session: committed, machine gone, and
-            # vmd's own report (from its record) leads the job's report.
-            assert failed["report"].startswith("# vmagent session ")
-            machine = vmd.machines.machines[f"vmagent-{failed['session_id']}"]
-            assert machine.destroyed
-            assert "## Commit" in failed["report"] and "has not been closed" not in failed["report"]
-        finally:
-            svc.stop()
-            _stop_workers(svc)
+    with busy_real_job(tmp_path) as (vmd, svc, alice, job):
+        os.kill(worker_pid(svc, job["id"]), signal.SIGKILL)
+        failed = wait_for_state(alice, job["id"], "failed", timeout=20)
+        assert "killed by signal 9" in failed["report"] and "working 2" in failed["report"]
+        assert "write hello.py" in failed["report"]  # the task list it had
+        # The service closed the orphaned vmd session: committed, machine gone, and
+        # vmd's own report (from its record) leads the job's report.
+        assert failed["report"].startswith("# vmagent session ")
+        machine = vmd.machines.machines[f"vmagent-{failed['session_id']}"]
+        assert machine.destroyed
+        assert "## Commit" in failed["report"] and "has not been closed" not in failed["report"]
