@@ -9,7 +9,6 @@ about the service (auth, restart, kill, cancel, queue) does not depend on which 
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import signal
