@@ -8,12 +8,45 @@ keys are listed beside each model. Every result that the model will read carries
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 TaskStatus = Literal["pending", "in_progress", "done", "blocked"]
 MouseButton = Literal["left", "right", "middle"]
+
+
+# --- names ------------------------------------------------------------------------------
+# One rule for owner and project names, used by vmd (folders, repositories) and by the job
+# service (checked when a job is created, and by /ask to find a job's repository). A name
+# is one path component: no '/', no '..', nothing a shell or git could read as an option.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+# The owner folder of sessions that name no owner.
+LOCAL_OWNER = "local"
+
+
+def name_problem(what: str, value: str) -> str | None:
+    """None when `value` is a usable owner or project name, else a sentence saying why
+    not and what to use instead."""
+    if not isinstance(value, str) or not NAME_PATTERN.match(value) or value.lower().endswith(".git"):
+        return (f"{what} {value!r} is not a usable name: use up to 100 letters, digits, '-', '_' "
+                "and '.', start with a letter, digit or '_', and do not end in .git.")
+    return None
+
+
+def repository_path(state_dir, owner: str, project: str):
+    """vmd's own bare repository of a project, `<state_dir>/repos/<owner>/<project>.git`.
+    vmd commits into it from bytes it reads itself; the guest never reaches it; the job
+    service reads history only from it. Raises ValueError for a name that breaks the rule."""
+    from pathlib import Path
+
+    owner = owner or LOCAL_OWNER
+    for what, value in (("owner", owner), ("project", project)):
+        problem = name_problem(what, value)
+        if problem:
+            raise ValueError(problem)
+    return Path(state_dir) / "repos" / owner / f"{project}.git"
 
 
 class Params(BaseModel):
@@ -177,7 +210,8 @@ class RequestUnfreeze(Params):
 class Answer(Params):
     """Given by the job service when a person replies. -> {text}"""
     answer: str = ""
-    approved: bool | None = None
+    # Strict: pydantic would read "yes" or "on" as True, and consent is never parsed from text.
+    approved: StrictBool | None = None
 
 
 # --- end -------------------------------------------------------------------------------
