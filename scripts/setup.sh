@@ -23,11 +23,21 @@ apt-get install -y -q --no-install-recommends \
     chromium xvfb xdotool ca-certificates >/dev/null
 
 say "libvirt"
-# 9p passthrough shares keep the guest's file owners on the host, which needs QEMU to
-# run as root (libvirt's default user cannot chown). vmd is the privileged part anyway.
+# QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the
+# project share is mapped, not passthrough: a guest's root cannot make root-owned or
+# setuid files on the host. Earlier versions of this script made QEMU run as root: undo.
 conf=/etc/libvirt/qemu.conf
-grep -q '^user = "root"' "$conf" || echo 'user = "root"' >> "$conf"
-grep -q '^group = "root"' "$conf" || echo 'group = "root"' >> "$conf"
+if grep -qE '^(user|group) = "root"' "$conf"; then
+    sed -i -E '/^(user|group) = "root"$/d' "$conf"
+    if pgrep -x libvirtd >/dev/null; then
+        pkill -x libvirtd
+        for _ in $(seq 50); do pgrep -x libvirtd >/dev/null || break; sleep 0.2; done
+    fi
+fi
+# What Debian's udev rule does where no udev runs (containers, CI machines): /dev/kvm for
+# the kvm group. Without it libvirt finds KVM "usable" as root but not as QEMU's user and
+# re-probes QEMU's capabilities on every domain definition (2+ minutes under TCG).
+if [ -c /dev/kvm ] && getent group kvm >/dev/null; then chgrp kvm /dev/kvm && chmod 660 /dev/kvm; fi
 if ! virsh -c qemu:///system version >/dev/null 2>&1; then
     pgrep -x virtlogd >/dev/null || virtlogd -d
     pgrep -x libvirtd >/dev/null || libvirtd -d

@@ -37,6 +37,25 @@ def debian_image():
     return image
 
 
+def make_traversable(path: Path) -> None:
+    """QEMU runs as libvirt's unprivileged user: pytest's private temp folders (0700) must
+    let it pass to the overlays and project folders a test makes under them."""
+    for folder in [*reversed(Path(path).parents), Path(path)]:
+        try:
+            mode = folder.stat().st_mode
+            if not mode & 0o001:
+                os.chmod(folder, (mode & 0o7777) | 0o001)
+        except OSError:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def _tmp_reachable_by_qemu(request):
+    if request.node.get_closest_marker("vm") is not None:
+        make_traversable(request.getfixturevalue("tmp_path"))
+        make_traversable(request.config._tmp_path_factory.getbasetemp())
+
+
 @pytest.fixture
 def machine_factory(debian_image, tmp_path):
     """Creates machines and destroys whatever a test leaves behind."""

@@ -19,6 +19,8 @@ import libvirt
 import pytest
 from PIL import Image as PILImage, ImageStat
 
+from tests.conftest import make_traversable
+
 from vmd.guest import GuestError
 from vmd.machine import Machine
 from vmd.screen import ScreenError
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.vm
 
 def machine_with_project(image, root):
     """A new guest sharing `root/project` (writable by the guest's user) as /mnt/project."""
+    make_traversable(root)
     project = root / "project"
     project.mkdir()
     os.chmod(project, 0o777)

@@ -1,20 +1,35 @@
-"""Host-side git of a project folder: restore on open, commit, push to a real HTTP server
-speaking Gitea (API + git smart HTTP through `git http-backend`) or to a local bare
-repository."""
+"""A session's project on the host: restored into a new folder at open, committed from the
+folder's bytes into vmd's own repository, pushed from there to a real HTTP server speaking
+Gitea (API + git smart HTTP through `git http-backend`, tests/gitea_server.py), or kept in
+vmd's repository when there is no Gitea.
+
+The second half plays the guest: it leaves traps in the project folder directly on the
+host (no VM) and checks that nothing in them ran, that the honest files still arrive, and
+that the token went nowhere but to the one push. History is always read with
+`git --git-dir <repository>`; git runs inside a project folder only where a test plays
+the guest using its own `.git`.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import stat
+import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.gitea_server import start_gitea
-from vmd.publish import (PublishError, PushResult, Remote, commit_project, prepare_project,
-                         push_project)
+from vmd import verbs as V
+from vmd.project_tree import XATTR_MODE, Limits, walk
+from vmd.publish import (Committed, PublishError, PushResult, Remote, changed_files,
+                         commit_project, prepare_project, push_project)
+from vmd.repository import Repository
 
-TOKEN = "tok-7c21e9-publish-test"
+TOKEN = "gitea-fake-token-5f1e2d9c-never-leak-me"
+MIB = 1024 * 1024
 
 
 @pytest.fixture
@@ -26,8 +41,9 @@ def gitea(tmp_path):
 def gitea_remote(gitea, tmp_path, **fields) -> Remote:
     fields.setdefault("owner", "alice")
     fields.setdefault("project", "calc")
+    fields.setdefault("state_dir", tmp_path / "state")
     return Remote(description="Build a calculator", gitea_url=gitea.url, gitea_token=TOKEN,
-                  state_dir=tmp_path / "state", gitea_backoff_s=0.01, **fields)
+                  gitea_backoff_s=0.01, **fields)
 
 
 def local_remote(tmp_path, **fields) -> Remote:
@@ -35,10 +51,53 @@ def local_remote(tmp_path, **fields) -> Remote:
     return Remote(project="calc", state_dir=tmp_path / "state", **fields)
 
 
-def git_log(git_dir: Path) -> list[str]:
-    out = subprocess.run(["git", "--git-dir", str(git_dir), "log", "--format=%H %s", "main"],
-                         capture_output=True, text=True, check=True).stdout
-    return out.splitlines()
+# --- reading repositories from outside --------------------------------------------------
+
+def git(git_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True,
+                          check=check)
+
+
+def git_log(git_dir: Path, ref: str = "main") -> list[str]:
+    return git(git_dir, "log", "--format=%H %s", ref).stdout.decode().splitlines()
+
+
+def tree_of(git_dir: Path, ref: str = "main") -> dict[bytes, tuple[str, bytes]]:
+    """path -> (mode, content) of every file and link in `ref`, names as raw bytes."""
+    listing = git(git_dir, "ls-tree", "-r", "-z", ref).stdout
+    result = {}
+    for record in filter(None, listing.split(b"\0")):
+        meta, path = record.split(b"\t", 1)
+        mode, _, sha = meta.decode().split()
+        result[path] = (mode, git(git_dir, "cat-file", "blob", sha).stdout)
+    return result
+
+
+def all_objects(git_dir: Path) -> list[str]:
+    out = git(git_dir, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").stdout
+    return out.decode().split()
+
+
+def history_bytes(git_dir: Path) -> bytes:
+    """Every object of the repository, reachable or not, uncompressed."""
+    return git(git_dir, "cat-file", "--batch-all-objects", "--batch").stdout
+
+
+def assert_token_nowhere(remote: Remote, gitea, *results) -> None:
+    token = TOKEN.encode()
+    repo = remote.repo_path
+    for path in repo.rglob("*"):  # config, refs, logs; objects are checked uncompressed
+        if path.is_file() and "objects" not in path.relative_to(repo).parts:
+            assert token not in path.read_bytes(), path
+    assert b"extraheader" not in (repo / "config").read_bytes().lower()
+    assert token not in history_bytes(repo)
+    for pushed in gitea.root.glob("*/*.git"):
+        assert token not in history_bytes(pushed), pushed
+    for result in results:
+        assert TOKEN not in result.model_dump_json()
+    for request in gitea.requests:  # every request, API and git, carried it as a header only
+        assert TOKEN not in request.path
+        assert request.headers.get("Authorization") == f"token {TOKEN}"
 
 
 def write(folder: Path, name: str, text: str) -> None:
@@ -46,99 +105,235 @@ def write(folder: Path, name: str, text: str) -> None:
     (folder / name).write_text(text)
 
 
-# --- commit -------------------------------------------------------------------------
+def guest_git(folder: Path, *args: str, home: Path) -> subprocess.CompletedProcess:
+    """git as the guest would run it in its own folder (its `.git`, its config, its hooks)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "guest", "GIT_AUTHOR_EMAIL": "g@guest",
+           "GIT_COMMITTER_NAME": "guest", "GIT_COMMITTER_EMAIL": "g@guest"}
+    home.mkdir(exist_ok=True)
+    return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=folder, env=env,
+                          capture_output=True, timeout=60)
 
-def test_commit_records_every_file_as_vmagent(tmp_path):
+
+def seed_repository(path: Path, files: dict[str, str], tmp_path: Path, message: str) -> str:
+    """A bare repository at `path` whose `main` holds `files` (made with vmd's own commit)."""
+    source = tmp_path / f"seed-{path.parent.name}-{path.stem}"
+    for name, text in files.items():
+        write(source, name, text)
+    sha, _ = Repository(path).commit(walk(source), message)
+    assert sha
+    return sha
+
+
+# --- commit -----------------------------------------------------------------------------
+
+def test_commit_records_every_file_as_vmagent_in_vmds_repository(tmp_path):
+    remote = local_remote(tmp_path)
     project = tmp_path / "p"
-    prepare_project(project, local_remote(tmp_path))
+    prepare_project(project, remote)
     write(project, "calc.py", "print(1+1)\n")
     write(project, "docs/README.md", "# calc\n")
-    sha = commit_project(project, "Build a calculator")
-    assert sha and len(sha) == 40
-    show = subprocess.run(["git", "-C", str(project), "show", "--stat", "--format=%an <%ae>|%s",
-                           sha], capture_output=True, text=True, check=True).stdout
-    assert show.startswith("vmagent <vmagent@localhost>|Build a calculator")
-    assert "calc.py" in show and "docs/README.md" in show
+    (project / "run.sh").write_text("#!/bin/sh\n")
+    (project / "run.sh").chmod(0o755)
+    committed = commit_project(project, remote, "Build a calculator")
+    assert committed.new and committed.sha and len(committed.sha) == 40
+    assert committed.left_out == []
+    assert remote.repo_path == tmp_path / "state" / "repos" / "alice" / "calc.git"
+    who = git(remote.repo_path, "show", "-s", "--format=%an <%ae>|%cn <%ce>|%s", committed.sha)
+    assert who.stdout.decode().strip() == ("vmagent <vmagent@localhost>|vmagent <vmagent@localhost>|"
+                                           "Build a calculator")
+    assert tree_of(remote.repo_path) == {
+        b"calc.py": ("100644", b"print(1+1)\n"),
+        b"docs/README.md": ("100644", b"# calc\n"),
+        b"run.sh": ("100755", b"#!/bin/sh\n"),
+    }
 
 
-def test_commit_when_nothing_changed_returns_the_same_head(tmp_path):
+def test_commit_when_nothing_changed_returns_the_same_sha_and_no_new_commit(tmp_path):
+    remote = local_remote(tmp_path)
     project = tmp_path / "p"
-    prepare_project(project, local_remote(tmp_path))
+    prepare_project(project, remote)
     write(project, "a.txt", "a")
-    first = commit_project(project, "one")
-    assert commit_project(project, "two") == first
-    assert commit_project(project, "three") == first
-    assert len(git_log(project / ".git")) == 1
+    first = commit_project(project, remote, "one")
+    assert first.new
+    assert commit_project(project, remote, "two") == Committed(sha=first.sha, new=False)
+    assert commit_project(project, remote, "three") == Committed(sha=first.sha, new=False)
+    assert git_log(remote.repo_path) == [f"{first.sha} one"]
 
 
-def test_commit_of_an_empty_folder_returns_none(tmp_path):
+def test_commit_of_an_empty_folder_makes_no_commit(tmp_path):
+    remote = local_remote(tmp_path)
     project = tmp_path / "p"
-    prepare_project(project, local_remote(tmp_path))
-    assert commit_project(project, "nothing") is None
+    prepare_project(project, remote)
+    assert commit_project(project, remote, "nothing") == Committed(sha=None, new=False)
+    assert Repository(remote.repo_path).head() is None
 
 
-def test_commit_initialises_a_folder_that_was_never_prepared(tmp_path):
+def test_commit_of_a_folder_that_was_never_prepared_starts_the_history(tmp_path):
+    remote = local_remote(tmp_path)
     project = tmp_path / "p"
     project.mkdir()
     write(project, "a.txt", "a")
-    assert commit_project(project, "first") is not None
+    committed = commit_project(project, remote, "first")
+    assert committed.new and git_log(remote.repo_path) == [f"{committed.sha} first"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to uid 1000")
-def test_commit_takes_files_owned_by_the_guest_uid(tmp_path):
+def test_commit_of_a_missing_folder_is_refused_with_a_sentence(tmp_path):
+    with pytest.raises(PublishError, match="is missing; nothing to commit"):
+        commit_project(tmp_path / "gone", local_remote(tmp_path), "work")
+
+
+def test_a_deleted_file_is_deleted_in_the_next_commit(tmp_path):
+    remote = local_remote(tmp_path)
     project = tmp_path / "p"
-    prepare_project(project, local_remote(tmp_path))
-    write(project, "guest.txt", "written in the guest")
-    for path in [project, *project.rglob("*")]:
-        os.chown(path, 1000, 1000)
-    sha = commit_project(project, "guest work")
-    assert sha is not None
-    files = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(project), "ls-files"],
-                           capture_output=True, text=True, check=True).stdout.split()
-    assert files == ["guest.txt"]
-
-
-def test_a_guest_planted_hook_and_config_do_not_run_on_the_host(tmp_path):
-    project = tmp_path / "p"
-    prepare_project(project, local_remote(tmp_path))
-    marker = tmp_path / "ran"
-    hook = project / ".git" / "hooks" / "pre-commit"
-    hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
-    hook.chmod(0o755)
-    with open(project / ".git" / "config", "a") as config:
-        config.write(f'[core]\n\tfsmonitor = "touch {marker}-fsmonitor; echo"\n'
-                     f'\tworktree = {tmp_path}\n'
-                     f'[filter "x"]\n\tclean = "touch {marker}-filter; cat"\n'
-                     f'[user]\n\tname = guest\n')
-    write(project, ".gitattributes", "* filter=x\n")
+    prepare_project(project, remote)
     write(project, "a.txt", "a")
-    assert commit_project(project, "work") is not None
-    assert not list(tmp_path.glob("ran*"))
-    config = (project / ".git" / "config").read_text()
-    assert "fsmonitor" not in config and "filter" not in config and "worktree" not in config
-    assert "name = guest" in config  # harmless keys survive
-    files = subprocess.run(["git", "-C", str(project), "ls-files"], capture_output=True,
-                           text=True, check=True).stdout.split()
-    assert files == [".gitattributes", "a.txt"]  # the worktree stayed the project folder
+    write(project, "b.txt", "b")
+    commit_project(project, remote, "two files")
+    (project / "a.txt").unlink()
+    committed = commit_project(project, remote, "one file")
+    assert committed.new and set(tree_of(remote.repo_path)) == {b"b.txt"}
+    assert len(git_log(remote.repo_path)) == 2
 
 
-def test_a_git_folder_holding_a_symlink_is_refused(tmp_path):
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another uid")
+def test_commit_takes_files_as_qemu_leaves_them(tmp_path):
+    # Mapped mode: owned by QEMU's user, 0600 on the host; the guest's mode is an xattr.
+    remote = local_remote(tmp_path)
     project = tmp_path / "p"
-    prepare_project(project, local_remote(tmp_path))
-    (project / ".git" / "info" / "evil").symlink_to("/etc")
-    with pytest.raises(PublishError, match="symbolic link"):
-        commit_project(project, "work")
+    prepare_project(project, remote)
+    write(project, "guest.txt", "written in the guest")
+    write(project, "tool", "#!/bin/sh\n")
+    os.setxattr(project / "tool", XATTR_MODE, struct.pack("<I", stat.S_IFREG | 0o755))
+    for path in [project, *project.rglob("*")]:
+        os.lchown(path, 4242, 4242)
+        os.chmod(path, 0o700 if path.is_dir() else 0o600)
+    committed = commit_project(project, remote, "guest work")
+    assert committed.new
+    assert tree_of(remote.repo_path) == {b"guest.txt": ("100644", b"written in the guest"),
+                                         b"tool": ("100755", b"#!/bin/sh\n")}
 
 
-# --- push to Gitea ------------------------------------------------------------------
+def test_changed_files_lists_what_changed_since_the_folder_was_prepared(tmp_path):
+    remote = local_remote(tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "a")
+    write(project, "gone.txt", "x")
+    commit_project(project, remote, "one")
+    base = prepare_project(project, remote).base_commit
+    write(project, "a.txt", "changed")
+    write(project, "new.txt", "n")
+    (project / "gone.txt").unlink()
+    commit_project(project, remote, "two")
+    assert sorted(changed_files(remote, base)) == ["A new.txt", "D gone.txt", "M a.txt"]
+    assert sorted(changed_files(remote, None)) == ["A a.txt", "A new.txt"]
+
+
+# --- open: restoring into a new folder ---------------------------------------------------
+
+def test_prepare_of_a_new_project_gives_an_empty_folder_with_a_git_of_its_own(tmp_path):
+    remote = local_remote(tmp_path)
+    project = tmp_path / "p"
+    prepared = prepare_project(project, remote)
+    assert prepared.text == f"new project: {remote.repo_path} has no history yet"
+    assert prepared.base_commit is None and prepared.branch == "main"
+    assert sorted(os.listdir(project)) == [".git"]
+    assert not (project / ".git" / "hooks").exists()
+
+
+def test_prepare_moves_an_old_folder_to_the_attic_and_checks_out_a_new_one(tmp_path):
+    remote = local_remote(tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "committed")
+    sha = commit_project(project, remote, "work").sha
+    write(project, "scratch.txt", "never committed")
+    (project / ".git" / "config").write_text("[core]\n\tfsmonitor = touch /nowhere\n")
+    prepared = prepare_project(project, remote)
+    assert prepared.base_commit == sha
+    assert "the previous folder was moved to" in prepared.text
+    [kept] = (tmp_path / "state" / "attic" / "alice").iterdir()
+    assert kept.name.startswith("calc-") and str(kept) in prepared.text
+    assert (kept / "scratch.txt").read_text() == "never committed"  # nothing is deleted
+    assert sorted(os.listdir(project)) == [".git", "a.txt"]
+    assert (project / "a.txt").read_text() == "committed"
+    assert b"fsmonitor" not in (project / ".git" / "config").read_bytes()  # a fresh .git
+    assert b"[remote" not in (project / ".git" / "config").read_bytes()  # no host path to vmd's repo
+
+
+def test_without_gitea_the_commit_lands_in_vmds_repository(tmp_path):
+    remote = local_remote(tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "a")
+    sha = commit_project(project, remote, "work").sha
+    result = push_project(remote)
+    bare = V.repository_path(tmp_path / "state", "alice", "calc")
+    assert result == PushResult(sha=sha, remote_display=str(bare), pushed=True)
+    assert result.web_url is None
+    assert git_log(bare) == [f"{sha} work"]
+
+
+def test_without_gitea_a_later_session_restores_history_and_content(tmp_path):
+    remote = local_remote(tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "one")
+    commit_project(project, remote, "one")
+    write(project, "a.txt", "two")
+    head = commit_project(project, remote, "two").sha
+    push_project(remote)
+
+    prepared = prepare_project(project, remote)
+    assert prepared.text.startswith(f"restored 2 commits from {remote.repo_path}")
+    assert prepared.base_commit == head
+    assert (project / "a.txt").read_text() == "two"
+
+
+def test_an_empty_owner_uses_the_local_owner_folder(tmp_path):
+    remote = Remote(project="calc", state_dir=tmp_path / "state")
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "a")
+    commit_project(project, remote, "work")
+    assert push_project(remote).remote_display == str(tmp_path / "state" / "repos" / "local" / "calc.git")
+
+
+def test_push_without_a_commit_says_so(tmp_path):
+    remote = local_remote(tmp_path)
+    prepare_project(tmp_path / "p", remote)
+    result = push_project(remote)
+    assert not result.pushed and result.sha is None and "no commit" in result.error
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", ".hidden", "x.git", "X.GIT", "", "-rf"])
+def test_unsafe_project_names_are_refused(tmp_path, name):
+    with pytest.raises(ValueError):
+        Remote(project=name, state_dir=tmp_path)
+
+
+@pytest.mark.parametrize("owner", ["../bob", "a/b", ".."])
+def test_unsafe_owner_names_are_refused(tmp_path, owner):
+    with pytest.raises(ValueError):
+        Remote(owner=owner, project="calc", state_dir=tmp_path)
+
+
+def test_a_gitea_url_with_credentials_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="must not carry credentials"):
+        Remote(project="calc", state_dir=tmp_path, gitea_url="http://u:p@gitea:3000")
+
+
+# --- push to Gitea ----------------------------------------------------------------------
 
 def test_push_creates_the_repo_and_lands_the_commit_with_topics_and_status(gitea, tmp_path):
-    project = tmp_path / "p"
     remote = gitea_remote(gitea, tmp_path)
-    assert prepare_project(project, remote).startswith("new project")
+    project = tmp_path / "p"
+    prepared = prepare_project(project, remote)
+    assert prepared.text == "new project: alice/calc has no history yet"
     write(project, "calc.py", "print(2)\n")
-    sha = commit_project(project, "Build a calculator")
-    result = push_project(project, remote, status="success",
+    sha = commit_project(project, remote, "Build a calculator").sha
+    result = push_project(remote, branch=prepared.branch, status="success",
                           status_description="vmd ran `pytest -q`: exit 0")
     assert result.pushed and result.error is None and result.warnings == []
     assert result.sha == sha and result.branch == "main"
@@ -152,40 +347,41 @@ def test_push_creates_the_repo_and_lands_the_commit_with_topics_and_status(gitea
     assert "exit 0" in status["description"]
 
 
-def test_the_token_is_in_no_url_no_git_config_and_no_result(gitea, tmp_path):
-    project = tmp_path / "p"
+def test_the_token_is_in_no_url_no_repository_and_no_result(gitea, tmp_path):
     remote = gitea_remote(gitea, tmp_path)
-    prepare_project(project, remote)
+    project = tmp_path / "p"
+    prepared = prepare_project(project, remote)
     write(project, "a.txt", "a")
-    commit_project(project, "work")
-    result = push_project(project, remote)
+    committed = commit_project(project, remote, "work")
+    result = push_project(remote)
     assert result.pushed
-    git_requests = [r for r in gitea.requests if ".git/" in r.path]
-    assert any("git-receive-pack" in r.path for r in git_requests)
-    for request in gitea.requests:  # every request, API and git, carried it as a header
-        assert TOKEN not in request.path
-        assert request.headers.get("Authorization") == f"token {TOKEN}"
-    for path in (project / ".git").rglob("*"):
+    assert any("git-receive-pack" in r.path for r in gitea.requests)
+    again = prepare_project(project, remote)  # a fetch from Gitea, and a checkout
+    assert "restored 1 commit" in again.text
+    assert_token_nowhere(remote, gitea, prepared, committed, result, again)
+    for path in project.rglob("*"):
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes(), path
-    assert TOKEN not in result.model_dump_json()
 
 
-def test_a_second_session_starts_from_the_previous_content_and_history(gitea, tmp_path):
+def test_a_second_session_restores_the_history_and_content_from_gitea(gitea, tmp_path):
     remote = gitea_remote(gitea, tmp_path)
-    first = tmp_path / "session1"
-    prepare_project(first, remote)
-    write(first, "a.txt", "one")
-    commit_project(first, "first session")
-    assert push_project(first, remote).pushed
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "one")
+    commit_project(project, remote, "first session")
+    assert push_project(remote).pushed
 
-    second = tmp_path / "session2"
-    said = prepare_project(second, remote)
-    assert said == "restored 1 commit from alice/calc"
+    # Another vmd (or this one after losing its state): only Gitea has the history.
+    elsewhere = gitea_remote(gitea, tmp_path, state_dir=tmp_path / "state2")
+    second = tmp_path / "p2"
+    prepared = prepare_project(second, elsewhere)
+    assert prepared.text == "restored 1 commit from alice/calc (main)"
+    assert prepared.branch == "main"
     assert (second / "a.txt").read_text() == "one"
     write(second, "b.txt", "two")
-    sha = commit_project(second, "second session")
-    result = push_project(second, remote)
+    sha = commit_project(second, elsewhere, "second session").sha
+    result = push_project(elsewhere, branch=prepared.branch)
     assert result.pushed, result.error
     log = git_log(gitea.repo_path("alice", "calc"))
     assert [line.split(" ", 1)[1] for line in log] == ["second session", "first session"]
@@ -193,136 +389,415 @@ def test_a_second_session_starts_from_the_previous_content_and_history(gitea, tm
 
 
 def test_a_push_over_foreign_history_is_refused_with_a_sentence(gitea, tmp_path):
-    remote = gitea_remote(gitea, tmp_path)
-    first = tmp_path / "session1"
-    prepare_project(first, remote)
-    write(first, "a.txt", "one")
-    commit_project(first, "first")
-    push_project(first, remote)
-    stray = tmp_path / "stray"  # never restored from the remote
-    stray.mkdir()
-    write(stray, "b.txt", "two")
-    commit_project(stray, "stray")
-    result = push_project(stray, remote)
+    mine = gitea_remote(gitea, tmp_path)
+    theirs = gitea_remote(gitea, tmp_path, state_dir=tmp_path / "other-vmd")
+    prepare_project(tmp_path / "mine", mine)
+    prepare_project(tmp_path / "theirs", theirs)  # both start from an empty Gitea
+    write(tmp_path / "theirs", "b.txt", "theirs")
+    commit_project(tmp_path / "theirs", theirs, "theirs")
+    assert push_project(theirs).pushed
+    write(tmp_path / "mine", "a.txt", "mine")
+    commit_project(tmp_path / "mine", mine, "mine")
+    result = push_project(mine)
     assert not result.pushed
-    assert "holds commits this project folder lacks" in result.error
+    assert "holds commits this session did not start from" in result.error
+    assert "Nothing was overwritten" in result.error
     assert TOKEN not in result.error
-    assert len(git_log(gitea.repo_path("alice", "calc"))) == 1
+    assert [line.split(" ", 1)[1] for line in git_log(gitea.repo_path("alice", "calc"))] == ["theirs"]
+
+
+def test_a_commit_whose_push_failed_is_pushed_by_the_next_session(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "one")
+    commit_project(project, remote, "one")
+    assert push_project(remote).pushed
+    write(project, "a.txt", "two")
+    commit_project(project, remote, "two")
+    gitea.reject_git = True
+    assert not push_project(remote).pushed
+    gitea.reject_git = False
+
+    prepared = prepare_project(project, remote)  # Gitea is behind vmd: vmd's branch stays
+    assert (project / "a.txt").read_text() == "two"
+    write(project, "a.txt", "three")
+    commit_project(project, remote, "three")
+    assert push_project(remote, branch=prepared.branch).pushed
+    assert [line.split(" ", 1)[1] for line in git_log(gitea.repo_path("alice", "calc"))] == [
+        "three", "two", "one"]
+
+
+def test_when_both_moved_on_gitea_wins_and_vmds_commits_stay_under_a_ref(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    other = gitea_remote(gitea, tmp_path, state_dir=tmp_path / "other-vmd")
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "base")
+    commit_project(project, remote, "base")
+    assert push_project(remote).pushed
+    prepare_project(tmp_path / "o", other)
+    write(tmp_path / "o", "a.txt", "theirs")
+    commit_project(tmp_path / "o", other, "theirs")
+    assert push_project(other).pushed
+    write(project, "a.txt", "mine")
+    mine = commit_project(project, remote, "mine").sha
+    gitea.reject_git = True
+    push_project(remote)
+    gitea.reject_git = False
+
+    prepare_project(project, remote)
+    assert (project / "a.txt").read_text() == "theirs"
+    kept = git(remote.repo_path, "for-each-ref", "--format=%(objectname) %(refname)",
+               "refs/vmd/").stdout.decode().split("\n")
+    assert any(line.startswith(f"{mine} refs/vmd/diverged-") for line in kept)
 
 
 def test_push_retries_gitea_server_errors(gitea, tmp_path):
-    project = tmp_path / "p"
     remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
     prepare_project(project, remote)
     write(project, "a.txt", "a")
-    sha = commit_project(project, "work")
+    sha = commit_project(project, remote, "work").sha
     gitea.fail_next(2)
-    result = push_project(project, remote)
+    result = push_project(remote)
     assert result.pushed, result.error
     assert git_log(gitea.repo_path("alice", "calc"))[0].startswith(sha)
 
 
 def test_a_forbidden_token_gives_the_scope_sentence_and_pushes_nothing(gitea, tmp_path):
-    project = tmp_path / "p"
     remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
     prepare_project(project, remote)
     write(project, "a.txt", "a")
-    commit_project(project, "work")
+    commit_project(project, remote, "work")
     gitea.forbid = True
-    result = push_project(project, remote)
+    result = push_project(remote)
     assert not result.pushed and result.sha
     assert "write:repository" in result.error and TOKEN not in result.error
     assert not gitea.repo_path("alice", "calc").exists()
 
 
 def test_git_refusing_the_token_fails_with_a_sentence_and_no_prompt(gitea, tmp_path):
-    project = tmp_path / "p"
     remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
     prepare_project(project, remote)
     write(project, "a.txt", "a")
-    commit_project(project, "work")
+    commit_project(project, remote, "work")
     gitea.reject_git = True
-    result = push_project(project, remote)  # returns: no terminal prompt for a password
+    result = push_project(remote)  # returns: no terminal prompt for a password
     assert not result.pushed
     assert result.error.startswith("The push to alice/calc failed")
-    assert TOKEN not in result.error
+    assert "write:repository" in result.error and TOKEN not in result.error
 
 
 def test_an_unreachable_gitea_at_open_still_gives_a_working_folder(tmp_path):
     remote = Remote(owner="alice", project="calc", gitea_url="http://127.0.0.1:9",
                     gitea_token=TOKEN, state_dir=tmp_path / "state", gitea_retries=1)
     project = tmp_path / "p"
-    said = prepare_project(project, remote)
-    assert said.startswith("new project") and "could not be read" in said
-    assert TOKEN not in said
+    prepared = prepare_project(project, remote)
+    assert "could not be read" in prepared.text and "vmd's own copy (0 commits)" in prepared.text
+    assert TOKEN not in prepared.text
+    assert prepared.base_commit is None
     write(project, "a.txt", "a")
-    assert commit_project(project, "work")
-    result = push_project(project, remote)
-    assert not result.pushed and "could not" in result.error and TOKEN not in result.error
+    committed = commit_project(project, remote, "work")
+    assert committed.new
+    result = push_project(remote)
+    assert not result.pushed and result.sha == committed.sha
+    assert result.error.startswith("Nothing was pushed") and "could not" in result.error
+    assert TOKEN not in result.error
+    assert git_log(remote.repo_path) == [f"{committed.sha} work"]  # kept for the next try
 
 
-# --- push to the local default ------------------------------------------------------
+# --- the guest's traps, laid on the host ----------------------------------------------------
 
-def test_without_gitea_the_push_goes_to_a_local_bare_repository(tmp_path):
+@pytest.fixture
+def markers(tmp_path) -> Path:
+    """Where a trap that ran would leave its mark."""
+    folder = tmp_path / "markers"
+    folder.mkdir()
+    return folder
+
+
+def trap(markers: Path, name: str) -> str:
+    return f"touch {markers / name}"
+
+
+def close_session(project: Path, remote: Remote, limits: Limits | None = None):
+    """What vmd does at close and at the next open: commit, list, push, restore."""
+    committed = commit_project(project, remote, "guest work", limits)
+    changed_files(remote, None)
+    pushed = push_project(remote)
+    reopened = prepare_project(project, remote)
+    return committed, pushed, reopened
+
+
+def test_a_nested_repository_with_a_clean_filter_runs_nothing(gitea, tmp_path, markers):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "app.py", "import vendor\n")
+    write(project, "vendor/lib.py", "VALUE = 1\n")
+    write(project, "vendor/.gitattributes", "* filter=x\n")
+    assert guest_git(project / "vendor", "init", "-q", home=tmp_path / "guest-home").returncode == 0
+    with open(project / "vendor" / ".git" / "config", "a") as config:
+        config.write(f'[filter "x"]\n\tclean = "{trap(markers, "clean")}; cat"\n'
+                     f'\tsmudge = "{trap(markers, "smudge")}; cat"\n\trequired = true\n')
+    write(project, ".gitattributes", "*.py filter=x\n")  # the same filter asked for at the top
+    with open(project / ".git" / "config", "a") as config:
+        config.write(f'[filter "x"]\n\tclean = "{trap(markers, "top-clean")}; cat"\n'
+                     f'\tsmudge = "{trap(markers, "top-smudge")}; cat"\n')
+
+    committed, pushed, reopened = close_session(project, remote)
+    assert list(markers.iterdir()) == []
+    assert committed.new and pushed.pushed, pushed.error
+    assert any(note.startswith("vendor/.git:") for note in committed.left_out)
+    files = tree_of(gitea.repo_path("alice", "calc"))
+    assert files == {b".gitattributes": ("100644", b"*.py filter=x\n"),
+                     b"app.py": ("100644", b"import vendor\n"),
+                     b"vendor/.gitattributes": ("100644", b"* filter=x\n"),
+                     b"vendor/lib.py": ("100644", b"VALUE = 1\n")}
+    assert (project / "vendor" / "lib.py").read_text() == "VALUE = 1\n"  # restored unfiltered
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+    # The trap was armed: the guest's own git in the old folder does run it.
+    [old] = (tmp_path / "state" / "attic" / "alice").iterdir()
+    guest_git(old / "vendor", "add", "lib.py", home=tmp_path / "guest-home")
+    assert (markers / "clean").exists()
+
+
+def test_the_guests_hooks_fsmonitor_and_hooks_path_run_nothing(gitea, tmp_path, markers):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "honest\n")
+    hooks = project / ".git" / "hooks"
+    elsewhere = tmp_path / "guest-hooks"
+    for folder in (hooks, elsewhere):
+        folder.mkdir(exist_ok=True)
+        for name in ("pre-commit", "post-commit", "reference-transaction", "pre-push",
+                     "post-checkout", "pre-auto-gc", "fsmonitor-watchman"):
+            (folder / name).write_text(f"#!/bin/sh\n{trap(markers, f'{folder.name}-{name}')}\n")
+            (folder / name).chmod(0o755)
+    fsmonitor = tmp_path / "fsmonitor.sh"
+    fsmonitor.write_text(f"#!/bin/sh\n{trap(markers, 'fsmonitor')}\n")
+    fsmonitor.chmod(0o755)
+    with open(project / ".git" / "config", "a") as config:
+        config.write(f"[core]\n\tfsmonitor = {fsmonitor}\n\thooksPath = {elsewhere}\n"
+                     f'\tpager = "{trap(markers, "pager")}"\n\tworktree = {tmp_path}\n'
+                     f"[commit]\n\tgpgSign = true\n"
+                     f'[gpg]\n\tprogram = "{trap(markers, "gpg")}"\n'
+                     f'[diff]\n\texternal = "{trap(markers, "diff")}"\n'
+                     f"[include]\n\tpath = {tmp_path / 'included'}\n")
+    (tmp_path / "included").write_text(f'[core]\n\tsshCommand = "{trap(markers, "ssh")}"\n')
+
+    committed, pushed, reopened = close_session(project, remote)
+    assert list(markers.iterdir()) == []
+    assert committed.new and pushed.pushed, pushed.error
+    assert tree_of(gitea.repo_path("alice", "calc")) == {b"a.txt": ("100644", b"honest\n")}
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+    [old] = (tmp_path / "state" / "attic" / "alice").iterdir()
+    guest_git(old, "commit", "-q", "--allow-empty", "--no-gpg-sign", "-m", "x",
+              home=tmp_path / "guest-home")
+    assert (markers / "guest-hooks-pre-commit").exists()  # the trap was armed
+
+
+def test_a_remote_renamed_to_the_push_url_does_not_redirect_the_push(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    gitea.create_repo("bob", "secret")
+    seed_repository(gitea.repo_path("bob", "secret"), {"plan.txt": "bob's plan\n"}, tmp_path,
+                    "bob's work")
+    bob_refs = git(gitea.repo_path("bob", "secret"), "for-each-ref").stdout
+    bob_objects = set(all_objects(gitea.repo_path("bob", "secret")))
+    push_url = f"{gitea.url}/alice/calc.git"
+    bob_url = f"{gitea.url}/bob/secret.git"
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "alice's work\n")
+    with open(project / ".git" / "config", "a") as config:
+        config.write(f'[remote "{push_url}"]\n\turl = {bob_url}\n\tpushurl = {bob_url}\n'
+                     f"\tpush = +refs/heads/*:refs/heads/stolen\n"
+                     f'[url "{bob_url}"]\n\tinsteadOf = {push_url}\n\tpushInsteadOf = {push_url}\n'
+                     f'[url "{bob_url[:-len("secret.git")]}"]\n\tinsteadOf = {gitea.url}/alice/\n')
+
+    committed, pushed, reopened = close_session(project, remote)
+    assert pushed.pushed and pushed.remote_display == push_url
+    assert git_log(gitea.repo_path("alice", "calc")) == [f"{committed.sha} guest work"]
+    assert tree_of(gitea.repo_path("alice", "calc")) == {b"a.txt": ("100644", b"alice's work\n")}
+    assert git(gitea.repo_path("bob", "secret"), "for-each-ref").stdout == bob_refs
+    assert set(all_objects(gitea.repo_path("bob", "secret"))) == bob_objects
+    assert not any("/bob/" in request.path for request in gitea.requests)
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+
+def test_git_files_and_alternates_pointing_at_another_repository_take_nothing_from_it(gitea, tmp_path):
+    state = tmp_path / "state"
+    bob = V.repository_path(state, "bob", "secret")
+    seed_repository(bob, {"plan.txt": "bob's secret plan\n", "keys/id": "bob's key\n"}, tmp_path,
+                    "bob's secret")
+    bob_objects = all_objects(bob)
+    bob_refs = git(bob, "for-each-ref").stdout
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "alice\n")
+    write(project, "sub/b.txt", "alice too\n")
+    (project / "sub" / ".git").write_text(f"gitdir: {bob}\n")
+    (project / "linked").mkdir()
+    (project / "linked" / ".git").symlink_to(bob)
+    write(project, "linked/c.txt", "and here\n")
+    info = project / ".git" / "objects" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "alternates").write_text(f"{bob / 'objects'}\n")
+    (project / ".git" / "commondir").write_text(f"{bob}\n")
+
+    committed, pushed, reopened = close_session(project, remote)
+    assert committed.new and pushed.pushed, pushed.error
+    assert {note.split(":")[0] for note in committed.left_out} == {"sub/.git", "linked/.git"}
+    for repository in (remote.repo_path, gitea.repo_path("alice", "calc")):
+        assert tree_of(repository) == {b"a.txt": ("100644", b"alice\n"),
+                                       b"linked/c.txt": ("100644", b"and here\n"),
+                                       b"sub/b.txt": ("100644", b"alice too\n")}
+        assert not (repository / "objects" / "info" / "alternates").exists()
+        for sha in bob_objects:
+            assert git(repository, "cat-file", "-e", sha, check=False).returncode != 0, sha
+    assert git(bob, "for-each-ref").stdout == bob_refs
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+
+def test_a_stale_lock_and_commitless_nested_repositories_do_not_stop_the_commit(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "a\n")
+    (project / ".git" / "index.lock").write_text("")
+    (project / ".git" / "HEAD.lock").write_text("")
+    write(project, "lib/x.py", "x = 1\n")
+    (project / "lib" / ".git").write_text("gitdir: /nonexistent/modules/lib\n")
+    write(project, "tool/y.py", "y = 2\n")
+    assert guest_git(project / "tool", "init", "-q", home=tmp_path / "guest-home").returncode == 0
+    write(project, "garbage/z.txt", "z\n")
+    (project / "garbage" / ".git").mkdir()
+    (project / "garbage" / ".git" / "HEAD").write_bytes(b"\xff\xfenot a ref")
+
+    committed, pushed, reopened = close_session(project, remote)
+    assert committed.new and pushed.pushed, pushed.error
+    assert set(tree_of(gitea.repo_path("alice", "calc"))) == {
+        b"a.txt", b"garbage/z.txt", b"lib/x.py", b"tool/y.py"}
+    assert (project / "tool" / "y.py").read_text() == "y = 2\n"
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+
+def test_a_huge_sparse_file_is_left_out_with_a_note(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "a\n")
+    (project / "big.bin").touch()
+    os.truncate(project / "big.bin", 200 * MIB)  # sparse: no real bytes written
+
+    committed, pushed, reopened = close_session(project, remote, Limits(max_file_bytes=100 * MIB))
+    assert committed.new and pushed.pushed, pushed.error
+    [note] = committed.left_out
+    assert note.startswith("big.bin: 200.0 MiB is over the 100.0 MiB limit")
+    assert set(tree_of(gitea.repo_path("alice", "calc"))) == {b"a.txt"}
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_and_a_socket_are_left_out_without_a_hang(gitea, tmp_path, monkeypatch):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "a\n")
+    os.mkfifo(project / "pipe")  # nobody writes it: opening it to read would block
+    monkeypatch.chdir(project)  # a socket's path must be short
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind("sock")
+    listener.listen()
+    try:
+        committed, pushed, reopened = close_session(project, remote)
+    finally:
+        listener.close()
+    assert committed.new and pushed.pushed, pushed.error
+    assert sorted(committed.left_out) == [
+        "pipe: a named pipe (FIFO), which git cannot hold; left out.",
+        "sock: a socket, which git cannot hold; left out."]
+    assert set(tree_of(gitea.repo_path("alice", "calc"))) == {b"a.txt"}
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+
+def test_links_out_of_the_folder_are_stored_as_links_and_never_followed(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    write(project, "a.txt", "a\n")
+    (project / "passwd").symlink_to("/etc/passwd")
+    (project / "up").symlink_to("../../outside")
+    (project / "etc").symlink_to("/etc")
+    (project / "mapped").write_bytes(b"/etc/shadow")  # a guest link as 9p stores it
+    os.setxattr(project / "mapped", XATTR_MODE, struct.pack("<I", stat.S_IFLNK | 0o777))
+
+    committed, pushed, reopened = close_session(project, remote)
+    assert committed.new and pushed.pushed, pushed.error
+    assert tree_of(gitea.repo_path("alice", "calc")) == {
+        b"a.txt": ("100644", b"a\n"),
+        b"etc": ("120000", b"/etc"),
+        b"mapped": ("120000", b"/etc/shadow"),
+        b"passwd": ("120000", b"/etc/passwd"),
+        b"up": ("120000", b"../../outside"),
+    }
+    passwd = Path("/etc/passwd").read_bytes()
+    assert passwd not in history_bytes(remote.repo_path)
+    # Restored as the guest's links: regular host files holding the target, never real links.
+    for name, target in (("passwd", b"/etc/passwd"), ("etc", b"/etc"), ("up", b"../../outside")):
+        assert not (project / name).is_symlink()
+        assert (project / name).read_bytes() == target
+        mode = struct.unpack("<I", os.getxattr(project / name, XATTR_MODE))[0]
+        assert stat.S_ISLNK(mode)
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+
+ODD_NAMES = [b"new\nline.txt", b'quo"te.txt', b"back\\slash.txt", b"-rf", b"--help",
+             b"caf\xe9-latin1.txt", b"\xff\xfe.bin", b"with space.txt", b" leading",
+             b"tab\there", b"\"quoted\"", b"sub dir/inner \\ name"]
+# Names git itself refuses (core.protectNTFS is on by default): in a commit, each would make
+# the next checkout fail and the next session start from an empty folder.
+GIT_LIKE = [b".GIT", b".git.", b".Git ", b"git~1", b"GIT~1", b".git\\config", b".git:x",
+            b".git. :stream", b"sub dir/.GIT", b"sub dir/.git. .", b"sub dir/git~1\\hooks"]
+
+
+def test_odd_names_are_committed_and_git_like_ones_left_out(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    project = tmp_path / "p"
+    prepare_project(project, remote)
+    root = os.fsencode(project)
+    os.mkdir(root + b"/sub dir")
+    for name in ODD_NAMES + GIT_LIKE:
+        with open(root + b"/" + name, "wb") as f:
+            f.write(b"content of " + name)
+
+    committed, pushed, reopened = close_session(project, remote)
+    assert committed.new and pushed.pushed, pushed.error
+    assert tree_of(gitea.repo_path("alice", "calc")) == {
+        name: ("100644", b"content of " + name) for name in ODD_NAMES}
+    assert len([n for n in committed.left_out if n.startswith("sub dir/")]) == 3
+    assert "could not be checked out" not in reopened.text
+    restored = os.fsencode(project)
+    for name in ODD_NAMES:
+        with open(restored + b"/" + name, "rb") as f:
+            assert f.read() == b"content of " + name
+    assert_token_nowhere(remote, gitea, committed, pushed, reopened)
+
+
+def test_a_link_named_gitmodules_does_not_break_the_next_restore(tmp_path):
     remote = local_remote(tmp_path)
     project = tmp_path / "p"
     prepare_project(project, remote)
-    write(project, "a.txt", "a")
-    sha = commit_project(project, "work")
-    result = push_project(project, remote)
-    bare = tmp_path / "state" / "git" / "alice" / "calc.git"
-    assert result == PushResult(sha=sha, remote_display=str(bare), pushed=True)
-    assert result.web_url is None
-    assert git_log(bare) == [f"{sha} work"]
-
-
-def test_the_local_default_restores_a_later_session(tmp_path):
-    remote = local_remote(tmp_path)
-    first = tmp_path / "s1"
-    prepare_project(first, remote)
-    write(first, "a.txt", "one")
-    commit_project(first, "one")
-    push_project(first, remote)
-    write(first, "a.txt", "two")
-    commit_project(first, "two")
-    push_project(first, remote)
-
-    second = tmp_path / "s2"
-    assert prepare_project(second, remote) == "restored 2 commits from " + str(remote.local_path)
-    assert (second / "a.txt").read_text() == "two"
-
-
-def test_prepare_keeps_a_folder_that_is_already_a_repository(tmp_path):
-    remote = local_remote(tmp_path)
-    project = tmp_path / "p"
-    prepare_project(project, remote)
-    write(project, "a.txt", "a")
-    commit_project(project, "work")
-    assert "already a git repository with 1 commit" in prepare_project(project, remote)
-
-
-def test_an_empty_owner_uses_a_local_owner_folder(tmp_path):
-    remote = Remote(project="calc", state_dir=tmp_path / "state")
-    project = tmp_path / "p"
-    prepare_project(project, remote)
-    write(project, "a.txt", "a")
-    commit_project(project, "work")
-    assert push_project(project, remote).remote_display.endswith("git/local/calc.git")
-
-
-def test_push_without_a_commit_says_so(tmp_path):
-    project = tmp_path / "p"
-    prepare_project(project, local_remote(tmp_path))
-    result = push_project(project, local_remote(tmp_path))
-    assert not result.pushed and "no commit" in result.error
-
-
-@pytest.mark.parametrize("name", ["../etc", "a/b", ".hidden", "x.git", ""])
-def test_unsafe_project_names_are_refused(tmp_path, name):
-    with pytest.raises(ValueError):
-        Remote(project=name, state_dir=tmp_path)
-
-
-def test_a_gitea_url_with_credentials_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="must not carry credentials"):
-        Remote(project="calc", state_dir=tmp_path, gitea_url="http://u:p@gitea:3000")
+    write(project, "a.txt", "a\n")
+    (project / ".gitmodules").symlink_to("a.txt")
+    commit_project(project, remote, "work")
+    reopened = prepare_project(project, remote)
+    assert "could not be checked out" not in reopened.text
+    assert (project / "a.txt").read_text() == "a\n"

@@ -167,7 +167,7 @@ def test_every_verb_over_the_socket(vmd):
     assert machine.destroyed
     again = c.call("session_close")
     assert again["commit"] == closed["commit"] and again["text"].startswith("already closed")
-    bare = config.state_dir / "git" / "alice" / "everything.git"
+    bare = V.repository_path(config.state_dir, "alice", "everything")
     log = subprocess.run(["git", "--git-dir", str(bare), "log", "--format=%H", "main"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert log[0] == closed["commit"] and commit in log

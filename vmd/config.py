@@ -25,6 +25,9 @@ ENV_FIELDS = {
     "GITEA_URL": "gitea_url",
     "GITEA_TOKEN": "gitea_token",
     "GITEA_WEB_URL": "gitea_web_url",
+    "VMD_SHARE_USER": "share_user",
+    "VMD_COMMIT_MAX_FILE_MIB": "commit_max_file_mib",
+    "VMD_COMMIT_MAX_TOTAL_MIB": "commit_max_total_mib",
 }
 
 
@@ -56,6 +59,20 @@ class VmdConfig(BaseModel):
     # Output of one `run` returned to the agent and kept in the record is capped by the
     # guest layer; the record keeps this many characters of each stream.
     record_output_chars: int = Field(default=2000, gt=0)
+    # Connections served at once; each holds a thread. Past this a client gets one error
+    # line saying so and is closed. An agent or a watcher holds one or two, so 256 is
+    # many busy jobs; without a cap, a flood of idle connections grew threads unbounded.
+    max_connections: int = Field(default=256, gt=0)
+
+    # QEMU runs as this unprivileged user (libvirt's DAC label on every guest), and the
+    # project share stores the guest's owners and modes as metadata on files it owns: a
+    # guest's root can then make neither root-owned nor setuid files on the host.
+    share_user: str = "libvirt-qemu"
+    # What one commit takes from the project folder. 100 MiB is where GitHub refuses a
+    # file and far past any source file; a larger one (a build output, a disk image) is
+    # left out with a note in the report instead of failing the close.
+    commit_max_file_mib: float = Field(default=100, gt=0)
+    commit_max_total_mib: float = Field(default=1024, gt=0)
 
     @model_validator(mode="after")
     def _default_projects_dir(self) -> "VmdConfig":

@@ -57,15 +57,28 @@ class SharedFolder:
     """A host folder shared over virtio 9p; the guest mounts it by `tag`."""
     source: str
     tag: str = "project"
-    # passthrough: files the guest creates are owned on the host by the guest's uid,
-    # which needs QEMU to run as root (vmd's setup configures that).
-    accessmode: str = "passthrough"
+    # mapped (QEMU's mapped-xattr): the guest's owners, modes, links and device nodes are
+    # metadata in user.virtfs.* xattrs on files that belong to QEMU's unprivileged user.
+    # passthrough would let a guest's root make root-owned and setuid files on the host.
+    accessmode: str = "mapped"
 
     def write(self, devices: ET.Element) -> None:
         fs = _sub(devices, "filesystem", type="mount", accessmode=self.accessmode)
         _sub(fs, "driver", type="path", wrpolicy="immediate")
         _sub(fs, "source", dir=self.source)
         _sub(fs, "target", dir=self.tag)
+
+
+@dataclass
+class RunAs:
+    """QEMU runs as this uid:gid whatever qemu.conf says (a static DAC label); libvirt
+    gives it the disk, kernel and console files."""
+    uid: int
+    gid: int
+
+    def write(self, dom: ET.Element) -> None:
+        label = _sub(dom, "seclabel", type="static", model="dac", relabel="yes")
+        _sub(label, "label", f"+{self.uid}:+{self.gid}")
 
 
 @dataclass
@@ -182,6 +195,7 @@ class Domain:
     emulator: str | None = None
     extra_devices: list = field(default_factory=list)
     description: str = "vmagent guest"
+    run_as: RunAs | None = None
 
     def to_element(self) -> ET.Element:
         dom = ET.Element("domain", {"type": self.accel})
@@ -222,6 +236,8 @@ class Domain:
         for device in self.extra_devices:
             device.write(devices)
         _sub(devices, "memballoon", model="none")
+        if self.run_as:
+            self.run_as.write(dom)
         cmdline = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
         for arg in self.network.args():
             ET.SubElement(cmdline, f"{{{QEMU_NS}}}arg", {"value": arg})

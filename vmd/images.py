@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from vmd.host_env import clean_env
+
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "images"
 DEFAULT_IMAGES_DIR = Path("/var/lib/vmagent/images")
 
@@ -118,8 +120,12 @@ def build(name: str, root: Path | None = None, out=sys.stdout) -> Image:
     started = time.monotonic()
     print(f"{name}: building {target.name} (log: {log_path})", file=out, flush=True)
     with open(log_path, "w") as log:
+        # The recipe gets the allow-listed environment, plus its own VMD_* settings (the apt
+        # mirror) and a proxy where the host uses one; never a token.
+        passed = {k: v for k, v in os.environ.items()
+                  if (k.startswith("VMD_") or k.lower() in ("http_proxy", "https_proxy", "no_proxy"))}
         proc = subprocess.Popen(["bash", str(script), str(partial)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, env=clean_env(passed))
         for line in proc.stdout:
             log.write(line)
             log.flush()

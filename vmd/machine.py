@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -25,9 +26,11 @@ import paramiko
 from pydantic import BaseModel
 
 from vmd.domain_xml import (EGRESS_NET, EGRESS_NIC_MAC, HOTPLUG_PORT, DirectKernel, Disk, Domain,
-                            SerialLog, SharedFolder, UserNetwork, Video)
+                            RunAs, SerialLog, SharedFolder, UserNetwork, Video)
 from vmd.guest import Guest, GuestError, LinuxGuest, SshConnection
+from vmd.host_env import clean_env
 from vmd.images import Image
+from vmd.project_tree import share_owner
 from vmd.screen import Screen
 
 DEFAULT_URI = "qemu:///system"
@@ -73,7 +76,7 @@ def kvm_works() -> bool:
         probe = subprocess.run(
             ["qemu-system-x86_64", "-accel", "kvm", "-M", "q35", "-cpu", "host", "-nodefaults",
              "-display", "none", "-S", "-monitor", "stdio"],
-            input="quit\n", capture_output=True, text=True, timeout=30)
+            input="quit\n", capture_output=True, text=True, timeout=30, env=clean_env())
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
@@ -110,6 +113,18 @@ def _quiet_logger(name: str):
         logger.setLevel(level)
 
 
+def _check_reachable(path: Path, uid: int, gid: int, user: str) -> None:
+    """QEMU runs unprivileged: every folder above what it opens must let it pass."""
+    for folder in list(path.parents)[::-1] + ([path] if path.is_dir() else []):
+        st = folder.stat()
+        if ((st.st_uid == uid and st.st_mode & stat.S_IXUSR) or (st.st_gid == gid and st.st_mode & stat.S_IXGRP)
+                or st.st_mode & stat.S_IXOTH):
+            continue
+        raise MachineError(f"QEMU runs as {user} and cannot pass through {folder} (mode "
+                           f"{stat.S_IMODE(st.st_mode):o}) to reach {path}; make it traversable "
+                           f"(chmod o+x {folder}) or move vmd's state and images dirs elsewhere.")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -138,7 +153,7 @@ class Machine:
     @classmethod
     def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
                uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = 2048,
-               vcpus: int = 2) -> "Machine":
+               vcpus: int = 2, qemu_user: str = "libvirt-qemu") -> "Machine":
         if image.os_family != "linux":
             raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
                                "Linux guests only so far.")
@@ -147,10 +162,15 @@ class Machine:
             raise MachineError(f"the image '{image.name}' has no disk at {base}; rebuild it with "
                                f"`vmd images build {image.name}`.")
         conn = connect(uri)
+        run_as = share_owner(qemu_user)
         workdir.mkdir(parents=True, exist_ok=True)
+        if run_as is not None and uri.startswith("qemu"):  # the test driver runs no QEMU
+            for place in (workdir, project_dir, base):
+                if place is not None:
+                    _check_reachable(Path(place), *run_as, qemu_user)
         overlay = workdir / "overlay.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
-                        str(overlay)], check=True, capture_output=True)
+                        str(overlay)], check=True, capture_output=True, env=clean_env())
         acc = accel()
         port = free_port()
         spec = Domain(
@@ -162,6 +182,7 @@ class Machine:
             shared=SharedFolder(str(project_dir)) if project_dir else None,
             serial=SerialLog(str(workdir / "console.log")),
             description=f"vmagent guest from image {image.dir.name}",
+            run_as=RunAs(*run_as) if run_as else None,
         )
         (workdir / "domain.xml").write_text(spec.to_xml())
         try:

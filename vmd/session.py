@@ -12,6 +12,7 @@ default one drives libvirt (vmd/machine.py), tests may hand in another.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import secrets
@@ -38,8 +39,6 @@ REFUSED = -32001  # a rule of the session refuses the verb now; the message says
 NO_SESSION = -32002  # the connection has no session bound
 NOT_READY = -32003  # the machine is not up (still booting, or it failed)
 
-GUEST_UID = GUEST_GID = 1000  # the guest user owns the shared project folder
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 _SESSION_ID = re.compile(r"^s-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 
 Notify = Callable[[str, dict], None]
@@ -232,7 +231,8 @@ class LibvirtMachines:
         image = self._image(spec)
         from vmd.machine import Machine
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
-                                 uri=self.config.libvirt_uri, egress=spec.egress)
+                                 uri=self.config.libvirt_uri, egress=spec.egress,
+                                 qemu_user=self.config.share_user)
         return LibvirtMachine(machine, image)
 
     def attach(self, spec: MachineSpec) -> SessionMachine:
@@ -246,7 +246,8 @@ class LibvirtMachines:
 # --- the project store (host-side git, vmd/publish.py) ------------------------------------
 
 class ProjectStore:
-    """Restores, commits and pushes a session's project folder through vmd/publish.py."""
+    """Restores, commits and pushes a session's project through vmd/publish.py: the
+    history lives in vmd's own repository, built from the folder's bytes."""
 
     def __init__(self, config: VmdConfig):
         self.config = config
@@ -259,15 +260,27 @@ class ProjectStore:
                       gitea_token=self.config.gitea_token if token else None,
                       state_dir=self.config.state_dir)
 
-    def prepare(self, project_dir: Path, owner: str, project: str, description: str) -> str:
+    def prepare(self, project_dir: Path, owner: str, project: str, description: str) -> dict:
+        """-> {text, base_commit, branch}"""
+        from vmd.project_tree import share_owner
         from vmd.publish import prepare_project
-        return prepare_project(project_dir, self.remote(owner, project, description))
+        prepared = prepare_project(project_dir, self.remote(owner, project, description),
+                                   share_owner=share_owner(self.config.share_user))
+        return prepared.model_dump()
 
-    def commit(self, project_dir: Path, message: str) -> str | None:
+    def commit(self, project_dir: Path, owner: str, project: str, message: str) -> dict:
+        """-> {sha, new, left_out}"""
+        from vmd.project_tree import Limits
         from vmd.publish import commit_project
-        return commit_project(project_dir, message)
+        limits = Limits(max_file_bytes=int(self.config.commit_max_file_mib * 1024 * 1024),
+                        max_total_bytes=int(self.config.commit_max_total_mib * 1024 * 1024))
+        return commit_project(project_dir, self.remote(owner, project), message, limits).model_dump()
 
-    def push(self, project_dir: Path, owner: str, project: str, description: str,
+    def changed_files(self, owner: str, project: str, base: str | None) -> list[str]:
+        from vmd.publish import changed_files
+        return changed_files(self.remote(owner, project), base)
+
+    def push(self, owner: str, project: str, description: str, branch: str,
              outcome: dict | None) -> dict:
         from vmd.publish import push_project
         if outcome is None:
@@ -277,8 +290,8 @@ class ProjectStore:
         else:
             status, text = "failure", (f"vmd verification failed: `{outcome['command']}` exited "
                                        f"{outcome['exit_code']} (expected {outcome['expect_exit']})")
-        result = push_project(project_dir, self.remote(owner, project, description), status=status,
-                              status_description=text[:140]).model_dump()
+        result = push_project(self.remote(owner, project, description), branch=branch or "main",
+                              status=status, status_description=text[:140]).model_dump()
         web = self.config.gitea_web_url.rstrip("/")
         if web and result.get("web_url") and self.config.gitea_url:
             result["web_url"] = result["web_url"].replace(self.config.gitea_url.rstrip("/"), web, 1)
@@ -303,6 +316,7 @@ class SessionState(BaseModel):
     project_dir: str | None = None
     storage: str = ""
     base_commit: str | None = None
+    branch: str = "main"  # the Gitea branch the history came from and goes back to
     tasks: list[dict] = []
     runs: int = 0
     steps: int = 0
@@ -354,9 +368,9 @@ class Session:
     def open(cls, params: V.SessionOpen, config: VmdConfig, machines: MachineFactory,
              store: ProjectStore) -> "Session":
         for what, value in (("project", params.project), ("owner", params.owner)):
-            if value and not _NAME.match(value):
-                raise VerbError(f"{what} {value!r} is not a usable name: use letters, digits, '-', '_' "
-                                "and '.', starting with a letter or digit.", -32602)
+            problem = value and V.name_problem(what, value)
+            if problem:
+                raise VerbError(problem, -32602)
         sid = new_session_id()
         state = SessionState(id=sid, os=params.os or config.default_os, project=params.project or None,
                              owner=params.owner, task=params.task, chat_id=params.chat_id,
@@ -364,15 +378,16 @@ class Session:
         session = cls(state, config, machines, store)
         started = time.monotonic()
         if state.project:
-            project_dir = config.projects_dir / (state.owner or "local") / state.project
+            project_dir = config.projects_dir / (state.owner or V.LOCAL_OWNER) / state.project
             state.project_dir = str(project_dir)
             try:
-                state.storage = store.prepare(project_dir, state.owner, state.project, state.task)
+                prepared = store.prepare(project_dir, state.owner, state.project, state.task)
+                state.storage = prepared["text"]
+                state.base_commit = prepared["base_commit"]
+                state.branch = prepared["branch"]
             except Exception as exc:
-                state.storage = f"the project folder could not be restored ({exc}); it starts empty"
-                project_dir.mkdir(parents=True, exist_ok=True)
-            state.base_commit = _git_head(project_dir)
-            _hand_to_guest(project_dir)
+                raise VerbError(f"the project folder could not be prepared: {_sentence(exc, 'error')}. "
+                                "Nothing was started; fix the cause and open the session again.")
         else:
             state.storage = "no project folder: nothing from this session is kept after it closes"
         session.record.append("session", event="open", session_id=sid, args=params.model_dump(),
@@ -742,9 +757,40 @@ class Session:
         if not self.s.project_dir:
             raise VerbError("this session has no project folder to commit; open the session with a project.",
                             REFUSED)
-        sha = self.store.commit(Path(self.s.project_dir), p.message)
-        text = f"committed {sha[:10]}." if sha else "nothing to commit: the project folder is empty."
-        return {"commit": sha, "text": text}
+        with self._frozen():
+            committed = self.store.commit(Path(self.s.project_dir), self.s.owner, self.s.project or "",
+                                          p.message)
+        sha = committed["sha"]
+        if sha is None:
+            text = "nothing to commit: the project folder is empty."
+        elif committed["new"]:
+            text = f"committed {sha[:10]}."
+        else:
+            text = f"nothing changed since {sha[:10]}; no new commit."
+        if committed["left_out"]:
+            text += " Left out of the commit:\n" + "\n".join(f"- {w}" for w in committed["left_out"][:20])
+        return {"commit": sha, "left_out": committed["left_out"], "text": text}
+
+    @contextlib.contextmanager
+    def _frozen(self):
+        """The guest paused while vmd reads the project folder, so the tree cannot change
+        under the commit; resumed after, unless it was paused already (a question)."""
+        machine = self.machine
+        paused = False
+        if machine is not None and self._boot_done.is_set() and self.s.state not in ("question", "unfreeze"):
+            try:
+                machine.suspend()
+                paused = True
+            except Exception as exc:
+                self.record.append("machine", event="pause_failed", error=_sentence(exc, "pause failed"))
+        try:
+            yield
+        finally:
+            if paused:
+                try:
+                    machine.resume()
+                except Exception as exc:
+                    self.record.append("machine", event="resume_failed", error=_sentence(exc, "resume failed"))
 
     # --- screen ----------------------------------------------------------------------------
 
@@ -872,12 +918,16 @@ class Session:
         push: dict = {}
         files: list[str] = []
         error = None
+        left_out: list[str] = []
         if self.s.project_dir:
             project_dir = Path(self.s.project_dir)
+            owner, project = self.s.owner, self.s.project or ""
             try:
-                commit = self.store.commit(project_dir, self._commit_message())
-                files = _changed_files(project_dir, self.s.base_commit)
-                push = self.store.push(project_dir, self.s.owner, self.s.project or "", self.s.task, self.s.outcome)
+                with self._frozen():
+                    committed = self.store.commit(project_dir, owner, project, self._commit_message())
+                commit, left_out = committed["sha"], committed["left_out"]
+                files = self.store.changed_files(owner, project, self.s.base_commit)
+                push = self.store.push(owner, project, self.s.task, self.s.branch, self.s.outcome)
                 web_url = push.get("web_url")
                 error = push.get("error")
             except Exception as exc:
@@ -892,10 +942,13 @@ class Session:
             text = f"Closed. Committed {commit[:10]} and pushed it to {where}."
         else:
             text = f"Closed. Committed {commit[:10] if commit else 'nothing'}; NOT pushed: {error}"
+        if left_out:
+            text += (f" Left out of the commit ({len(left_out)}): "
+                     + " ".join(left_out[:10]) + (" …" if len(left_out) > 10 else ""))
         close = {"closed": True, "commit": commit, "web_url": web_url, "branch": push.get("branch"),
                  "remote": push.get("remote_display"), "pushed": bool(push.get("pushed")),
                  "push_error": error, "warnings": push.get("warnings") or [], "files": files,
-                 "machine_destroyed": destroyed, "text": text}
+                 "machine_destroyed": destroyed, "left_out": left_out, "text": text}
         with self._lock:
             self.s.close = close
             self.s.state = "closed"
@@ -958,8 +1011,16 @@ class Sessions:
             session = self._live.get(session_id)
             if session is None:
                 session = Session.load(session_id, self.config, self.machines, self.store)
-                self._live[session_id] = session
+                if session.s.state != "closed":  # a closed one is read from disk each time
+                    self._live[session_id] = session
         return session
+
+    def release(self, session: Session) -> None:
+        """Forgets a closed session, so that closed sessions do not pile up in memory;
+        the connections that hold it keep it until they end."""
+        with self._lock:
+            if session.s.state == "closed" and self._live.get(session.s.id) is session:
+                del self._live[session.s.id]
 
 
 # --- small pieces ----------------------------------------------------------------------------
@@ -1011,37 +1072,3 @@ def _for_record(verb: str, result: dict) -> dict:
     if verb in ("run",):
         kept.pop("text", None)  # stdout/stderr are kept (cut) on their own
     return kept
-
-
-def _git_head(project_dir: Path) -> str | None:
-    result = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(project_dir), "rev-parse", "-q",
-                             "--verify", "HEAD"], capture_output=True, text=True)
-    return result.stdout.strip() or None if result.returncode == 0 else None
-
-
-def _changed_files(project_dir: Path, base: str | None) -> list[str]:
-    """`status path` lines for what the session's commits changed in the project."""
-    git = ["git", "-c", "safe.directory=*", "-c", "core.quotepath=false", "-C", str(project_dir)]
-    if base:
-        cmd = git + ["diff", "--name-status", "--no-renames", base, "HEAD"]
-    else:  # a new project: everything in it is the session's
-        cmd = git + ["ls-tree", "-r", "--name-only", "HEAD"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        return []
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    return [" ".join(line.split("\t", 1)) for line in lines] if base else [f"A {line}" for line in lines]
-
-
-def _hand_to_guest(project_dir: Path) -> None:
-    """The guest user (uid 1000) owns the project folder; the group may write (libvirt's
-    QEMU user reaches it through the group when the share is passthrough)."""
-    os.chmod(project_dir, 0o775)
-    if os.geteuid() != 0:
-        return
-    for folder, dirs, files in os.walk(project_dir):
-        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
-            try:
-                os.lchown(name, GUEST_UID, GUEST_GID)
-            except OSError:
-                pass
