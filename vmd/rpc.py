@@ -4,12 +4,19 @@
 A connection binds to one session with session_open or session_attach; every other verb
 acts on it. While `run` works, vmd sends notifications without an id:
 `{"method": "output", "params": {"stream": "stdout", "line": "..."}}`.
+
+No input loses a connection: every line gets one reply, under the request's id when it
+can be read (else null), and the next line is served. Requests are cleaned at the edge
+(nesting depth, lone surrogates) so that what reaches a session can always be stored as
+JSON, and replies are always written as JSON any reader can parse.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import socket
 import threading
 import typing
@@ -26,9 +33,22 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+BUSY = -32004  # vmd serves its connection limit already; retry later
 # A request line longer than this is refused: write_file bodies are the largest thing
 # sent, and 64 MiB is far past any source file an agent should write in one call.
 MAX_LINE = 64 * 1024 * 1024
+# Requests nested deeper than this are refused. vmd's deepest request is 3 levels
+# (request -> params -> verification); before this bound, a line of 10,000 '[' raised
+# RecursionError and took the connection down.
+MAX_DEPTH = 64
+# A lone UTF-16 surrogate (JSON allows "\ud800") cannot be written as UTF-8: one in an
+# answer or a summary made every later save of session.json fail. They become U+FFFD.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# The id of a line that cannot be parsed, when the line begins with it as vmagent's
+# client writes it: `{"id": 7, ...`. A client waits for its id; a null one never comes.
+_LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*(-?[0-9][0-9.eE+-]{0,40}'  # a number
+                         rb'|"(?:[^"\\\x00-\x1f]|\\.){0,200}"'  # a string
+                         rb'|null|true|false)\s*[,}]')
 
 
 def _type_name(annotation) -> str:
@@ -82,15 +102,22 @@ class Connection:
         self._write_lock = threading.Lock()
 
     def send(self, message: dict) -> None:
-        data = (json.dumps(message, ensure_ascii=False, default=str) + "\n").encode()
+        try:
+            data = encode(message)
+        except Exception as exc:  # a reply vmd cannot write as JSON still answers its request
+            if "id" not in message:
+                raise
+            data = encode(_error(message["id"], INTERNAL_ERROR,
+                                 f"vmd could not write its reply as JSON ({type(exc).__name__}: {exc}); "
+                                 "this is a bug in vmd: report it with the request that caused it."))
         with self._write_lock:
             self.sock.sendall(data)
 
     def notify(self, method: str, params: dict) -> None:
         try:
             self.send({"method": method, "params": params})
-        except OSError:
-            pass  # the watcher went away; the command keeps running
+        except Exception:
+            pass  # the watcher went away, or the line could not be written; the command keeps running
 
     def serve(self) -> None:
         reader = self.sock.makefile("rb")
@@ -99,11 +126,16 @@ class Connection:
                 line = reader.readline(MAX_LINE + 1)
                 if not line:
                     break
+                if len(line) > MAX_LINE and not line.endswith(b"\n"):
+                    self.send(_error(_leading_id(line), INVALID_REQUEST,
+                                     f"the request is over {MAX_LINE} bytes and was not read; send files "
+                                     "in parts with append_file."))
+                    while line and not line.endswith(b"\n"):  # the rest of the line is dropped
+                        line = reader.readline(MAX_LINE + 1)
+                    continue
                 if not line.strip():
                     continue
-                reply = self.handle_line(line)
-                if reply is not None:
-                    self.send(reply)
+                self.send(self.handle_line(line))
         except OSError:
             pass
         finally:
@@ -113,25 +145,26 @@ class Connection:
             except OSError:
                 pass
 
-    def handle_line(self, line: bytes) -> dict | None:
-        if len(line) > MAX_LINE:
-            return _error(None, INVALID_REQUEST, f"the request is over {MAX_LINE} bytes; send files in parts "
-                                                 "with append_file.")
+    def handle_line(self, line: bytes) -> dict:
+        """The reply to one request line; never raises."""
+        request_id, method = _leading_id(line), "the request"
         try:
-            request = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(None, PARSE_ERROR, f"the request is not valid JSON ({exc}); send one JSON object "
-                                             'per line: {"id": 1, "method": "...", "params": {...}}.')
-        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
-            return _error(request.get("id") if isinstance(request, dict) else None, INVALID_REQUEST,
-                          'a request is an object with "id", "method" (a string) and "params" (an object).')
-        request_id = request.get("id")
-        try:
-            result = self.dispatch(request["method"], request.get("params"))
+            request = read_json(line)
+            if isinstance(request, dict):
+                request_id = _id_of(request)
+            request = clean_request(request)
+            if not isinstance(request.get("method"), str):
+                raise VerbError('a request is an object with "id", "method" (a string) and "params" '
+                                "(an object).", INVALID_REQUEST)
+            method = request["method"]
+            result = self.dispatch(method, request.get("params"))
+            if method == "session_close" and self.session is not None:
+                # A closed session leaves vmd's memory; session_attach reads it from disk.
+                self.server.sessions.release(self.session)
         except VerbError as exc:
             return _error(request_id, exc.code, exc.message)
         except Exception as exc:  # a bug in vmd must not take the connection down
-            return _error(request_id, INTERNAL_ERROR, f"vmd failed serving {request['method']}: "
+            return _error(request_id, INTERNAL_ERROR, f"vmd failed serving {method}: "
                                                       f"{type(exc).__name__}: {exc}")
         return {"id": request_id, "result": result}
 
@@ -174,6 +207,89 @@ def _error(request_id, code: int, message: str) -> dict:
     return {"id": request_id, "error": {"code": code, "message": message}}
 
 
+def encode(message: dict) -> bytes:
+    """One line of JSON that any reader can parse: lone surrogates become U+FFFD; NaN,
+    cycles and keys that are not strings raise (ValueError, TypeError)."""
+    text = json.dumps(message, ensure_ascii=False, default=str, allow_nan=False)
+    return (_SURROGATE.sub("\ufffd", text) + "\n").encode()
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json(text: str):
+    return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+
+
+def read_json(line: bytes):
+    """The JSON value on one line; raises VerbError (PARSE_ERROR, or INVALID_REQUEST
+    for nesting deeper than json can read) saying what is wrong."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise VerbError(f"the request is not UTF-8 text (byte {line[exc.start]:#04x} at offset "
+                        f"{exc.start}); send one UTF-8 JSON object per line.", PARSE_ERROR) from None
+    try:
+        return _json(text)
+    except RecursionError:
+        raise VerbError(f"the request is nested too deep: at most {MAX_DEPTH} levels of objects and "
+                        "lists are read.", INVALID_REQUEST) from None
+    except ValueError as exc:  # JSONDecodeError, an int of over 4300 digits, NaN, 1e400
+        raise VerbError(f"the request is not valid JSON ({str(exc)[:200]}); send one JSON object per "
+                        'line: {"id": 1, "method": "...", "params": {...}}.', PARSE_ERROR) from None
+
+
+def clean_request(request) -> dict:
+    """The request with no lone surrogates, nested at most MAX_DEPTH deep; raises
+    VerbError (INVALID_REQUEST) when it is not a request object or nested deeper."""
+    if not isinstance(request, dict):
+        raise VerbError('a request is an object with "id", "method" (a string) and "params" (an '
+                        f"object), not a JSON {type(request).__name__}.", INVALID_REQUEST)
+    return _clean(request, 1)
+
+
+def _id_of(request: dict):
+    """A request's id, cleaned, for the reply even when the rest of it is refused."""
+    try:
+        return _clean(request.get("id"), 2)
+    except VerbError:
+        return None
+
+
+def _clean(value, depth: int):
+    """`value` with every lone surrogate (in keys and strings) replaced by U+FFFD; deeper
+    than MAX_DEPTH raises. The recursion stops at MAX_DEPTH, far below Python's limit."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, (dict, list)) and depth > MAX_DEPTH:
+        raise VerbError(f"the request is nested too deep: at most {MAX_DEPTH} levels of objects and "
+                        "lists are read.", INVALID_REQUEST)
+    if isinstance(value, dict):
+        return {_SURROGATE.sub("\ufffd", k): _clean(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v, depth + 1) for v in value]
+    return value
+
+
+def _leading_id(line: bytes):
+    """The id at the head of a line that may not parse; None when there is none."""
+    match = _LEADING_ID.match(line[:512])
+    if match is None:
+        return None
+    try:
+        return _clean(_json(match[1].decode("utf-8")), 2)
+    except (ValueError, VerbError):
+        return None
+
+
 class VmdServer:
     def __init__(self, config: VmdConfig, machines: MachineFactory | None = None,
                  store: ProjectStore | None = None):
@@ -183,6 +299,7 @@ class VmdServer:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
 
     @property
     def socket_path(self) -> Path:
@@ -221,16 +338,35 @@ class VmdServer:
                 if self._stopping.is_set():
                     break
                 raise
+            with self._connections_lock:
+                full = len(self._connections) >= self.config.max_connections
+                if not full:
+                    self._connections.add(client)
+            if full:
+                self._refuse(client)
+                continue
             client.settimeout(None)
-            self._connections.add(client)
             threading.Thread(target=self._serve_client, args=(client,), daemon=True,
                              name="vmd-connection").start()
+
+    def _refuse(self, client: socket.socket) -> None:
+        """One error line to a connection over the limit, then close it."""
+        try:
+            client.settimeout(1)  # the accept loop waits for no client
+            client.sendall(encode(_error(None, BUSY, f"vmd is at its connection limit "
+                                                     f"({self.config.max_connections} connections); "
+                                                     "retry later.")))
+        except OSError:
+            pass
+        finally:
+            client.close()
 
     def _serve_client(self, client: socket.socket) -> None:
         try:
             Connection(self, client).serve()
         finally:
-            self._connections.discard(client)
+            with self._connections_lock:
+                self._connections.discard(client)
 
     def start(self) -> "VmdServer":
         """Serve in a background thread (tests, embedding); returns once listening."""
@@ -248,7 +384,9 @@ class VmdServer:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        for client in list(self._connections):
+        with self._connections_lock:
+            clients = list(self._connections)
+        for client in clients:
             try:
                 client.shutdown(socket.SHUT_RDWR)
                 client.close()
