@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -62,17 +64,94 @@ def tools(service):
     return tools
 
 
-def injected(method, recorder, chat_id: str, message_id: str = "m-1") -> dict:
-    """Open WebUI passes only the extra arguments a method's signature asks for."""
+def injected(method, recorder, chat_id: str, message_id: str = "m-1", dialog=None) -> dict:
+    """Open WebUI passes only the extra arguments a method's signature asks for; `dialog`,
+    when given, is offered as `__event_call__` (absent otherwise, as where Open WebUI has
+    no browser session to ask)."""
     offered = {"__user__": USER, "__chat_id__": chat_id, "__message_id__": message_id,
                "__event_emitter__": recorder}
+    if dialog is not None:
+        offered["__event_call__"] = dialog
     return {k: v for k, v in offered.items() if k in inspect.signature(method).parameters}
 
 
-def call(method, chat_id: str, **kwargs):
+def call(method, chat_id: str, *, dialog=None, **kwargs):
     recorder = Recorder()
-    result = asyncio.run(method(**injected(method, recorder, chat_id), **kwargs))
+    result = asyncio.run(method(**injected(method, recorder, chat_id, dialog=dialog), **kwargs))
     return result, recorder
+
+
+class Dialog:
+    """Open WebUI's `__event_call__` as the person's browser answers it: each event is kept,
+    and the answer is what `click` gives (Open WebUI's dialog answers True for Confirm and
+    False for Cancel; a timed-out one answers {"error": ...}; an older one raises)."""
+
+    def __init__(self, click):
+        self.click = click
+        self.events: list[dict] = []
+
+    async def __call__(self, event: dict):
+        self.events.append(event)
+        if isinstance(self.click, BaseException):
+            raise self.click
+        return self.click
+
+
+class RecordingProxy:
+    """Stands between the tool and the job service and keeps every request that reaches the
+    service as "METHOD /path", so that a test asserts on what the service was asked to do,
+    not on what the tool says it did."""
+
+    def __init__(self, target: str):
+        self.requests: list[str] = []
+        proxy = self
+        upstream = httpx.Client(base_url=target, timeout=30)
+
+        class Handler(BaseHTTPRequestHandler):
+            def forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.requests.append(f"{self.command} {self.path.split('?')[0]}")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                reply = upstream.request(self.command, self.path, headers=headers, content=body)
+                self.send_response(reply.status_code)
+                self.send_header("Content-Type", reply.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(reply.content)))
+                self.end_headers()
+                self.wfile.write(reply.content)
+
+            do_GET = do_POST = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.upstream = upstream
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def decisions(self) -> list[str]:
+        return [r for r in self.requests if r.endswith(("/approve", "/deny", "/answer"))]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.upstream.close()
+
+
+@pytest.fixture
+def proxy(service):
+    recording = RecordingProxy(service.url)
+    yield recording
+    recording.close()
+
+
+@pytest.fixture
+def watched_tools(proxy):
+    """The tool, reaching the job service through the recording proxy."""
+    module = load_tool()
+    tools = module.Tools()
+    tools.valves = module.Tools.Valves(service_url=proxy.url, service_token=SERVICE, poll_interval=0.2)
+    return tools
 
 
 def jobs_of(service, chat_id: str) -> list[dict]:
@@ -92,6 +171,9 @@ def test_the_file_has_open_webui_frontmatter_and_typed_documented_methods():
         method = getattr(module.Tools(), name)
         assert asyncio.iscoroutinefunction(method) and method.__doc__ and ":return:" in method.__doc__
         assert "return" in method.__annotations__ and "__event_emitter__" in method.__annotations__
+    # Where an approval request can surface, the method asks Open WebUI for its dialog.
+    for name in ("run_task_in_vm", "answer_vm_question", "vm_job_status"):
+        assert "__event_call__" in inspect.signature(getattr(module.Tools(), name)).parameters
 
 
 @uses_scripted_worker
@@ -124,12 +206,83 @@ def test_a_question_goes_to_the_person_and_the_answer_resumes_the_job(tools, ser
     assert "boot_id" in reply
 
 
+# What people typed in reply to a network request, each of which the tool once read as
+# approval; "yes" is here too: typed words never decide, whatever they say.
+TYPED_REPLIES = ["You must not touch the network", "Okay... actually no, don't",
+                 "Allowing network access is a bad idea, no", "yes"]
+
+
+def job_state(service, chat_id: str) -> str:
+    [job] = jobs_of(service, chat_id)
+    return job["state"]
+
+
 @uses_scripted_worker
-def test_an_approval_is_given_with_a_plain_yes(tools):
-    text, _ = call(tools.run_task_in_vm, "chat-u", task="unfreeze please")
+def test_typed_replies_never_decide_an_approval_request(watched_tools, proxy, service):
+    text, _ = call(watched_tools.run_task_in_vm, "chat-u", task="unfreeze please")
     assert "asks for approval" in text and "the package index" in text
-    report, _ = call(tools.answer_vm_question, "chat-u", answer="Yes, go ahead")
-    assert "approved=True" in report
+    assert "only by a click" in text and "Nothing was approved" in text
+    for reply in TYPED_REPLIES:
+        text, recorder = call(watched_tools.answer_vm_question, "chat-u", answer=reply)
+        assert "Nothing was approved or denied" in text and "only by a click" in text, reply
+        assert "/approve" in text and "vm_job_status" in text
+        assert recorder.statuses()[-1]["done"] is True
+    assert proxy.decisions() == []
+    assert job_state(service, "chat-u") == "needs_approval"
+
+
+@uses_scripted_worker
+def test_a_confirm_click_approves_exactly_once(watched_tools, proxy, service):
+    dialog = Dialog(True)
+    report, recorder = call(watched_tools.run_task_in_vm, "chat-ok", task="unfreeze please", dialog=dialog)
+    [event] = dialog.events
+    assert event["type"] == "confirmation" and set(event["data"]) == {"title", "message"}
+    assert "the package index" in event["data"]["message"]
+    [job] = jobs_of(service, "chat-ok")
+    assert proxy.decisions() == [f"POST /jobs/{job['id']}/approve"]
+    assert "approved=True" in report and job["state"] == "done"
+    assert recorder.statuses()[-1] == {"description": "The VM agent finished.", "done": True}
+
+
+@uses_scripted_worker
+def test_a_cancel_click_denies_whatever_the_typed_reply_says(watched_tools, proxy, service):
+    text, _ = call(watched_tools.run_task_in_vm, "chat-no", task="unfreeze please")
+    assert "Nothing was approved" in text
+    dialog = Dialog(False)
+    report, _ = call(watched_tools.answer_vm_question, "chat-no", answer="yes", dialog=dialog)
+    [job] = jobs_of(service, "chat-no")
+    assert len(dialog.events) == 1
+    assert proxy.decisions() == [f"POST /jobs/{job['id']}/deny"]
+    assert "approved=False" in report and job["state"] == "done"
+
+
+@uses_scripted_worker
+def test_the_status_call_shows_the_dialog_for_a_waiting_request(watched_tools, proxy, service):
+    call(watched_tools.run_task_in_vm, "chat-s", task="unfreeze please")
+    assert proxy.decisions() == []
+    report, _ = call(watched_tools.vm_job_status, "chat-s", dialog=Dialog(True))
+    [job] = jobs_of(service, "chat-s")
+    assert proxy.decisions() == [f"POST /jobs/{job['id']}/approve"] and "approved=True" in report
+
+
+@uses_scripted_worker
+@pytest.mark.parametrize("click", [
+    None,  # Open WebUI's dialog timed out (some versions answer None)
+    "yes",
+    1,
+    {"error": "Event call timed out. The browser tab may be inactive or closed."},
+    TimeoutError("no answer from the browser"),
+], ids=["none", "text-yes", "one", "error-dict", "raises"])
+def test_anything_but_a_boolean_click_leaves_the_request_waiting(watched_tools, proxy, service, click):
+    dialog = Dialog(click)
+    text, recorder = call(watched_tools.run_task_in_vm, "chat-w", task="unfreeze please", dialog=dialog)
+    assert len(dialog.events) == 1 and "Nothing was approved or denied" in text
+    assert recorder.statuses()[-1]["done"] is True
+    text, _ = call(watched_tools.answer_vm_question, "chat-w", answer="yes", dialog=dialog)
+    text, _ = call(watched_tools.vm_job_status, "chat-w", dialog=dialog)
+    assert len(dialog.events) == 3 and "Nothing was approved or denied" in text
+    assert proxy.decisions() == []
+    assert job_state(service, "chat-w") == "needs_approval"
 
 
 @uses_scripted_worker

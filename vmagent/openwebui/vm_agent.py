@@ -20,11 +20,13 @@ import httpx
 from pydantic import BaseModel, Field
 
 EventEmitter = Optional[Callable[[dict], Awaitable[Any]]]
+# Open WebUI's `__event_call__`: sends an event to the person's browser and returns their
+# answer; for a "confirmation" event, True or False from the button they clicked.
+EventCall = Optional[Callable[[dict], Awaitable[Any]]]
 
 ACTIVE_STATES = ("queued", "running")
 WAITING_STATES = ("needs_input", "needs_approval")
 FINAL_STATES = ("done", "failed", "cancelled")
-_YES = ("yes", "y", "ok", "okay", "approve", "approved", "allow", "go ahead", "sure", "ja")
 
 
 class Tools:
@@ -54,6 +56,7 @@ class Tools:
         __chat_id__: Optional[str] = None,
         __message_id__: Optional[str] = None,
         __event_emitter__: EventEmitter = None,
+        __event_call__: EventCall = None,
     ) -> str:
         """
         Hand a coding or computer task to an autonomous agent that works in its own fresh virtual machine, and wait for its report. The person can watch the machine's screen and terminal live. Use it for anything that needs running code, installing software or using a desktop.
@@ -62,13 +65,17 @@ class Tools:
         :param project: Name of the project (git repository) to work in and commit to. Leave empty for the default.
         :return: The agent's report, or its question for the person.
         """
-        session = _Session(self.valves, __user__, __chat_id__, __event_emitter__)
+        session = _Session(self.valves, __user__, __chat_id__, __event_emitter__, __event_call__)
         async with session:
             existing = await session.chat_job()
             if existing and existing["state"] in ACTIVE_STATES + WAITING_STATES:
-                if existing["state"] in WAITING_STATES:
-                    return (session.waiting_text(existing) + "\n\nIf the person wants a different "
-                            "task instead, call cancel_vm_job first, then run_task_in_vm again.")
+                other_task = ("\n\nIf the person wants a different task instead, call "
+                              "cancel_vm_job first, then run_task_in_vm again.")
+                if existing["state"] == "needs_input":
+                    return session.waiting_text(existing) + other_task
+                if existing["state"] == "needs_approval":
+                    text = await session.follow(existing)
+                    return text + other_task if session.undecided else text
                 await session.status(f"A job is already running in this chat; following it: {existing['task'][:80]}")
                 return await session.follow(existing)
             user_valves = _user_valves(__user__)
@@ -90,13 +97,14 @@ class Tools:
         __user__: Optional[dict] = None,
         __chat_id__: Optional[str] = None,
         __event_emitter__: EventEmitter = None,
+        __event_call__: EventCall = None,
     ) -> str:
         """
-        Give the person's reply to the question the VM agent asked in this chat; the same machine carries on. Also use it for approval requests: pass the person's yes or no.
+        Give the person's reply to the question the VM agent asked in this chat; the same machine carries on. An approval request is never decided by a reply: for one, this shows the person an approve/deny dialog instead.
         :param answer: The person's reply, in their words.
         :return: The agent's report, or its next question.
         """
-        session = _Session(self.valves, __user__, __chat_id__, __event_emitter__)
+        session = _Session(self.valves, __user__, __chat_id__, __event_emitter__, __event_call__)
         async with session:
             job = await session.chat_job()
             if not job or job["state"] not in WAITING_STATES + ACTIVE_STATES:
@@ -105,13 +113,11 @@ class Tools:
                 await session.status("The job is running again already; following it.")
                 return await session.follow(job)
             if job["state"] == "needs_approval":
-                approved = answer.strip().lower().startswith(_YES)
-                verb = "approve" if approved else "deny"
-                job = await session.request("POST", f"/jobs/{job['id']}/{verb}", json={"reason": answer})
-                await session.status("Approved; the machine carries on…" if approved else "Denied; the agent carries on without it…")
-            else:
-                job = await session.request("POST", f"/jobs/{job['id']}/answer", json={"answer": answer})
-                await session.status("Answer given; the same machine carries on…")
+                # The reply is not read at all: words like "yes, no wait, don't" must not
+                # open the machine's network. Only the dialog's click decides.
+                return await session.follow(job)
+            job = await session.request("POST", f"/jobs/{job['id']}/answer", json={"answer": answer})
+            await session.status("Answer given; the same machine carries on…")
             return await session.follow(job)
         return session.error
 
@@ -142,17 +148,18 @@ class Tools:
         __user__: Optional[dict] = None,
         __chat_id__: Optional[str] = None,
         __event_emitter__: EventEmitter = None,
+        __event_call__: EventCall = None,
     ) -> str:
         """
-        Tell where the VM job of this chat stands; if it is still running, follow it to its report.
+        Tell where the VM job of this chat stands; if it is still running, follow it to its report. If it waits for an approval, this shows the person the approve/deny dialog.
         :return: The job's state, status line and task list, or its report.
         """
-        session = _Session(self.valves, __user__, __chat_id__, __event_emitter__)
+        session = _Session(self.valves, __user__, __chat_id__, __event_emitter__, __event_call__)
         async with session:
             job = await session.chat_job()
             if not job:
                 return "There is no VM job in this chat."
-            if job["state"] in ACTIVE_STATES:
+            if job["state"] in ACTIVE_STATES or job["state"] == "needs_approval":
                 return await session.follow(job)
             return session.result_text(job)
         return session.error
@@ -192,19 +199,24 @@ def _user_valves(user: Optional[dict]) -> dict:
 
 
 class _Session:
-    """One tool call: an HTTP client for the service and the chat's event emitter.
+    """One tool call: an HTTP client for the service, the chat's event emitter and, where
+    Open WebUI offers it, the event caller that shows the person an approval dialog.
 
     Leaving it always emits a last status with done: true, also when the call is
     cancelled — the job itself keeps running and the next call re-attaches."""
 
-    def __init__(self, valves: "Tools.Valves", user: Optional[dict], chat_id: Optional[str], emitter: EventEmitter):
+    def __init__(self, valves: "Tools.Valves", user: Optional[dict], chat_id: Optional[str],
+                 emitter: EventEmitter, caller: EventCall = None):
         self.valves = valves
         self.user = user or {}
         self.chat_id = chat_id or ""
         self.emitter = emitter
+        self.caller = caller
         self.last_status = ""
         self.embedded = False
         self.error = ""
+        # Why the last approval request was left undecided, for the text the model reads.
+        self.undecided = ""
         headers = {"Authorization": f"Bearer {valves.service_token}"}
         for header, key in (("X-OpenWebUI-User-Id", "id"), ("X-OpenWebUI-User-Email", "email"),
                             ("X-OpenWebUI-User-Name", "name")):
@@ -271,6 +283,11 @@ class _Session:
             if line != shown:
                 shown = line
                 await self.status(f"VM agent ({job['state']}): {line}"[:200])
+            if job["state"] == "needs_approval":
+                decided = await self.decide_by_click(job)
+                if decided is not None:
+                    job = decided
+                    continue
             if job["state"] not in ACTIVE_STATES:
                 text = self.result_text(job)
                 await self.status(self._final_status(job))
@@ -281,6 +298,41 @@ class _Session:
                         "call vm_job_status later to get its report.")
             await asyncio.sleep(max(0.2, float(self.valves.poll_interval)))
             job = await self._look_again(job)
+
+    async def decide_by_click(self, job: dict) -> Optional[dict]:
+        """Asks the person, in Open WebUI's confirmation dialog, whether to grant the job's
+        approval request, and tells the service what they clicked: Confirm approves, Cancel
+        denies. The job after the decision, or None when nothing was decided.
+
+        Only the click decides: no text is read as consent. Anything but a boolean from the
+        dialog decides nothing and leaves the job waiting: for a dialog that timed out or
+        lost its browser tab, Open WebUI answers None, raises, or (newer versions) answers a
+        dict such as {"error": ...}, which is truthy."""
+        if self.caller is None:
+            self.undecided = "this tool call cannot show the person the approval dialog"
+            return None
+        reason = job.get("question") or "(no reason given)"
+        await self.status("The VM agent asks for approval; waiting for the person's click…")
+        try:
+            clicked = await self.caller({"type": "confirmation", "data": {
+                "title": "Allow the VM agent network access?",
+                "message": (f"The agent working in the virtual machine asks: {reason}\n\n"
+                            "Confirm opens the machine's network access, which is closed by "
+                            "default. Cancel denies it; the agent carries on without it."),
+            }})
+        except Exception as exc:  # the dialog's failure is not a decision
+            self.undecided = f"the approval dialog could not be shown ({type(exc).__name__}: {exc})"
+            return None
+        if clicked is True:
+            verb, line = "approve", "Approved by a click; the machine carries on…"
+        elif clicked is False:
+            verb, line = "deny", "Denied by a click; the agent carries on without it…"
+        else:
+            self.undecided = "the approval dialog was closed or timed out without a click"
+            return None
+        job = await self.request("POST", f"/jobs/{job['id']}/{verb}")
+        await self.status(line)
+        return job
 
     async def _look_again(self, job: dict) -> dict:
         """The job now; a restart of the service (a minute at most) is waited out."""
@@ -307,12 +359,15 @@ class _Session:
             return f"The VM job is {job['state']}: {job.get('status_line') or ''}"
         return job.get("report") or f"The VM job ended {job['state']} without a report."
 
-    @staticmethod
-    def waiting_text(job: dict) -> str:
+    def waiting_text(self, job: dict) -> str:
         if job["state"] == "needs_approval":
+            why = self.undecided or "the person has not decided it yet"
             return (f"The VM agent asks for approval: {job.get('question')}\n\n"
-                    "Ask the person whether to allow this, in plain words. When they reply, call "
-                    "answer_vm_question with their reply (yes or no). The machine waits, paused, until then.")
+                    f"Nothing was approved or denied: {why}. An approval is given only by a click "
+                    "in the approve/deny dialog, never by words typed in the chat. Tell the person; "
+                    "to decide, they can ask for the job's status here (vm_job_status shows the "
+                    f"dialog) or approve or deny job {job['id']} at the job service "
+                    f"(POST /jobs/{job['id']}/approve or /deny). The machine waits, paused, until then.")
         return (f"The VM agent has a question: {job.get('question')}\n\n"
                 "Ask the person this question, in plain words. When they reply, call "
                 "answer_vm_question with their reply. The machine waits, paused, until then.")
