@@ -8,10 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from vmd.verbs import repository_path
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTED_WORKER = [sys.executable, str(REPO / "tests" / "scripted_worker.py")]
@@ -35,9 +38,10 @@ def free_port() -> int:
 
 class ServiceProcess:
     def __init__(self, data_dir: Path, worker_command: list[str] | None = None,
-                 env: dict[str, str] | None = None, **settings):
+                 env: dict[str, str] | None = None, log_level: str = "warning", **settings):
         self.data_dir = Path(data_dir)
         self.extra_env = dict(env or {})
+        self.log_level = log_level
         self.port = free_port()
         self.config = {
             "data_dir": str(self.data_dir), "host": "127.0.0.1", "port": self.port,
@@ -52,11 +56,12 @@ class ServiceProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.data_dir / "service.json"
         config_path.write_text(json.dumps(self.config))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VMAGENT_", "OLLAMA_"))}
+        # The environment would override the config file (VMD_SOCKET, VMD_STATE_DIR, tokens).
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VMAGENT_", "OLLAMA_", "VMD_"))}
         env.update(self.extra_env)
         log = open(self.data_dir / "service.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "vmagent.service", "--config", str(config_path),
-                                      "--log-level", "warning"],
+                                      "--log-level", self.log_level],
                                      cwd=REPO, env=env, stdout=log, stderr=log)
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -82,6 +87,25 @@ class ServiceProcess:
     def client(self, token: str = ALICE, headers: dict | None = None) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=15,
                             headers={"Authorization": f"Bearer {token}", **(headers or {})})
+
+
+def vmd_project_repo(state_dir: Path, owner: str, project: str,
+                     commits: list[tuple[str, dict[str, str]]]) -> Path:
+    """vmd's bare repository of `owner/project` under `state_dir` (where the service reads a
+    job's history), built with git from `commits`: (message, {path: text}) each, on main."""
+    repo = repository_path(state_dir, owner, project)
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        git = lambda *args: subprocess.run(["git", "-C", work, *args], check=True, capture_output=True)
+        git("init", "-q", "-b", "main")
+        for message, files in commits:
+            for path, text in files.items():
+                (Path(work) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(work) / path).write_text(text)
+            git("add", "-A")
+            git("-c", "user.name=vmd", "-c", "user.email=vmd@localhost", "commit", "-qm", message)
+        subprocess.run(["git", "clone", "-q", "--bare", work, str(repo)], check=True, capture_output=True)
+    return repo
 
 
 def real_worker_env(ollama_url: str) -> dict[str, str]:

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import time
 
 import httpx
@@ -22,7 +21,7 @@ import pytest
 from tests.loop_harness import call, running_vmd, user_texts
 from tests.ollama_server import start_ollama
 from tests.service_harness import (ALICE, BOB, REAL_WORKER, SERVICE, ServiceProcess, real_worker_env,
-                                   uses_scripted_worker, wait_for_state)
+                                   uses_scripted_worker, vmd_project_repo, wait_for_state)
 from tests.test_loop import PLAN, finish_script
 
 
@@ -332,17 +331,11 @@ def test_a_restart_keeps_every_state_and_leaves_nothing_running_without_a_worker
 
 @uses_scripted_worker
 def test_a_finished_job_is_asked_about_from_its_record_and_repo(tmp_path):
-    projects = tmp_path / "projects"
-    repo = projects / "demo"
-    repo.mkdir(parents=True)
-    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)
-    git("init", "-q")
-    (repo / "main.py").write_text("print('hello')\n")
-    git("add", "main.py")
-    git("-c", "user.name=vmagent", "-c", "user.email=vmagent@localhost", "commit", "-qm", "Add main.py printing hello")
+    state = tmp_path / "vmd-state"
+    vmd_project_repo(state, "alice", "demo", [("Add main.py printing hello", {"main.py": "print('hello')\n"})])
     with start_ollama(["main.py now prints hello."]) as server:
-        svc = ServiceProcess(tmp_path / "svc", projects_dir=str(projects)).start()
-        svc_model = ServiceProcess(tmp_path / "svc2", projects_dir=str(projects), ask_model="small",
+        svc = ServiceProcess(tmp_path / "svc", vmd_state_dir=str(state)).start()
+        svc_model = ServiceProcess(tmp_path / "svc2", vmd_state_dir=str(state), ask_model="small",
                                    ollama_url=server.url).start()
         try:
             alice = svc.client()

@@ -10,7 +10,9 @@
     POST /jobs/{id}/ask              a question about the job, answered from its record
     GET  /jobs/{id}/screen.png       the newest screenshot (bearer or preview token)
     GET  /jobs/{id}/preview?token=   the live preview page
-Another user's job answers 404, the same as a job that does not exist.
+Another user's job answers 404, the same as a job that does not exist. A request with a
+body is authenticated before its body is read (gate.py); every body field has a length
+limit, and a refusal says which field and what to do, without echoing what was sent.
 """
 
 from __future__ import annotations
@@ -23,41 +25,67 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, HTMLResponse, StreamingResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from vmd.verbs import name_problem
+
 from .ask import answer_question
-from .auth import Caller, authenticate, preview_token_valid, sign_preview
+from .auth import Caller, authenticate, preview_token_valid, redact_access_log, sign_preview
 from .config import ServiceConfig
+from .gate import BodyGate
 from .preview import render_preview
 from .store import FINAL_STATES, RESTING_STATES, Store
 from .workers import WorkerPool
 
 # An idle event stream sends a comment this often so proxies keep it open.
 KEEPALIVE_S = 15.0
+# Event sequence numbers fit SQLite's integer; a larger `after` asks for nothing real.
+MAX_SEQ = 2**62
+
+# Field limits, in characters. A task is typed into a chat: 20,000 characters is about ten
+# pages, and longer material (logs, specifications) belongs in the project's files. An
+# answer may paste the error the agent asked about, so it gets as much.
+TASK_CHARS = ANSWER_CHARS = 20000
+# A question about a job, or the reason given with a decision: a paragraph or two.
+QUESTION_CHARS = REASON_CHARS = 4000
+# vmd's name rule (vmd/verbs.py) allows 100 characters for a project.
+PROJECT_CHARS = 100
+# Guest image names are short words: debian, ubuntu-desktop, windows-11.
+OS_CHARS = 64
+# Open WebUI's chat and message ids are UUIDs (36 characters); Ollama model names are
+# `[host/][namespace/]name[:tag]`, e.g. hf.co/org/repo:Q4_K_M.
+ID_CHARS = MODEL_CHARS = 200
+# What to do about a field that is too long, beyond "shorten it".
+_TOO_LONG_HINTS = {
+    "task": "put long material (logs, specifications) in the project's files and name them in the task",
+    "answer": "put long material in the project's files and name them in the answer",
+    "question": "ask about one thing at a time",
+}
 
 
 class JobCreate(BaseModel):
-    task: str = Field(min_length=1, max_length=20000)
-    os: str = "debian"
-    project: str | None = None
-    chat_id: str = ""
-    message_id: str = ""
-    model: str | None = None
+    task: str = Field(min_length=1, max_length=TASK_CHARS)
+    os: str = Field("debian", min_length=1, max_length=OS_CHARS)
+    project: str | None = Field(None, max_length=PROJECT_CHARS)
+    chat_id: str = Field("", max_length=ID_CHARS)
+    message_id: str = Field("", max_length=ID_CHARS)
+    model: str | None = Field(None, max_length=MODEL_CHARS)
 
 
 class AnswerBody(BaseModel):
-    answer: str = Field(min_length=1)
+    answer: str = Field(min_length=1, max_length=ANSWER_CHARS)
 
 
 class DecisionBody(BaseModel):
-    reason: str = ""
+    reason: str = Field("", max_length=REASON_CHARS)
 
 
 class AskBody(BaseModel):
-    question: str = Field(min_length=1, max_length=4000)
+    question: str = Field(min_length=1, max_length=QUESTION_CHARS)
 
 
 class JobView(BaseModel):
@@ -127,13 +155,29 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     app = FastAPI(title="vmagent job service", lifespan=lifespan)
     app.state.config, app.state.store, app.state.pool = config, store, pool
+    app.add_middleware(BodyGate, config=config)
+    # Added last, so outermost: refusals from the gate carry CORS headers too.
     # Open WebUI shows the preview in a sandboxed iframe, whose origin is "null".
     app.add_middleware(CORSMiddleware, allow_origins=["null", *config.cors_origins],
                        allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type", "Last-Event-ID"])
+    redact_access_log()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer echoes each bad value back ("input"); this one names the
+        # field and says what to do, and sends nothing of what came in.
+        problems = [(error, validation_problem(error)) for error in exc.errors()]
+        return JSONResponse(status_code=422, content={
+            "detail": " ".join(problem for _, problem in problems),
+            "errors": [{"loc": list(error.get("loc", ())), "type": error.get("type"), "msg": problem}
+                       for error, problem in problems],
+        })
 
     def caller_of(request: Request) -> Caller:
-        return authenticate(request, config)
+        # The gate authenticated every request with a body before reading it.
+        caller = getattr(request.state, "caller", None)
+        return caller if isinstance(caller, Caller) else authenticate(request, config)
 
     def own_job(job_id: str, caller: Caller) -> dict:
         job = store.get_job(job_id)
@@ -144,10 +188,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
     def watched_job(request: Request, job_id: str, token: str | None) -> dict:
         """The job, for its owner's bearer token or for a valid preview token of this job."""
         job = store.get_job(job_id)
-        if job is not None and token and preview_token_valid(job, token):
+        if job is not None and token and preview_token_valid(job, token, config.preview_grace_s):
             return job
         if token and not request.headers.get("authorization"):
-            raise HTTPException(403, "This preview link is invalid or has expired; ask for the job again.")
+            raise HTTPException(403, "This preview link is not valid: it is malformed, it expired, or "
+                                "its job ended a while ago. The job's owner still sees its report.")
         return own_job(job_id, caller_of(request))
 
     def base_url(request: Request) -> str:
@@ -171,13 +216,23 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.post("/jobs", status_code=201)
     def create_job(body: JobCreate, request: Request) -> dict:
         caller = caller_of(request)
-        job = store.create_job(owner=caller.user, task=body.task, os=body.os, project=body.project,
+        project = body.project or None
+        # vmd refuses these at session_open; here the person hears it at once, and /ask can
+        # trust that a job's owner and project name exactly one of vmd's repositories.
+        problem = name_problem("project", project) if project else None
+        if problem is None and (owner_problem := name_problem("owner", caller.user)):
+            problem = (f"{owner_problem} A job's owner is the user its token names; ask the "
+                       "service's administrator for a user name that fits.")
+        if problem:
+            raise HTTPException(422, problem)
+        job = store.create_job(owner=caller.user, task=body.task, os=body.os, project=project,
                                chat_id=body.chat_id, message_id=body.message_id, model=body.model)
         pool.submit(job)
         return view(store.get_job(job["id"]), request)
 
     @app.get("/jobs")
-    def list_jobs(request: Request, chat_id: str | None = None, state: str | None = None,
+    def list_jobs(request: Request, chat_id: str | None = Query(None, max_length=ID_CHARS),
+                  state: str | None = Query(None, max_length=200),
                   limit: int = Query(50, ge=1, le=500)) -> dict:
         caller = caller_of(request)
         states = tuple(s for s in (state or "").split(",") if s) or None
@@ -241,17 +296,18 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.get("/jobs/{job_id}/preview", response_class=HTMLResponse)
     def preview(job_id: str, request: Request, token: str | None = None):
         job = watched_job(request, job_id, token)
-        if not token or not preview_token_valid(job, token):
+        if not token or not preview_token_valid(job, token, config.preview_grace_s):
             token = sign_preview(job, config.preview_ttl_s)
         return HTMLResponse(render_preview(job, token), headers={
             "Cache-Control": "no-store", "Content-Disposition": "inline"})
 
     @app.get("/jobs/{job_id}/events")
     async def events(job_id: str, request: Request, token: str | None = None,
-                     after: int = Query(0, ge=0), follow: bool = True,
+                     after: int = Query(0, ge=0, le=MAX_SEQ), follow: bool = True,
                      last_event_id: str | None = Header(None)):
         job = await run_in_threadpool(watched_job, request, job_id, token)
-        if last_event_id and last_event_id.isdigit():
+        # A browser sends back the id it saw; anything else ('²', 5,000 digits) is ignored.
+        if last_event_id and last_event_id.isascii() and last_event_id.isdigit() and len(last_event_id) < 19:
             after = max(after, int(last_event_id))
         return StreamingResponse(
             _event_stream(request, job["id"], after, follow),
@@ -286,3 +342,26 @@ def create_app(config: ServiceConfig) -> FastAPI:
             hub.unsubscribe(job_id, entry)
 
     return app
+
+
+def validation_problem(error: dict) -> str:
+    """One refused field as a sentence that says what to send instead."""
+    kind = error.get("type", "")
+    if kind == "json_invalid":
+        return 'The body is not valid JSON; send a JSON object such as {"task": "..."}.'
+    loc = [str(part) for part in error.get("loc", ())]
+    where = loc[0] if loc else ""
+    field = ".".join(loc[1:] if where in ("body", "query", "header", "path") else loc) or "the body"
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    if kind == "string_too_long":
+        length = f" has {len(value):,} characters," if isinstance(value, str) else " is"
+        return (f"`{field}`{length} longer than the {ctx.get('max_length', 0):,} allowed; "
+                f"{_TOO_LONG_HINTS.get(field, 'shorten it')}.")
+    if kind == "string_too_short":
+        return f"`{field}` is empty; it needs at least {ctx.get('min_length', 1)} character(s)."
+    if kind == "missing":
+        if field == "the body":
+            return "The request has no JSON body; send a JSON object with the fields this path takes."
+        return f"`{field}` is missing; send it in the {'JSON body' if where == 'body' else where}."
+    return f"`{field}`: {error.get('msg', 'is not valid')}; check the API description at /docs."

@@ -5,18 +5,24 @@
   `-Email`); those headers are honoured only together with it, since anyone can send them.
 - A preview link carries `exp.sig`, an HMAC of the job id and expiry under the job's own
   secret: it opens that one job's page, screen and events, and nothing else, with no cookie.
+  It stops working at its expiry, or a grace period after its job ended, whichever comes
+  first; and it never reaches the access log (`RedactPreviewTokens`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import re
 import time
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 from fastapi import HTTPException, Request
 
 from .config import ServiceConfig
+from .store import FINAL_STATES
 
 USER_ID_HEADER = "X-OpenWebUI-User-Id"
 USER_EMAIL_HEADER = "X-OpenWebUI-User-Email"
@@ -56,6 +62,12 @@ def authenticate(request: Request, config: ServiceConfig) -> Caller:
                         headers={"WWW-Authenticate": "Bearer"})
 
 
+# `exp.sig`: seconds since the epoch (12 digits reach the year 33658) and a SHA-256 hex
+# HMAC. Anything else is refused before a number is parsed or a signature compared:
+# `int()` takes non-ASCII digits ('²') and refuses 5,000-digit ones, both once a 500.
+_PREVIEW_TOKEN = re.compile(r"([0-9]{1,12})\.([0-9a-f]{64})")
+
+
 def _signature(secret: str, job_id: str, expires: int) -> str:
     return hmac.new(secret.encode(), f"{job_id}.{expires}".encode(), hashlib.sha256).hexdigest()
 
@@ -65,11 +77,54 @@ def sign_preview(job: dict, ttl_s: int, now: float | None = None) -> str:
     return f"{expires}.{_signature(job['preview_secret'], job['id'], expires)}"
 
 
-def preview_token_valid(job: dict, token: str, now: float | None = None) -> bool:
-    expires_text, _, signature = (token or "").partition(".")
-    if not expires_text.isdigit() or not signature:
+def preview_token_valid(job: dict, token: str, grace_s: float, now: float | None = None) -> bool:
+    """True for this job's own unexpired token, while the job runs or waits and for
+    `grace_s` seconds after it ended (`ended`, or `updated` for rows from before it)."""
+    match = _PREVIEW_TOKEN.fullmatch(token or "")
+    if match is None:
         return False
-    expires = int(expires_text)
-    if expires < (now or time.time()):
+    expires, signature = int(match[1]), match[2]
+    if not hmac.compare_digest(signature, _signature(job["preview_secret"], job["id"], expires)):
         return False
-    return hmac.compare_digest(signature, _signature(job["preview_secret"], job["id"], expires))
+    now = time.time() if now is None else now
+    if expires < now:
+        return False
+    if job["state"] in FINAL_STATES and now > (job.get("ended") or job["updated"]) + grace_s:
+        return False
+    return True
+
+
+class RedactPreviewTokens(logging.Filter):
+    """Replaces the value of every `token` query parameter in a log record's arguments.
+
+    A preview link is the key to a job's screen and terminal, and uvicorn's access log
+    writes each request's path with its query string ('GET /jobs/…/preview?token=…')."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_query(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = redact_query(record.msg)
+        return True
+
+
+# One query parameter: its name and value, each ending where the URL does in a log line.
+_QUERY_PARAM = re.compile(r"(?<=[?&])([^=&\s\"?#]+)=([^&\s\"#]*)")
+
+
+def redact_query(text: str) -> str:
+    """`text` with the value of each query parameter named `token` (in any spelling a
+    server decodes to that, e.g. `tok%65n`) replaced by `[redacted]`."""
+    def redact(match: re.Match) -> str:
+        if unquote_plus(match[1]).strip().lower() == "token":
+            return f"{match[1]}=[redacted]"
+        return match[0]
+
+    return _QUERY_PARAM.sub(redact, text) if "=" in text else text
+
+
+def redact_access_log() -> None:
+    """Installs RedactPreviewTokens on uvicorn's access logger, once."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactPreviewTokens) for f in access.filters):
+        access.addFilter(RedactPreviewTokens())

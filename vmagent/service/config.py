@@ -32,9 +32,21 @@ class ServiceConfig(BaseModel):
     cancel_grace_s: float = 3.0
     # Preview links live this long: a job runs up to two hours and people look later.
     preview_ttl_s: int = 24 * 3600
+    # ...but no longer than this after their job reaches a final state (done, failed,
+    # cancelled): a person watching sees the end, and a link left in a chat, a browser
+    # history or a log stops opening the job's screen and terminal soon after.
+    preview_grace_s: float = Field(default=300.0, ge=0)
+    # Request bodies above this are refused (413) before they are read. The largest valid
+    # body (a 20,000-character task, each character at most 12 bytes as a JSON escape)
+    # is under 250 KB; a body is held in memory whole while it is parsed.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=4096)
     vmd_socket: str | None = None
-    # Where vmd keeps project repositories (read-only here), for questions about a job.
-    projects_dir: Path | None = None
+    # vmd's state folder (VMD_STATE_DIR, the same default as vmd's). The service only reads
+    # vmd's bare project repositories under it, `repos/<owner>/<project>.git`, to answer
+    # questions about a job; the guest never reaches those.
+    vmd_state_dir: Path = Path("/var/lib/vmagent/state")
+    # One git command reading that history; a repository on a slow disk takes seconds.
+    ask_git_timeout_s: float = Field(default=20.0, gt=0)
     # Model for questions about finished jobs; empty: an extractive answer from the record.
     ollama_url: str = ""
     ask_model: str = ""
@@ -71,7 +83,7 @@ def load_config(path: str | os.PathLike | None = None, **overrides) -> ServiceCo
         data["tokens"] = tokens
     for key, name in (("public_url", "VMAGENT_PUBLIC_URL"), ("data_dir", "VMAGENT_DATA_DIR"),
                       ("ollama_url", "OLLAMA_URL"), ("ask_model", "VMAGENT_ASK_MODEL"),
-                      ("vmd_socket", "VMD_SOCKET"), ("projects_dir", "VMAGENT_PROJECTS_DIR")):
+                      ("vmd_socket", "VMD_SOCKET"), ("vmd_state_dir", "VMD_STATE_DIR")):
         if env.get(name):
             data[key] = env[name]
     if env.get("VMAGENT_MAX_CONCURRENT"):

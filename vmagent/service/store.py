@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_pid INTEGER,
     frames_offset INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    ended REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_owner_chat ON jobs (owner, chat_id, created);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, created);
@@ -61,8 +62,10 @@ _COLUMNS = (
     "id", "owner", "chat_id", "message_id", "task", "os", "project", "model", "state",
     "question", "report", "session_id", "verification_passed", "steps", "status_line",
     "tasks_text", "preview_ready", "screenshot_seq", "preview_secret", "worker_pid",
-    "frames_offset", "created", "updated",
+    "frames_offset", "created", "updated", "ended",
 )
+# Columns added after the first release: (name, SQL type), added to an older database.
+_ADDED_COLUMNS = (("ended", "REAL"),)
 
 
 class Store:
@@ -81,6 +84,10 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        present = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for name, kind in _ADDED_COLUMNS:
+            if name not in present:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         with self._lock:
@@ -101,7 +108,7 @@ class Store:
             "session_id": None, "verification_passed": None, "steps": 0, "status_line": "queued",
             "tasks_text": "", "preview_ready": 0, "screenshot_seq": 0,
             "preview_secret": secrets.token_hex(32), "worker_pid": None, "frames_offset": 0,
-            "created": now, "updated": now,
+            "created": now, "updated": now, "ended": None,
         }
         with self._lock:
             self._db.execute(
@@ -131,6 +138,8 @@ class Store:
         """Change state and record the change as an event, so watchers see it too."""
         if state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}")
+        # When it ended: preview links stop working a grace period later.
+        fields["ended"] = time.time() if state in FINAL_STATES else None
         job = self.update_job(job_id, state=state, **fields)
         event: dict = {"type": "state", "state": state}
         if job and job.get("question") and state in ("needs_input", "needs_approval"):

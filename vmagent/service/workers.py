@@ -36,6 +36,40 @@ MAX_LINE_CHARS = 4000
 # How often a reader looks for new frames when the file has none.
 TAIL_INTERVAL_S = 0.05
 
+# A worker inherits only these from the service's environment: what Python, the turn loop,
+# the model client and vmd's client read. The service holds every user's token
+# (VMAGENT_TOKENS, VMAGENT_SERVICE_TOKEN) and a deployment may hold more (GITEA_TOKEN);
+# a worker runs work a model chose and needs none of them.
+WORKER_ENV = frozenset({
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "SSL_CERT_FILE",
+    "SSL_CERT_DIR", "VMD_SOCKET", "OLLAMA_HOST", "VMAGENT_SCREEN_WATCH_S",
+})
+WORKER_ENV_PREFIXES = ("LC_",)
+# Never passed on, even if a future agent setting were named like one of them.
+SECRET_ENV = frozenset({"VMAGENT_SERVICE_TOKEN", "VMAGENT_TOKENS", "GITEA_TOKEN"})
+
+
+def worker_env_names() -> frozenset[str]:
+    """WORKER_ENV and the agent settings the worker reads (vmagent/config.py, prompts.py)."""
+    from vmagent.config import CONFIG_ENV, AgentConfig
+    from vmagent.prompts import ENV_VAR as PROMPTS_ENV
+
+    settings = {f"VMAGENT_{name.upper()}" for name in AgentConfig.model_fields}
+    return (WORKER_ENV | settings | {CONFIG_ENV, PROMPTS_ENV, "VMAGENT_MODEL"}) - SECRET_ENV
+
+
+def worker_environment(config: ServiceConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a worker process starts with: the allowed part of `environ`
+    (the service's own by default), unbuffered output, and the configured vmd socket."""
+    environ = os.environ if environ is None else environ
+    names = worker_env_names()
+    env = {key: value for key, value in environ.items()
+           if (key in names or key.startswith(WORKER_ENV_PREFIXES)) and key not in SECRET_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    if config.vmd_socket:
+        env["VMD_SOCKET"] = config.vmd_socket
+    return env
+
 
 def write_job_file(job_dir: Path, data: dict) -> None:
     tmp = job_dir / "job.json.tmp"
@@ -178,9 +212,7 @@ class WorkerPool:
         frames_path = job_dir / "frames.ndjson"
         offset = frames_path.stat().st_size if frames_path.exists() else 0
         command = self.config.resolved_worker_command() + ["--job-dir", str(job_dir)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if self.config.vmd_socket:
-            env["VMD_SOCKET"] = self.config.vmd_socket
+        env = worker_environment(self.config)
         with open(frames_path, "ab") as frames, open(job_dir / "worker.log", "ab") as errors:
             try:
                 popen = subprocess.Popen(

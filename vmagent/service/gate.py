@@ -1,0 +1,66 @@
+"""What a request passes before its body is read: a known caller, and a size cap.
+
+FastAPI reads and parses a route's body before it resolves the route's dependencies, so
+a check inside the route (or a dependency) comes too late: an unauthenticated 30 MB task
+was read, parsed, and echoed back in a 422. This gate is plain ASGI in front of the
+routes. For every method that carries a body it authenticates from the headers alone and
+answers 401 without touching the body; for every request it refuses a declared length
+over `max_body_bytes` (413) and stops a chunked body as soon as it passes that.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .auth import authenticate
+from .config import ServiceConfig
+
+# Methods whose requests carry no body worth reading; every other one needs a caller.
+BODYLESS_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def too_large(limit: int) -> HTTPException:
+    return HTTPException(413, f"The request body is larger than this service accepts "
+                              f"({limit:,} bytes, `max_body_bytes`); send a shorter one.")
+
+
+class BodyGate:
+    def __init__(self, app: ASGIApp, config: ServiceConfig):
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)  # headers only: its body is never asked for here
+        limit = self.config.max_body_bytes
+        try:
+            if scope["method"] not in BODYLESS_METHODS:
+                # Routes take it from here instead of authenticating again.
+                scope.setdefault("state", {})["caller"] = authenticate(request, self.config)
+            declared = request.headers.get("content-length", "")
+            # (uvicorn refuses a Content-Length that is not a number before this runs.)
+            if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+                raise too_large(limit)
+        except HTTPException as refusal:
+            await JSONResponse({"detail": refusal.detail}, refusal.status_code,
+                               headers=refusal.headers)(scope, receive, send)
+            return
+
+        received = 0
+
+        async def capped_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    # FastAPI passes an HTTPException from reading the body on as it is.
+                    raise too_large(limit)
+            return message
+
+        await self.app(scope, capped_receive, send)
