@@ -94,7 +94,7 @@ def test_vmagent_run_on_a_real_guest(tmp_path, vmd_serve):
     assert "✅ verified" in report and "exit code **0**" in report and CHECK in report
     project = state / "projects" / "local" / "greeting"
     assert (project / "greet.py").read_text() == "print('hello from the guest')\n"
-    bare = state / "git" / "local" / "greeting.git"
+    bare = state / "repos" / "local" / "greeting.git"
     head = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "main"], capture_output=True,
                           text=True, check=True).stdout.strip()
     assert head[:12] in report and str(bare) in report and "`A greet.py`" in report

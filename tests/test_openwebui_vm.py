@@ -241,7 +241,7 @@ def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp
 
         # the report: vmd's own re-run of the check, and the commit
         assert "✅ verified" in report and "exit code **0**" in report and CHECK in report, report
-        bare = vmd.state / "git" / USER["id"] / f"{PROJECT}.git"
+        bare = vmd.state / "repos" / USER["id"] / f"{PROJECT}.git"
         head = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "main"], capture_output=True,
                               text=True, check=True).stdout.strip()
         assert head[:12] in report, report
