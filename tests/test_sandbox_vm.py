@@ -57,7 +57,7 @@ def test_a_hostile_guest_cannot_run_anything_on_the_host_or_reach_another_tenant
                          commit_max_file_mib=100)
     alice = other_tenant(config, gitea)
     marker = f"/tmp/vmagent-pwned-{secrets.token_hex(6)}"
-    run_on_host = f"sh -c 'env > {marker}; touch {marker}.ran'"
+    run_on_host = f"env > {marker}; touch {marker}.ran"
     push_url = f"{gitea.url}/mallory/app.git"
     alice_url = f"{gitea.url}/alice/secret.git"
 
@@ -82,7 +82,7 @@ def test_a_hostile_guest_cannot_run_anything_on_the_host_or_reach_another_tenant
 
         # The traps. Each would run `run_on_host` as root on the host, redirect the push,
         # copy alice's objects, or cost the honest work, if the host read it.
-        guest(f"""set -e
+        c.call("write_file", path="/tmp/traps.sh", content=f"""set -e
 cd /mnt/project
 git -C vendor config filter.x.clean "{run_on_host}"
 git -C vendor config filter.x.smudge "{run_on_host}"
@@ -95,7 +95,7 @@ git config diff.x.textconv "{run_on_host}"
 echo '* diff=x' > .gitattributes
 mkdir -p .githooks .git/hooks
 for h in pre-commit post-commit reference-transaction pre-push; do
-  printf '#!/bin/sh\\n{run_on_host}\\n' > .githooks/$h; cp .githooks/$h .git/hooks/$h
+  printf '#!/bin/sh\\n%s\\n' "{run_on_host}" > .githooks/$h; cp .githooks/$h .git/hooks/$h
   chmod +x .githooks/$h .git/hooks/$h
 done
 mkdir -p leak && echo 'gitdir: {alice['repo']}' > leak/.git
@@ -106,12 +106,14 @@ truncate -s 200M big.bin
 mkfifo fifo
 sudo mknod null-device c 1 3
 sudo cp /bin/sh rootshell && sudo chown root:root rootshell && sudo chmod 4755 rootshell
-sudo chown -R 0:0 /mnt/project
-sudo touch /mnt/project/app.py
 ln -s /etc/shadow shadow-link
+sudo chown -R 0:0 /mnt/project
+sudo chmod 4755 rootshell  # (the chown above cleared it)
+sudo touch /mnt/project/app.py
 # Keep rewriting .git/config while the host closes the session.
-setsid nohup bash -c 'while true; do printf "[core]\\n\\tfsmonitor = {run_on_host}\\n" > /mnt/project/.git/config.new; mv /mnt/project/.git/config.new /mnt/project/.git/config; done' >/dev/null 2>&1 < /dev/null &
+sudo setsid nohup bash -c 'while true; do printf "[core]\\n\\tfsmonitor = {run_on_host}\\n" > /mnt/project/.git/config.new; mv /mnt/project/.git/config.new /mnt/project/.git/config; done' >/dev/null 2>&1 < /dev/null &
 """)
+        guest("bash /tmp/traps.sh")
         seen = guest("stat -c '%U %a %F %n' rootshell null-device app.py")
         assert "root 4755" in seen["stdout"]  # the guest believes it made a setuid root file
         assert "character special" in seen["stdout"]
