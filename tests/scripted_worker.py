@@ -1,7 +1,9 @@
 """A stand-in job worker for the service tests: same command line, job.json and frames as
 `python -m vmagent.worker`, but it plays a script chosen by words in the task instead of
 running the turn loop. Words: `question`, `unfreeze`, `slow`, `stubborn` (ignores SIGTERM),
-`crash` (dies mid-job without a report); anything else finishes at once.
+`crash` (dies mid-job without a report), `not proven` (done: the check passed but also
+passed on the project before), `check fails` (failed: vmd's check failed three times);
+anything else finishes at once, verified and proven.
 
 Tests that use it say so with `uses_scripted_worker`; those must move to the real worker
 (`vmagent.worker` + the loop + tests/ollama_server.py + vmd) once they can.
@@ -55,10 +57,14 @@ def main() -> int:
         sys.stdout.flush()
 
     def outcome(state: str, report: str, **extra) -> None:
+        verified = extra.get("verified")
+        verification = extra.get("verification") or {
+            "passed": verified, "proven": True if verified else None, "attempts": 0 if verified is None else 1}
         emit({"type": "done", "outcome": {"state": state, "report": report,
                                            "session_id": extra.get("session_id", "sess-1"),
                                            "question": extra.get("question"),
-                                           "verification_passed": extra.get("verified"),
+                                           "verification_passed": verification["passed"],
+                                           "verification": verification,
                                            "steps": extra.get("steps", 3)}})
 
     if job.get("mode") == "resume":
@@ -107,6 +113,14 @@ def main() -> int:
                 return 0
             emit({"type": "output", "stream": "stdout", "line": f"tick {i}"})
         outcome("done", "# Job done\n\nslow job finished", verified=True)
+        return 0
+    if "not proven" in task:
+        outcome("done", "# vmagent session sess-1\n\n**Outcome: ⚠️ passed, not proven** — vmd ran `true`.",
+                verification={"passed": True, "proven": False, "attempts": 2})
+        return 0
+    if "check fails" in task:
+        outcome("failed", "# vmagent session sess-1\n\n**Outcome: ❌ verification failed** — vmd ran `pytest`.",
+                verification={"passed": False, "proven": None, "attempts": 3})
         return 0
     emit({"type": "tasks", "text": "1. [done] write main.py\n2. [done] run the tests"})
     outcome("done", f"# Job done: {task}\n\nChanged main.py; `python3 main.py` printed hello. "

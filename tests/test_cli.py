@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.loop_harness import call, calls, running_vmd
 from tests.ollama_server import start_ollama
 from tests.test_loop import finish_script
+from vmagent.cli import exit_code
+from vmagent.loop import Outcome, Verification
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,18 +38,49 @@ def test_run_shows_progress_prints_the_report_and_exits_0_when_verified(tmp_path
     assert done.returncode == 0, done.stderr + done.stdout
     assert "$ python3 hello.py" in done.stderr and "    hello" in done.stderr
     assert "[ ] 1. write hello.py" in done.stderr  # the task list when it changed
-    assert done.stdout.startswith("# vmagent session ") and "✅ verified" in done.stdout
+    assert done.stdout.startswith("# vmagent session ") and "✅ verified and proven" in done.stdout
 
 
 def test_run_exits_1_when_vmds_verification_fails(tmp_path):
+    # A failed check is refused and the agent goes on; the third failure ends the job failed.
     script = finish_script()
-    script[-1] = call("finish", {"summary": "it works, trust me",
-                                 "verification": {"command": "python3 hello.py | grep -q goodbye"}})
+    script[-1:] = [call("finish", {"summary": "it works, trust me",
+                                   "verification": {"command": f"python3 hello.py | grep -q goodbye{n}"}})
+                   for n in range(3)]
     with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
         done = vmagent("run", "write hello.py", "--project", "hello",
                        env=environment(VMD_SOCKET=vmd.socket, OLLAMA_HOST=server.url))
-    assert done.returncode == 1
-    assert "❌ verification failed" in done.stdout
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert "❌ verification failed" in done.stdout.splitlines()[2]
+    assert "state: failed" in done.stderr
+
+
+def test_run_exits_3_when_the_check_passes_but_proves_nothing(tmp_path):
+    # `python3 --version` passes on the project as it was before the job too: refused once,
+    # then the job ends passed, not proven.
+    script = finish_script()
+    script[-1:] = [call("finish", {"summary": "done", "verification": {"command": "python3 --version"}})] * 2
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        done = vmagent("run", "write hello.py", "--project", "hello",
+                       env=environment(VMD_SOCKET=vmd.socket, OLLAMA_HOST=server.url))
+    assert done.returncode == 3, done.stderr + done.stdout
+    assert "passed, not proven" in done.stdout.splitlines()[2]
+    assert "state: done" in done.stderr
+
+
+@pytest.mark.parametrize("state, passed, proven, code", [
+    ("done", True, True, 0),
+    ("done", True, False, 3),
+    ("done", True, None, 3),  # vmd could not run the check on the baseline: not proven
+    ("failed", False, None, 1),
+    ("done", None, None, 1),
+    ("cancelled", None, None, 1),
+    ("question", None, None, 1),
+])
+def test_the_exit_code_follows_vmds_verdict(state, passed, proven, code):
+    outcome = Outcome(state=state, report="", session_id=None, question=None, verification_passed=passed,
+                      verification=Verification(passed=passed, proven=proven, attempts=1), steps=1)
+    assert exit_code(outcome) == code
 
 
 def test_run_exits_2_when_vmd_is_not_there(tmp_path):

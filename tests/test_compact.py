@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import json
+import math
 
 from tests.ollama_server import Turn, honest_prompt_tokens, start_ollama
 from vmagent.compact import (
@@ -118,6 +120,21 @@ def test_calibration_learns_the_ratio_from_prompt_eval_count():
     ratio = calibration.chars_per_token
     calibration.observe(messages, TOOLS, config.num_ctx)
     assert calibration.chars_per_token == ratio
+
+
+def test_tools_are_counted_as_ollamas_client_sends_them():
+    # The client keeps a property's type, items, description and enum only. Counting our
+    # full schemas (bounds, defaults, a nested object's fields) taught the calibration too
+    # loose a ratio, and long prompts went past the target by a few dozen tokens.
+    from vmagent import tools
+
+    schemas = tools.schemas("linux", "working", True)
+    with start_ollama(["fine"]) as server:
+        _, llm, _ = make(server.url)
+        llm.chat([TASK], tools=schemas)
+    sent = json.dumps(server.chat_requests[-1]["tools"], ensure_ascii=False)
+    assert len(sent) < len(json.dumps(schemas, ensure_ascii=False))  # the client dropped fields
+    assert estimate_tokens([], schemas) == math.ceil(len(sent) / 4)
 
 
 # --- compaction -----------------------------------------------------------------------

@@ -37,26 +37,94 @@ def _gate_sequence(c: Vmd) -> None:
     assert refused["accepted"] is False and refused["text"].startswith("REFUSED:")
     assert "no command was ever run" in refused["text"]
 
-    c.call("run", command="echo 'exit 1' > check.sh")
-    # The agent claims success; vmd runs the command and the outcome follows vmd.
-    finished = c.call("finish", summary="All tests pass, exit 0.",
-                      verification={"command": "echo checking; bash check.sh", "expect_exit": 0})
-    assert finished["accepted"] is True
-    assert finished["outcome"]["exit_code"] == 1 and finished["outcome"]["passed"] is False
-    assert "checking" in finished["outcome"]["output_tail"]
-    assert "NOT verified" in finished["text"]
-    report = c.call("report")
-    assert report["outcome"]["status"] == "failed" and report["outcome"]["exit_code"] == 1
-    assert "verification failed" in report["markdown"]
+    c.call("run", command="echo 'echo checking; exit 1' > check.sh")
+    # The agent claims success; vmd runs the command, and a failure is work left.
+    refused = c.call("finish", summary="All tests pass, exit 0.",
+                     verification={"command": "bash check.sh", "expect_exit": 0})
+    assert refused["accepted"] is False and refused["text"].startswith("REFUSED: your verification failed")
+    assert "exit 1" in refused["text"] and "checking" in refused["text"]
+    assert c.call("session_status")["state"] == "ready"  # the session goes on
+    assert c.call("report")["outcome"]["status"] == "unverified"
 
     c.call("run", command="echo 'exit 0' > check.sh")
     finished = c.call("finish", summary="fixed", verification="bash check.sh")  # a string is the command
-    assert finished["outcome"]["exit_code"] == 0 and finished["outcome"]["passed"] is True
-    assert c.call("report")["outcome"]["status"] == "passed"
+    # The check needs the work: on the project as it was (empty), `bash check.sh` fails.
+    assert finished["accepted"] is True, finished
+    assert finished["outcome"]["passed"] is True and finished["outcome"]["proven"] is True
+    assert finished["outcome"]["baseline"]["exit_code"] != 0
+    report = c.call("report")
+    assert report["outcome"]["status"] == "passed" and report["outcome"]["attempts"] == 2
+    assert "verified and proven" in report["markdown"].splitlines()[2]
+    assert "Attempts (2)" in report["markdown"]
 
 
 def test_finish_is_refused_while_a_task_is_open_and_before_any_run_and_follows_vmd(session):
     _gate_sequence(session)
+
+
+def _work_done(c: Vmd) -> None:
+    c.call("plan_tasks", tasks=["one"])
+    c.call("run", command="echo 'print(1)' > app.py")
+    c.call("update_task", id=1, status="done")
+
+
+def test_a_check_that_needs_no_work_is_refused_once_then_passed_not_proven(session):
+    _work_done(session)
+    refused = session.call("finish", summary="done", verification="true")
+    assert refused["accepted"] is False
+    assert "also passes on the project as it was before" in refused["text"]
+    finished = session.call("finish", summary="done", verification="test -d .")
+    assert finished["accepted"] is True and finished["outcome"]["passed"] is True
+    assert finished["outcome"]["proven"] is False and "NOT proven" in finished["text"]
+    report = session.call("report")
+    assert report["outcome"]["status"] == "passed_not_proven"
+    assert "passed, not proven" in report["markdown"].splitlines()[2]
+
+
+def test_three_failed_verifications_end_the_session_failed_with_every_attempt(session):
+    _work_done(session)
+    for attempt in (1, 2):
+        refused = session.call("finish", summary="done", verification=f"echo try {attempt}; exit 3")
+        assert refused["accepted"] is False and "REFUSED" in refused["text"]
+    finished = session.call("finish", summary="done", verification="echo try 3; exit 3")
+    assert finished["accepted"] is True and finished["outcome"]["passed"] is False
+    assert "NOT verified after 3 failed verifications" in finished["text"]
+    report = session.call("report")
+    assert report["outcome"]["status"] == "failed" and report["outcome"]["attempts"] == 3
+    for attempt in (1, 2, 3):
+        assert f"echo try {attempt}; exit 3` → exit 3" in report["markdown"]
+
+
+def test_a_closed_task_is_a_checkpoint_commit_and_the_close_carries_the_verification(tmp_path):
+    import subprocess
+    from vmd import verbs as V
+    config = make_config(tmp_path)
+    server = VmdServer(config, LocalMachines()).start()
+    c = Vmd(config.socket, timeout=60).connect()
+    try:
+        c.call("session_open", project="steps", task="two steps")
+        c.call("plan_tasks", tasks=["first file", "second file"])
+        c.call("run", command="echo one > one.txt")
+        assert "Checkpoint" in c.call("update_task", id=1, status="done")["text"]
+        c.call("run", command="echo two > two.txt")
+        c.call("update_task", id=2, status="done")
+        c.call("finish", summary="done", verification="test -f two.txt && test -f one.txt")
+        closed = c.call("session_close")
+        report = c.call("report")["markdown"]
+    finally:
+        c.close()
+        server.stop()
+    repo = V.repository_path(config.state_dir, "", "steps")
+    log = subprocess.run(["git", "--git-dir", str(repo), "log", "--reverse", "--format=%s", "main"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert log == ["Task 1 done: first file", "Task 2 done: second file", "two steps"]
+    files = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "--name-only", "main~2"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert files == ["one.txt"]
+    body = subprocess.run(["git", "--git-dir", str(repo), "log", "-1", "--format=%B", "main"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "verified and proven" in body and closed["commit"][:12] in report
+    assert "checkpoint `" in report
 
 
 def test_finish_without_a_verification_is_refused(session):

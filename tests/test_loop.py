@@ -12,7 +12,7 @@ from tests.loop_harness import (agent_config, call, calls, running_vmd, sent_too
                                 user_texts)
 from tests.ollama_server import Turn, start_ollama, unused_port
 from vmagent.config import AgentConfig
-from vmagent.loop import JobSpec, Outcome, resume_job, run_job
+from vmagent.loop import JobSpec, Outcome, Verification, resume_job, run_job, verification_of
 from vmagent.tools import PLANNING_TOOLS
 
 PLAN = call("plan_tasks", {"tasks": ["write hello.py", "check it prints hello"]}, content="Planning.")
@@ -72,6 +72,76 @@ def test_finish_refused_while_a_task_is_open_and_the_loop_recovers(tmp_path):
     assert types[-2:] == ["state", "done"] and "tasks" in types and "command" in types
     assert {"type": "command", "command": "python3 hello.py"} in events
     assert {"type": "output", "stream": "stdout", "line": "hello"} in events
+
+
+def work_done_script(*finishes: str) -> list:
+    """Plan, write hello.py, close both tasks, then one finish per verification command."""
+    return [
+        PLAN,
+        calls(("write_file", {"path": "hello.py", "content": "print('hello')\n"}),
+              ("run", {"command": "python3 hello.py"}),
+              ("update_task", {"id": 1, "status": "done", "note": "written"}),
+              ("update_task", {"id": 2, "status": "done", "note": "prints hello"})),
+        *[call("finish", {"summary": "hello.py prints hello", "verification": {"command": c}})
+          for c in finishes],
+    ]
+
+
+def test_a_failed_check_is_refused_and_the_agent_goes_on_to_a_proven_finish(tmp_path):
+    script = work_done_script("python3 hello.py | grep -qx goodbye")
+    script += [call("run", {"command": "python3 hello.py"}, content="It prints hello, not goodbye."),
+               call("finish", {"summary": "hello.py prints hello",
+                               "verification": {"command": "test \"$(python3 hello.py)\" = hello"}})]
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        # The guards at their tightest: a reminder every step, a notice on the second repeat.
+        config = agent_config(server, stall_reminder_steps=1, repeat_notice_after=2)
+        outcome = run(tmp_path, vmd, server, config=config)
+    assert outcome.state == "done", outcome.report
+    assert outcome.verification == Verification(passed=True, proven=True, attempts=2)
+    assert outcome.verification_passed is True and outcome.steps == len(script)
+    # the refusal is the finish's tool result, and the model was asked again after it
+    refused = [r for r in tool_results(server.chat_requests[3]) if r.startswith("REFUSED")]
+    assert refused and refused[-1].startswith("REFUSED: your verification failed")
+    assert "exit 1" in refused[-1] and "grep -qx goodbye" in refused[-1]
+    assert "✅ verified and proven" in outcome.report.splitlines()[2]
+
+
+def test_a_check_that_proves_nothing_is_refused_once_then_the_job_ends_passed_not_proven(tmp_path):
+    script = work_done_script("true", "python3 --version")
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "done", outcome.report
+    assert outcome.verification == Verification(passed=True, proven=False, attempts=2)
+    assert outcome.verification_passed is True  # it passed; it proves nothing
+    refusal = tool_results(server.chat_requests[-1])[-1]
+    assert refusal.startswith("REFUSED") and "as it was before this session" in refusal
+    assert "passed, not proven" in outcome.report.splitlines()[2]
+
+
+def test_a_check_that_keeps_failing_ends_the_job_failed(tmp_path):
+    script = work_done_script("exit 4", "python3 hello.py | grep -q bye", "test -f missing.txt")
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "failed", outcome.report
+    assert outcome.verification == Verification(passed=False, proven=None, attempts=3)
+    assert "vmd ended the session as failed" in outcome.report
+    assert "❌ verification failed" in outcome.report.splitlines()[2]
+    assert_closed_with_report(vmd, outcome)
+
+
+@pytest.mark.parametrize("outcome, verification", [
+    ({"status": "passed", "proven": True, "attempts": 2}, Verification(passed=True, proven=True, attempts=2)),
+    ({"status": "passed_not_proven", "proven": False, "attempts": 1}, Verification(passed=True, proven=False, attempts=1)),
+    # vmd could not run the check on the baseline: not proven, and not shown to prove nothing
+    ({"status": "passed_not_proven", "proven": None, "attempts": 1}, Verification(passed=True, proven=None, attempts=1)),
+    ({"status": "failed", "proven": None, "attempts": 3}, Verification(passed=False, proven=None, attempts=3)),
+    ({"status": "unverified", "proven": None, "attempts": 2}, Verification(passed=None, proven=None, attempts=2)),
+    # a vmd from before the baseline check: one run, nothing known about proof beyond "passed"
+    ({"status": "failed"}, Verification(passed=False, proven=None, attempts=1)),
+    ({}, Verification(passed=None, proven=None, attempts=0)),
+], ids=["passed", "not-proven", "not-proven-unchecked", "failed", "unverified", "older-vmd", "empty"])
+def test_vmds_report_status_becomes_the_jobs_verification(outcome, verification):
+    assert verification_of(outcome) == verification
 
 
 def test_planning_turn_offers_only_planning_tools_then_the_machine_is_handed_over(tmp_path):

@@ -100,3 +100,11 @@ def test_the_repositorys_prompts_name_only_tools_that_exist():
         "plan", "add", "update", "read", "write", "append", "edit", "list", "git", "launch",
         "check", "ask", "request"}}
     assert tool_like <= set(tools.TOOLS), tool_like - set(tools.TOOLS)
+
+
+def test_the_repositorys_prompt_says_what_a_good_check_is():
+    text = (prompts.REPO_PROMPTS_DIR / "prompt.md").read_text()
+    assert "fails before your work and passes after it" in text
+    assert "`true`, `test -d`, or a test that asserts nothing" in text
+    assert "project as it was before the session" in text and "passed, not proven" in text
+    assert "A check that fails means the work is not done: `finish` is refused" in text

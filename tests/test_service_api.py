@@ -82,6 +82,7 @@ def test_a_job_runs_to_a_report_with_its_events_in_order(service):
     assert "/jobs/%s/preview?token=" % job["id"] in job["preview_url"]
     done = wait_for_state(alice, job["id"], "done")
     assert done["report"].startswith("# Job done") and done["verification_passed"] is True
+    assert done["verification"] == {"passed": True, "proven": True, "attempts": 1}
     assert done["session_id"] == "sess-1" and done["steps"] == 3
     assert done["tasks"].startswith("1. [done]") and done["preview_ready"] is True
     with alice.stream("GET", f"/jobs/{job['id']}/events") as stream:
@@ -92,6 +93,54 @@ def test_a_job_runs_to_a_report_with_its_events_in_order(service):
     assert kinds[-2:] == ["done", "state"] and body.rstrip().endswith('"seq": %d}' % len(kinds))
     png = alice.get(f"/jobs/{job['id']}/screen.png")
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+
+
+@uses_scripted_worker
+@pytest.mark.parametrize("task, state, verification", [
+    ("write main.py", "done", {"passed": True, "proven": True, "attempts": 1}),
+    ("not proven: the check passes before the work too", "done", {"passed": True, "proven": False, "attempts": 2}),
+    ("check fails three times", "failed", {"passed": False, "proven": None, "attempts": 3}),
+], ids=["verified", "passed-not-proven", "failed"])
+def test_the_job_api_shows_vmds_verification(service, task, state, verification):
+    alice = service.client()
+    job = start(alice, task, chat_id=f"chat-{state}-{verification['attempts']}")
+    assert job["verification"] == {"passed": None, "proven": None, "attempts": 0}
+    ended = wait_for_state(alice, job["id"], state)
+    assert ended["verification"] == verification
+    assert ended["verification_passed"] is verification["passed"]  # kept for older clients
+    [listed] = alice.get("/jobs", params={"chat_id": job["chat_id"]}).json()["jobs"]
+    assert listed["verification"] == verification
+
+
+def test_an_older_job_database_gains_the_verification_columns(tmp_path):
+    from vmagent.service.store import Store
+
+    db = tmp_path / "jobs.sqlite3"
+    with sqlite3.connect(db) as conn:  # the jobs table before `verification_proven`, `verification_attempts`
+        conn.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, owner TEXT NOT NULL, chat_id TEXT NOT NULL DEFAULT '', "
+                     "message_id TEXT NOT NULL DEFAULT '', task TEXT NOT NULL, os TEXT NOT NULL, project TEXT, "
+                     "model TEXT, state TEXT NOT NULL, question TEXT, report TEXT, session_id TEXT, "
+                     "verification_passed INTEGER, steps INTEGER NOT NULL DEFAULT 0, status_line TEXT NOT NULL "
+                     "DEFAULT '', tasks_text TEXT NOT NULL DEFAULT '', preview_ready INTEGER NOT NULL DEFAULT 0, "
+                     "screenshot_seq INTEGER NOT NULL DEFAULT 0, preview_secret TEXT NOT NULL, worker_pid INTEGER, "
+                     "frames_offset INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, updated REAL NOT NULL, "
+                     "ended REAL)")
+        for job_id, state, passed in (("verified", "done", 1), ("failed", "done", 0), ("unverified", "failed", None)):
+            conn.execute("INSERT INTO jobs (id, owner, task, os, state, verification_passed, preview_secret, "
+                         "created, updated) VALUES (?, 'alice', 't', 'debian', ?, ?, 's', 1, 2)",
+                         (job_id, state, passed))
+    store = Store(tmp_path)
+    # vmd ran an older job's check once, and never on the project as it was before.
+    assert {k: store.get_job("verified")[k] for k in ("verification_passed", "verification_proven",
+                                                      "verification_attempts")} == {
+        "verification_passed": 1, "verification_proven": None, "verification_attempts": 1}
+    assert store.get_job("failed")["verification_attempts"] == 1
+    assert store.get_job("unverified")["verification_attempts"] == 0
+    job = store.create_job(owner="alice", task="t", os="debian", project=None)
+    store.update_job(job["id"], verification_passed=1, verification_proven=0, verification_attempts=2)
+    assert store.get_job(job["id"])["verification_proven"] == 0
+    store.close()
+    Store(tmp_path).close()  # opening it again adds nothing twice
 
 
 @uses_scripted_worker
@@ -377,9 +426,29 @@ def test_real_worker_runs_a_job_to_a_verified_report(tmp_path):
             job = start(alice, "write hello.py that prints hello", project="hello")
             done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=60)
             assert done["state"] == "done" and done["verification_passed"] is True, done["report"]
+            # vmd's verdict: the check passed, and failed on the project before the job
+            assert done["verification"] == {"passed": True, "proven": True, "attempts": 1}
             assert done["session_id"] and done["preview_ready"] is True
             events = alice.get(f"/jobs/{job['id']}/events", params={"follow": "false"}).text
             assert '"command": "python3 hello.py"' in events and '"line": "hello"' in events
+        finally:
+            svc.stop()
+            _stop_workers(svc)
+
+
+def test_real_worker_a_check_that_proves_nothing_shows_as_passed_not_proven(tmp_path):
+    from tests.test_loop import work_done_script
+
+    # `true`, then `python3 --version`: both pass on the project as it was before the job.
+    with running_vmd(tmp_path) as vmd, start_ollama(work_done_script("true", "python3 --version")) as server:
+        svc = real_service(tmp_path, vmd, server).start()
+        try:
+            alice = svc.client()
+            job = start(alice, "write hello.py that prints hello", project="hello")
+            done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=60)
+            assert done["state"] == "done", done["report"]
+            assert done["verification"] == {"passed": True, "proven": False, "attempts": 2}
+            assert "passed, not proven" in done["report"].splitlines()[2]
         finally:
             svc.stop()
             _stop_workers(svc)

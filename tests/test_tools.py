@@ -362,6 +362,37 @@ def test_finish_refused_and_accepted_pass_vmds_text_through():
     assert outcome.ok and outcome.state == "finished" and "exited 0" in outcome.text
 
 
+def test_a_refused_verification_reaches_the_model_and_the_loop_goes_on():
+    text = ("REFUSED: your verification failed, so the work is not done yet. vmd ran `pytest -q`: "
+            "exit 1 (expected 0) after 2.1 s.\nOutput tail:\nE   assert 2 == 3")
+    vmd = FakeVmd({"finish": {"accepted": False, "outcome": None, "text": text,
+                              "attempt": {"attempt": 1, "command": "pytest -q", "exit_code": 1}}})
+    outcome = tools.call(vmd, "finish", {"summary": "x", "verification": "pytest -q"})
+    assert outcome.text == text and not outcome.ok and outcome.state is None
+
+
+@pytest.mark.parametrize("os_family", ["linux", "windows"])
+def test_finish_says_what_a_good_check_is(os_family):
+    text = tools.TOOLS["finish"].describe(os_family)
+    assert "fails before the work and passes after it" in text
+    assert "`true`" in text and "`test -d`" in text and "asserts nothing" in text
+    assert "as it was before the session" in text and "not proven" in text
+    assert "A check that fails is refused" in text
+
+
+def test_the_verification_shape_reaches_the_model_through_ollamas_client():
+    # The client drops a nested object's fields: only the description tells the model the shape.
+    from vmagent.llm import wire_tools
+
+    for os_family, shell in (("linux", "bash"), ("windows", "PowerShell 5.1")):
+        [finish] = [t for t in wire_tools(tools.schemas(os_family, "working", False))
+                    if t["function"]["name"] == "finish"]
+        verification = finish["function"]["parameters"]["properties"]["verification"]
+        assert "properties" not in verification
+        assert '"command"' in verification["description"] and '"expect_exit"' in verification["description"]
+        assert shell in verification["description"]
+
+
 def test_task_verbs_show_the_task_list():
     vmd = FakeVmd({"plan_tasks": {"tasks": "1. [ ] build\n2. [ ] test", "text": "Planned 2 tasks."}})
     outcome = tools.call(vmd, "plan_tasks", ["build", "test"])

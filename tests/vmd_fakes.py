@@ -67,6 +67,24 @@ class LocalMachine:
         return {"content": chunk.decode(), "size": len(data), "offset": offset,
                 "truncated": offset + len(chunk) < len(data)}
 
+    def run_baseline(self, command, archive, timeout):
+        """The check in a copy of the baseline (the fake has no mount namespace to show it
+        at the project's own path; the real guest does, see vmd/verification.py)."""
+        import io
+        import tarfile
+        self._reachable()
+        folder = Path(tempfile.mkdtemp(prefix="vmd-fake-baseline-"))
+        try:
+            tarfile.open(fileobj=io.BytesIO(archive)).extractall(folder, filter="data")
+            started = time.monotonic()
+            proc = subprocess.run(["bash", "-c", command], cwd=folder, capture_output=True, text=True,
+                                  timeout=timeout)
+            return {"exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+                    "duration": round(time.monotonic() - started, 3), "truncated": False, "timed_out": False}
+        finally:
+            import shutil
+            shutil.rmtree(folder, ignore_errors=True)
+
     def write_file(self, path, content):
         self._reachable()
         p = self._path(path)

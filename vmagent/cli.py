@@ -1,8 +1,13 @@
 """`vmagent run "TASK" …` (one job in this terminal) and `vmagent serve` (the job service).
 
-Exit codes of `run`: 0 when the job is done and vmd's own re-run of the verification
-passed; 1 for any other outcome; 2 when the job could not start (usage, configuration,
-a missing prompt.md, vmd not reachable).
+Exit codes of `run`:
+  0  done, verified and proven: vmd's own run of the agent's check passed, and the same
+     check failed on the project as it was before the session;
+  1  failed, or any other outcome (cancelled, waiting for a person);
+  2  the job could not start (usage, configuration, a missing prompt.md, vmd not reachable);
+  3  done, passed but not proven: the check passed, but it also passed on the project as
+     it was before the session (or vmd could not run it there), so it does not show the
+     work was done.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE = 0, 1, 2
+EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE, EXIT_NOT_PROVEN = 0, 1, 2, 3
 
 
 class TerminalView:
@@ -85,7 +90,15 @@ def _run(args: argparse.Namespace) -> int:
     if outcome.state in ("question", "unfreeze"):
         print(f"The session waits for a person ({outcome.state}): {outcome.question}\n"
               f"Carry on with the job service, or resume from {transcript}.", file=sys.stderr)
-    return EXIT_DONE if outcome.state == "done" and outcome.verification_passed else EXIT_NOT_DONE
+    return exit_code(outcome)
+
+
+def exit_code(outcome) -> int:
+    """What the shell sees: only vmd's verdict counts, never the model's summary."""
+    verification = outcome.verification
+    if outcome.state != "done" or verification.passed is not True:
+        return EXIT_NOT_DONE
+    return EXIT_DONE if verification.proven is True else EXIT_NOT_PROVEN
 
 
 def _run_until_done(loop, spec, view, cancel, transcript, config, socket_path):

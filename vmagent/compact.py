@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel
 
 from .config import AgentConfig
-from .llm import LLM, OllamaError, image_count
+from .llm import LLM, OllamaError, image_count, wire_tools
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _text_chars(messages: Iterable[Mapping[str, Any]], tools: list[dict[str, Any
             message = {k: v for k, v in message.items() if k != "images"}
         chars += len(json.dumps(message, ensure_ascii=False, default=str))
     if tools:
-        chars += len(json.dumps(tools, ensure_ascii=False, default=str))
+        chars += len(json.dumps(wire_tools(tools), ensure_ascii=False, default=str))
     return chars
 
 

@@ -312,6 +312,13 @@ def _first_line(text: str) -> str:
 # --- messages on the wire -----------------------------------------------------------
 
 
+def wire_tools(tools: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The tool schemas as the ollama client sends them: its Tool model keeps a property's
+    type, items, description and enum only (bounds, defaults and a nested object's own
+    properties are dropped), so this, not our schema, is what the model reads and counts."""
+    return [ollama.Tool.model_validate(tool).model_dump(exclude_none=True) for tool in tools or []]
+
+
 def wire_messages(messages: Iterable[Mapping[str, Any]], keep_images: int) -> list[dict[str, Any]]:
     """The history as it is sent: old screenshots dropped, tool-call arguments as objects."""
     return [_wire_message(m) for m in drop_old_images(list(messages), keep_images)]

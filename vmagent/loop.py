@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vmagent import tools
 from vmagent.client import Vmd, VmdError, VmdUnavailable, default_socket
@@ -60,12 +60,27 @@ class JobSpec(BaseModel):
     model: str | None = None
 
 
+class Verification(BaseModel):
+    """vmd's verdict on the agent's check, read from its report.
+
+    passed: the check passed when vmd ran it (None: the session never got a verdict).
+    proven: the check also failed on the project as it was when the session opened, so it
+    needs the work; False: it passed there too; None: not passed, or vmd could not run it
+    there (a guest that cannot show the baseline). attempts: runs of the check in the session.
+    """
+
+    passed: bool | None = None
+    proven: bool | None = None
+    attempts: int = 0
+
+
 class Outcome(BaseModel):
     state: Literal["done", "question", "unfreeze", "cancelled", "failed"]
     report: str
     session_id: str | None
     question: str | None
-    verification_passed: bool | None
+    verification_passed: bool | None  # verification.passed, kept for older readers
+    verification: Verification = Field(default_factory=Verification)
     steps: int
 
 
@@ -399,6 +414,7 @@ def _hand_over_machine(job: Job, vmd: Vmd, config: AgentConfig, events: Events,
 
 def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
     """The one way out. Closes the session unless it waits for a person, then reports."""
+    reason_at = len(job.notes)
     job.notes.append(ending.reason)
     question = None
     vmd, vmd_error = _reconnected(vmd, job)
@@ -414,7 +430,14 @@ def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
         closed = _quietly(vmd, "session_close")
         if closed is None:
             job.notes.append("vmd could not close the session (commit and push); see its log.")
-    report, passed = _vmd_report(vmd) if vmd is not None else (None, None)
+    report, verification = _vmd_report(vmd) if vmd is not None else (None, Verification())
+    if ending.state == "done" and verification.passed is False:
+        # vmd takes a finish whose check keeps failing only to end the session as failed.
+        runs = verification.attempts
+        ending = Ending("failed", "The agent finished, and vmd ended the session as failed: its "
+                                  f"check did not pass ({runs} verification run{'s' if runs != 1 else ''} "
+                                  "in all).")
+        job.notes[reason_at] = ending.reason
     if report is None:
         report = _local_report(job, ending, vmd_error or "vmd could not build the report")
     else:
@@ -422,7 +445,7 @@ def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
     job.state, job.question = ending.state, question
     _save_quietly(job)
     outcome = Outcome(state=ending.state, report=report, session_id=job.session_id, question=question,
-                      verification_passed=passed, steps=job.steps)
+                      verification_passed=verification.passed, verification=verification, steps=job.steps)
     state_event: Event = {"type": "state", "state": ending.state}
     if question:
         state_event["question"] = question
@@ -439,7 +462,7 @@ def _end_without_session(job: Job, events: Events, reason: str) -> Outcome:
     job.state = "failed"
     _save_quietly(job)
     outcome = Outcome(state="failed", report=report, session_id=job.session_id, question=None,
-                      verification_passed=None, steps=job.steps)
+                      verification_passed=None, verification=Verification(), steps=job.steps)
     events.emit({"type": "state", "state": "failed"})
     events.emit({"type": "done", "outcome": outcome.model_dump()})
     return outcome
@@ -614,16 +637,36 @@ def _reconnected(vmd: Vmd, job: Job) -> tuple[Vmd | None, str | None]:
         return None, str(exc)
 
 
-def _vmd_report(vmd: Vmd) -> tuple[str | None, bool | None]:
+def _vmd_report(vmd: Vmd) -> tuple[str | None, Verification]:
     try:
         result = vmd.call("report")
     except (VmdUnavailable, VmdError) as exc:
         log.warning("vmd could not build the report: %s", exc)
-        return None, None
-    status = (result.get("outcome") or {}).get("status")
-    passed = True if status == "passed" else False if status == "failed" else None
+        return None, Verification()
+    outcome = result.get("outcome")
     markdown = result.get("markdown")
-    return (markdown if isinstance(markdown, str) and markdown.strip() else None), passed
+    return ((markdown if isinstance(markdown, str) and markdown.strip() else None),
+            verification_of(outcome if isinstance(outcome, dict) else {}))
+
+
+def verification_of(outcome: dict) -> Verification:
+    """The verdict in vmd's report outcome: status passed (verified and proven),
+    passed_not_proven, failed or unverified, with proven and attempts beside it."""
+    status = outcome.get("status")
+    ran = status in ("passed", "passed_not_proven", "failed")
+    attempts = outcome.get("attempts")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+        attempts = 1 if ran else 0  # a vmd from before attempts were counted ran the check once
+    if status == "passed":
+        return Verification(passed=True, proven=True, attempts=attempts)
+    if status == "passed_not_proven":
+        # vmd says proven null when it could not run the check on the baseline at all:
+        # not proven, but not shown to prove nothing either.
+        proven = None if "proven" in outcome and outcome["proven"] is None else False
+        return Verification(passed=True, proven=proven, attempts=attempts)
+    if status == "failed":
+        return Verification(passed=False, proven=None, attempts=attempts)
+    return Verification(passed=None, proven=None, attempts=attempts)
 
 
 def _loop_notes(job: Job) -> str:

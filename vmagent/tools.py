@@ -276,8 +276,8 @@ class RequestUnfreezeArgs(Args):
 class VerificationArgs(Args):
     command: str = Field(
         min_length=1,
-        description="A {shell} command that proves the result; re-run by the supervisor "
-        "from {project}.",
+        description="A {shell} command that fails without the work and passes with it; "
+        "re-run by the supervisor from {project}, and on the project as it was before.",
     )
     expect_exit: int = Field(default=0, description="The exit code that means success (default 0).")
 
@@ -288,7 +288,10 @@ class FinishArgs(Args):
     )
     verification: VerificationArgs | None = Field(
         default=None,
-        description="The check the supervisor re-runs; its exit code decides the outcome.",
+        # Ollama's client sends a nested object's type and description, not its fields:
+        # this sentence is all the model reads of the shape.
+        description='The check the supervisor re-runs, as {"command": "<a {shell} command>", '
+        '"expect_exit": 0}; its exit code decides the outcome.',
     )
 
     @field_validator("verification", mode="before")
@@ -440,7 +443,13 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "End the job. Refused until every task is done or blocked and at least one command "
          "has been run. The verification command is re-run by the supervisor from the "
          "project folder ({project}) with {shell}; its exit code, compared with expect_exit, "
-         "decides the outcome the user sees.",
+         "decides the outcome the user sees. A good check fails before the work and passes "
+         "after it: it runs what was built (the tests that exercise the new code, or the "
+         "program with its output checked), not `true`, `test -d`, or a test that asserts "
+         "nothing. The supervisor also runs it on the project as it was before the session; "
+         "a check that passes there too is no proof (refused once, then the job ends passed, "
+         "not proven). A check that fails is refused: the work is not done, so fix the cause "
+         "and finish again.",
          primary="summary",
          aliases={"message": "summary", "result": "summary", "text": "summary",
                   "verify": "verification", "check": "verification",

@@ -96,7 +96,8 @@ def _outcome_dict(outcome) -> dict:
 
 def failed_outcome(report: str) -> dict:
     return {"state": "failed", "report": report, "session_id": None, "question": None,
-            "verification_passed": None, "steps": 0}
+            "verification_passed": None,
+            "verification": {"passed": None, "proven": None, "attempts": 0}, "steps": 0}
 
 
 def main(argv: list[str] | None = None) -> int:

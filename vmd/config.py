@@ -26,6 +26,7 @@ ENV_FIELDS = {
     "GITEA_TOKEN": "gitea_token",
     "GITEA_WEB_URL": "gitea_web_url",
     "VMD_SHARE_USER": "share_user",
+    "VMD_MAX_FAILED_VERIFICATIONS": "max_failed_verifications",
     "VMD_COMMIT_MAX_FILE_MIB": "commit_max_file_mib",
     "VMD_COMMIT_MAX_TOTAL_MIB": "commit_max_total_mib",
 }
@@ -64,6 +65,10 @@ class VmdConfig(BaseModel):
     # many busy jobs; without a cap, a flood of idle connections grew threads unbounded.
     max_connections: int = Field(default=256, gt=0)
 
+    # A failed verification is work left: finish is refused and the agent goes on, until
+    # this many have failed (models often get their first check wrong; three is plenty to
+    # fix a check, and stops a loop that cannot).
+    max_failed_verifications: int = Field(default=3, ge=1)
     # QEMU runs as this unprivileged user (libvirt's DAC label on every guest), and the
     # project share stores the guest's owners and modes as metadata on files it owns: a
     # guest's root can then make neither root-owned nor setuid files on the host.

@@ -15,7 +15,8 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, SecretStr
 
-StatusState = Literal["success", "failure", "error", "pending"]
+# Gitea's commit status states (its API: pending, success, error, failure, warning).
+StatusState = Literal["success", "failure", "error", "pending", "warning"]
 
 # Gitea stores a status description in a VARCHAR(255) column; longer ones are refused.
 STATUS_DESCRIPTION_MAX = 255

@@ -199,13 +199,13 @@ def _sync_from_gitea(repo: Repository, remote: Remote) -> tuple[str, str]:
 # --- committing ---------------------------------------------------------------------
 
 def commit_project(project_dir: Path, remote: Remote, message: str, limits: Limits | None = None,
-                   identity: Identity | None = None) -> Committed:
+                   identity: Identity | None = None, allow_empty: bool = False) -> Committed:
     """Commit what the folder holds into vmd's repository."""
     if not project_dir.is_dir() or project_dir.is_symlink():
         raise PublishError(f"the project folder {project_dir} is missing; nothing to commit.")
     tree = walk(project_dir, limits)
     try:
-        sha, new = remote.repository().commit(tree, message, identity)
+        sha, new = remote.repository().commit(tree, message, identity, allow_empty=allow_empty)
     except RepositoryError as exc:
         raise PublishError(f"committing the project folder failed: {exc}") from None
     return Committed(sha=sha, new=new, left_out=tree.left_out)

@@ -20,7 +20,9 @@ UNCOUNTED = ("session_status", "report")
 @dataclass
 class Report:
     markdown: str
-    outcome: dict  # status: passed | failed | unverified, and the verification if any
+    # status: passed (verified and proven) | passed_not_proven | failed | unverified;
+    # proven, attempts, and the verification if any
+    outcome: dict
 
 
 def _time(event: dict) -> datetime | None:
@@ -60,14 +62,19 @@ def build_report(record_path: str | Path) -> Report:
     machine = [e for e in events if e["kind"] == "machine"]
     cancelled = any(e.get("verb") == "session_cancel" and "error" not in e for e in verbs)
 
+    attempts = [e for e in events if e["kind"] == "verification"]
+    checkpoints = {e.get("task"): e for e in events if e["kind"] == "checkpoint" and e.get("commit")}
     if outcome_event:
         passed = bool(outcome_event.get("passed"))
-        outcome = {"status": "passed" if passed else "failed",
+        proven = outcome_event.get("proven") if passed else None
+        status = "failed" if not passed else "passed" if proven else "passed_not_proven"
+        outcome = {"status": status, "proven": proven, "attempts": len(attempts) or 1,
                    **{k: outcome_event.get(k) for k in ("command", "cwd", "exit_code", "expect_exit",
-                                                         "timed_out", "duration", "output_tail")}}
+                                                         "timed_out", "duration", "output_tail",
+                                                         "baseline")}}
     else:
-        outcome = {"status": "unverified", "command": None, "exit_code": None, "expect_exit": None,
-                   "output_tail": ""}
+        outcome = {"status": "unverified", "proven": None, "attempts": len(attempts), "command": None,
+                   "exit_code": None, "expect_exit": None, "output_tail": ""}
     if close:
         outcome.update(commit=close.get("commit"), web_url=close.get("web_url"))
 
@@ -76,10 +83,19 @@ def build_report(record_path: str | Path) -> Report:
     md.append(f"# vmagent session {session_id}" + (f": {task_title[0][:100]}" if task_title else ""))
     md.append("")
     if outcome_event:
-        mark = "✅ verified" if outcome["status"] == "passed" else "❌ verification failed"
-        md.append(f"**Outcome: {mark}** — vmd ran `{outcome['command']}` itself: exit code "
-                  f"**{outcome['exit_code']}** (expected {outcome['expect_exit']}"
-                  f"{', timed out' if outcome.get('timed_out') else ''}).")
+        mark = {"passed": "✅ verified and proven", "passed_not_proven": "⚠️ passed, not proven",
+                "failed": "❌ verification failed"}[outcome["status"]]
+        line = (f"**Outcome: {mark}** — vmd ran `{outcome['command']}` itself: exit code "
+                f"**{outcome['exit_code']}** (expected {outcome['expect_exit']}"
+                f"{', timed out' if outcome.get('timed_out') else ''})")
+        baseline = outcome.get("baseline") or {}
+        if outcome["status"] == "passed":
+            line += f"; on the project as it was before the session it exits {baseline.get('exit_code')}"
+        elif outcome["status"] == "passed_not_proven":
+            line += (" — but it also passes on the project as it was before the session, so it does not "
+                     "prove the work" if not baseline.get("error") else
+                     f" — whether it needs the work could not be checked: {baseline.get('error')}")
+        md.append(line + ".")
     else:
         why = "the session was cancelled" if cancelled else "the agent never finished with a verification"
         md.append(f"**Outcome: ⚠️ not verified** — {why}; nothing here is confirmed by vmd.")
@@ -96,10 +112,23 @@ def build_report(record_path: str | Path) -> Report:
                f"- took {outcome.get('duration') or 0:.1f} s"]
         if outcome.get("output_tail"):
             md += ["", "Output (tail):", "", _fence(outcome["output_tail"])]
+    if attempts:
+        md += ["", f"### Attempts ({len(attempts)})", ""]
+        for a in attempts:
+            line = (f"{a.get('attempt', '?')}. `{a.get('command')}` → exit {a.get('exit_code')}"
+                    f"{' (timed out)' if a.get('timed_out') else ''} in {a.get('duration') or 0:.1f} s: "
+                    f"{'passed' if a.get('passed') else 'failed'}")
+            base = a.get("baseline")
+            if base:
+                line += ("; baseline not checked: " + base["error"] if base.get("error") else
+                         f"; on the baseline exit {base.get('exit_code')} "
+                         f"({'passes too: proves nothing' if base.get('passed') else 'fails: the check needs the work'})")
+            md.append(line)
 
     md += ["", "## Tasks", ""]
     if tasks.planned:
-        md += [f"- {t.render()}" for t in tasks.tasks]
+        md += [f"- {t.render()}" + (f" (checkpoint `{checkpoints[t.id]['commit'][:10]}`)"
+                                    if t.id in checkpoints else "") for t in tasks.tasks]
         md += ["", tasks.summary_line() + "."]
     else:
         md.append("No plan was made.")
@@ -135,6 +164,11 @@ def build_report(record_path: str | Path) -> Report:
         md.append(line)
         for warning in close.get("warnings") or []:
             md.append(f"- {warning}")
+    if close and close.get("left_out"):
+        md += ["", "Left out of the commit (still in the project folder):", ""]
+        md += [f"- {item}" for item in close["left_out"][:50]]
+        if len(close["left_out"]) > 50:
+            md.append(f"- … and {len(close['left_out']) - 50} more")
 
     md += ["", "## Steps and time", ""]
     first, last = (_time(events[0]), _time(events[-1])) if events else (None, None)

@@ -124,10 +124,13 @@ class Repository:
 
     # --- committing -----------------------------------------------------------------
 
-    def commit(self, tree: Walk, message: str, identity: Identity | None = None) -> tuple[str | None, bool]:
+    def commit(self, tree: Walk, message: str, identity: Identity | None = None,
+               allow_empty: bool = False) -> tuple[str | None, bool]:
         """Commit exactly what `tree` holds on top of the branch. Returns (sha of the
-        branch afterwards, whether a new commit was made). An empty tree on an empty
-        branch makes no commit: (None, False)."""
+        branch afterwards, whether a new commit was made). An unchanged tree makes no
+        commit unless `allow_empty` (the close commit carries the verification even when
+        the last checkpoint holds the same files); an empty tree on an empty branch never
+        does: (None, False)."""
         self.ensure()
         parent = self.head()
         if parent is None and not tree.entries:
@@ -183,7 +186,7 @@ class Repository:
         pending = self.resolve(PENDING_REF)
         assert pending
         try:
-            if parent and self._tree(pending) == self._tree(parent):
+            if parent and not allow_empty and self._tree(pending) == self._tree(parent):
                 return parent, False
             self.set_branch(pending, parent)
             return pending, True

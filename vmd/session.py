@@ -133,6 +133,16 @@ class LibvirtMachine:
     def read_file(self, path, offset, limit):
         return self.machine.guest.read_file(path, offset, limit).model_dump()
 
+    def run_baseline(self, command, archive, timeout):
+        """The check with the project path showing the baseline (vmd/verification.py)."""
+        from vmd.verification import linux_baseline_command
+        if self.os_family != "linux":
+            raise NotImplementedError(f"a baseline run on {self.os_family} guests")
+        path = f"/tmp/vmd-baseline-{secrets.token_hex(4)}.tar"
+        self.machine.guest.write_file(path, archive)
+        line = linux_baseline_command(command, self.project_path, self.image.user, path)
+        return self.machine.guest.run(line, timeout=timeout).model_dump()
+
     def write_file(self, path, content):
         return self.machine.guest.write_file(path, content)
 
@@ -268,13 +278,15 @@ class ProjectStore:
                                    share_owner=share_owner(self.config.share_user))
         return prepared.model_dump()
 
-    def commit(self, project_dir: Path, owner: str, project: str, message: str) -> dict:
+    def commit(self, project_dir: Path, owner: str, project: str, message: str,
+               allow_empty: bool = False) -> dict:
         """-> {sha, new, left_out}"""
         from vmd.project_tree import Limits
         from vmd.publish import commit_project
         limits = Limits(max_file_bytes=int(self.config.commit_max_file_mib * 1024 * 1024),
                         max_total_bytes=int(self.config.commit_max_total_mib * 1024 * 1024))
-        return commit_project(project_dir, self.remote(owner, project), message, limits).model_dump()
+        return commit_project(project_dir, self.remote(owner, project), message, limits,
+                              allow_empty=allow_empty).model_dump()
 
     def changed_files(self, owner: str, project: str, base: str | None) -> list[str]:
         from vmd.publish import changed_files
@@ -285,8 +297,12 @@ class ProjectStore:
         from vmd.publish import push_project
         if outcome is None:
             status, text = "pending", "vmd did not verify this commit: the session did not finish"
+        elif outcome.get("passed") and outcome.get("proven"):
+            status, text = "success", (f"vmd verified and proven: `{outcome['command']}` exited "
+                                       f"{outcome['exit_code']} and fails without this work")
         elif outcome.get("passed"):
-            status, text = "success", f"vmd verified: `{outcome['command']}` exited {outcome['exit_code']}"
+            status, text = "warning", (f"vmd: passed, not proven: `{outcome['command']}` exited "
+                                       f"{outcome['exit_code']} but also passes without this work")
         else:
             status, text = "failure", (f"vmd verification failed: `{outcome['command']}` exited "
                                        f"{outcome['exit_code']} (expected {outcome['expect_exit']})")
@@ -328,6 +344,8 @@ class SessionState(BaseModel):
     boot_seconds: float | None = None
     facts: dict = {}
     outcome: dict | None = None
+    verifications: list[dict] = []  # every run of the agent's check, in order
+    baseline_refused: bool = False  # a finish was refused once for a check that proves nothing
     summary: str = ""
     close: dict | None = None
 
@@ -710,12 +728,32 @@ class Session:
     def _v_update_task(self, p: V.UpdateTask, notify) -> dict:
         with self._lock:
             try:
+                was = self.tasks.get(p.id).status
                 task = self.tasks.update(p.id, p.status, p.note)
             except TaskError as exc:
                 raise VerbError(str(exc), -32602)
             self._task_change("update", id=task.id, status=task.status, note=task.note)
         rendered = self.tasks.render()
-        return {"tasks": rendered, "text": f"Task {task.id} is {task.status.replace('_', ' ')}.\n{rendered}"}
+        text = f"Task {task.id} is {task.status.replace('_', ' ')}."
+        if task.status == "done" and was != "done":
+            text += self._checkpoint(task)
+        return {"tasks": rendered, "text": f"{text}\n{rendered}"}
+
+    def _checkpoint(self, task) -> str:
+        """A commit in vmd's repository per closed task, so the history shows the work task
+        by task. A failure costs a note, never the task update."""
+        if not self.s.project_dir or self.machine is None or not self._boot_done.is_set():
+            return ""
+        try:
+            with self._frozen():
+                committed = self.store.commit(Path(self.s.project_dir), self.s.owner, self.s.project or "",
+                                              f"Task {task.id} done: {task.title}"[:200], allow_empty=True)
+        except Exception as exc:
+            self.record.append("checkpoint", task=task.id, title=task.title,
+                               error=_sentence(exc, "the checkpoint commit failed"))
+            return " (The checkpoint commit failed; the work stays in the folder.)"
+        self.record.append("checkpoint", task=task.id, title=task.title, commit=committed["sha"])
+        return f" Checkpoint {committed['sha'][:10]} committed." if committed["sha"] else ""
 
     # --- shell and files -----------------------------------------------------------------
 
@@ -882,16 +920,47 @@ class Session:
             return {"accepted": False, "outcome": self.s.outcome,
                     "text": "REFUSED: name the verification: finish(summary, verification={\"command\": "
                             "\"<a command that proves the work>\", \"expect_exit\": 0}); vmd runs it itself."}
+        return self._verify_and_finish(p, notify)
+
+    def _verify_and_finish(self, p: V.Finish, notify) -> dict:
+        """vmd runs the check itself. A failure is work left (refused) until the allowed
+        failures are spent; a pass is checked against the baseline (vmd/verification.py)."""
+        from vmd import verification as check
+
         machine = self._guest()
+        command, expect = p.verification.command, p.verification.expect_exit
         cwd = self.s.facts.get("project_path") or machine.project_path if self.s.project_dir else None
-        result = machine.run(p.verification.command, self.verify_timeout, cwd, _output_sink(notify))
-        output = (result["stdout"] or "") + (("\n" if result["stdout"] else "") + result["stderr"]
-                                             if result["stderr"] else "")
-        tail = output[-self.config.output_tail_chars:]
-        outcome = {"command": p.verification.command, "cwd": cwd, "expect_exit": p.verification.expect_exit,
-                   "exit_code": result["exit_code"], "passed": result["exit_code"] == p.verification.expect_exit
-                   and not result["timed_out"], "timed_out": result["timed_out"],
-                   "duration": result["duration"], "output_tail": tail}
+        tail = self.config.output_tail_chars
+        run = check.run_check(machine, command, expect, cwd, self.verify_timeout, _output_sink(notify), tail)
+        baseline = None
+        if run.passed:
+            archive = check.baseline_archive(self._repository(), self.s.base_commit) if self.s.project_dir else b""
+            baseline = check.run_baseline(machine, command, expect, archive, self.verify_timeout, tail)
+        attempt = {"attempt": len(self.s.verifications) + 1, "command": command, "expect_exit": expect,
+                   **run.model_dump(), "baseline": baseline.model_dump() if baseline else None}
+        with self._lock:
+            self.s.verifications.append({k: v for k, v in attempt.items() if k != "output_tail"})
+            self.save()
+        self.record.append("verification", **attempt)
+        failures = sum(1 for v in self.s.verifications if not v["passed"])
+        allowed = self.config.max_failed_verifications
+        if not run.passed and failures < allowed:
+            return {"accepted": False, "outcome": None, "attempt": attempt,
+                    "text": check.failed_text(run, command, expect, failures, allowed)}
+        proven = None
+        if baseline is not None and baseline.error is None:
+            proven = not baseline.passed
+            if not proven and not self.s.baseline_refused:
+                with self._lock:
+                    self.s.baseline_refused = True
+                    self.save()
+                return {"accepted": False, "outcome": None, "attempt": attempt,
+                        "text": check.not_proven_text(command, baseline)}
+        outcome = {"command": command, "cwd": cwd, "expect_exit": expect, "exit_code": run.exit_code,
+                   "passed": run.passed, "proven": proven if run.passed else None,
+                   "timed_out": run.timed_out, "duration": run.duration, "output_tail": run.output_tail,
+                   "baseline": baseline.model_dump() if baseline else None,
+                   "attempts": len(self.s.verifications)}
         with self._lock:
             self.s.outcome = outcome
             self.s.summary = p.summary
@@ -899,12 +968,22 @@ class Session:
                 self.s.state = "finished"
             self.save()
         self.record.append("outcome", **outcome, summary=p.summary)
-        verdict = ("verified" if outcome["passed"] else
-                   f"NOT verified — the outcome of this session is a failure")
-        text = (f"Finished. vmd ran `{outcome['command']}` itself: exit {outcome['exit_code']} "
-                f"(expected {outcome['expect_exit']}{', timed out' if outcome['timed_out'] else ''}): {verdict}."
-                f"\nOutput tail:\n{tail[-1500:]}")
+        if not run.passed:
+            verdict = (f"NOT verified after {failures} failed verifications — the outcome of this session "
+                       "is a failure")
+        elif proven:
+            verdict = "verified, and proven: the check fails on the project as it was before this session"
+        elif proven is False:
+            verdict = ("passed, NOT proven: the check also passes on the project as it was before this "
+                       "session")
+        else:
+            verdict = f"passed; whether the check needs the work could not be checked ({baseline.error})"
+        text = (f"Finished. vmd ran `{command}` itself: exit {run.exit_code} (expected {expect}"
+                f"{', timed out' if run.timed_out else ''}): {verdict}.\nOutput tail:\n{run.output_tail[-1500:]}")
         return {"accepted": True, "outcome": outcome, "text": text}
+
+    def _repository(self):
+        return self.store.remote(self.s.owner, self.s.project or "").repository()
 
     def _v_session_close(self, p, notify) -> dict:
         return self.close()
@@ -924,7 +1003,8 @@ class Session:
             owner, project = self.s.owner, self.s.project or ""
             try:
                 with self._frozen():
-                    committed = self.store.commit(project_dir, owner, project, self._commit_message())
+                    committed = self.store.commit(project_dir, owner, project, self._commit_message(),
+                                                  allow_empty=True)
                 commit, left_out = committed["sha"], committed["left_out"]
                 files = self.store.changed_files(owner, project, self.s.base_commit)
                 push = self.store.push(owner, project, self.s.task, self.s.branch, self.s.outcome)
@@ -961,7 +1041,11 @@ class Session:
         body = [f"vmagent session {self.s.id}", "", "Tasks:", self.tasks.render()]
         if self.s.outcome:
             o = self.s.outcome
-            body += ["", f"Verified by vmd: `{o['command']}` exited {o['exit_code']} (expected {o['expect_exit']})."]
+            verdict = ("verified and proven (it fails on the project as it was before)" if o.get("proven")
+                       else "passed, not proven (it also passes on the project as it was before)"
+                       if o.get("passed") else "FAILED")
+            body += ["", f"Verification by vmd: `{o['command']}` exited {o['exit_code']} (expected "
+                         f"{o['expect_exit']}): {verdict}; {o.get('attempts', 1)} attempt(s)."]
         else:
             body += ["", "Not verified by vmd: the session did not finish."]
         return title + "\n\n" + "\n".join(body)

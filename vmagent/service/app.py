@@ -88,6 +88,16 @@ class AskBody(BaseModel):
     question: str = Field(min_length=1, max_length=QUESTION_CHARS)
 
 
+class VerificationView(BaseModel):
+    """vmd's verdict on the agent's check. passed: it passed when vmd ran it (None: no
+    verdict). proven: it also failed on the project as it was before the job, so it needs
+    the work (False: it passed there too; None: not passed, or that could not be run).
+    attempts: runs of the check in the job."""
+    passed: bool | None
+    proven: bool | None
+    attempts: int
+
+
 class JobView(BaseModel):
     id: str
     owner: str
@@ -101,7 +111,8 @@ class JobView(BaseModel):
     question: str | None
     report: str | None
     session_id: str | None
-    verification_passed: bool | None
+    verification_passed: bool | None  # verification.passed, kept for older clients
+    verification: VerificationView
     steps: int
     status_line: str
     tasks: str
@@ -204,7 +215,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
             **{k: job[k] for k in ("id", "owner", "chat_id", "message_id", "task", "os", "project",
                                    "model", "state", "question", "report", "session_id", "steps",
                                    "status_line", "created", "updated")},
-            verification_passed=None if job["verification_passed"] is None else bool(job["verification_passed"]),
+            verification_passed=_flag(job["verification_passed"]),
+            verification=VerificationView(passed=_flag(job["verification_passed"]),
+                                          proven=_flag(job["verification_proven"]),
+                                          attempts=job["verification_attempts"] or 0),
             tasks=job["tasks_text"], preview_ready=bool(job["preview_ready"]),
             preview_url=f"{base_url(request)}/jobs/{job['id']}/preview?token={token}",
         ).model_dump()
@@ -342,6 +356,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
             hub.unsubscribe(job_id, entry)
 
     return app
+
+
+def _flag(value: int | None) -> bool | None:
+    return None if value is None else bool(value)
 
 
 def validation_problem(error: dict) -> str:

@@ -43,7 +43,9 @@ def gather_sources(store: Store, job: dict, question: str, config: ServiceConfig
     sources: list[tuple[str, str]] = [
         ("job", f"Task: {job['task']}\nOS: {job['os']}\nProject: {job['project'] or '(none)'}\n"
                 f"State: {job['state']}\nSteps: {job['steps']}\n"
-                f"Verification passed: {job['verification_passed']}"),
+                f"Verification passed: {job['verification_passed']}; proven (it failed on the "
+                f"project before the job): {job['verification_proven']}; check runs: "
+                f"{job['verification_attempts']}"),
     ]
     if job.get("question"):
         sources.append(("question", job["question"]))

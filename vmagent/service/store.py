@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     report TEXT,
     session_id TEXT,
     verification_passed INTEGER,
+    verification_proven INTEGER,
+    verification_attempts INTEGER NOT NULL DEFAULT 0,
     steps INTEGER NOT NULL DEFAULT 0,
     status_line TEXT NOT NULL DEFAULT '',
     tasks_text TEXT NOT NULL DEFAULT '',
@@ -60,12 +62,21 @@ CREATE TABLE IF NOT EXISTS events (
 
 _COLUMNS = (
     "id", "owner", "chat_id", "message_id", "task", "os", "project", "model", "state",
-    "question", "report", "session_id", "verification_passed", "steps", "status_line",
-    "tasks_text", "preview_ready", "screenshot_seq", "preview_secret", "worker_pid",
-    "frames_offset", "created", "updated", "ended",
+    "question", "report", "session_id", "verification_passed", "verification_proven",
+    "verification_attempts", "steps", "status_line", "tasks_text", "preview_ready",
+    "screenshot_seq", "preview_secret", "worker_pid", "frames_offset", "created", "updated",
+    "ended",
 )
-# Columns added after the first release: (name, SQL type), added to an older database.
-_ADDED_COLUMNS = (("ended", "REAL"),)
+# Columns added after the first release, added to an older database: (name, SQL type,
+# the value its rows get, as SQL over their other columns; None leaves the default).
+_ADDED_COLUMNS = (
+    ("ended", "REAL", None),
+    # vmd did not run checks on the baseline then: whether a check proved anything is unknown.
+    ("verification_proven", "INTEGER", None),
+    # vmd then ran the check once, at the finish it accepted.
+    ("verification_attempts", "INTEGER NOT NULL DEFAULT 0",
+     "CASE WHEN verification_passed IS NULL THEN 0 ELSE 1 END"),
+)
 
 
 class Store:
@@ -85,9 +96,11 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         present = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        for name, kind in _ADDED_COLUMNS:
+        for name, kind, backfill in _ADDED_COLUMNS:
             if name not in present:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+                if backfill:
+                    self._db.execute(f"UPDATE jobs SET {name} = {backfill}")
 
     def close(self) -> None:
         with self._lock:
@@ -105,7 +118,8 @@ class Store:
             "id": uuid.uuid4().hex[:16], "owner": owner, "chat_id": chat_id or "",
             "message_id": message_id or "", "task": task, "os": os, "project": project,
             "model": model, "state": "queued", "question": None, "report": None,
-            "session_id": None, "verification_passed": None, "steps": 0, "status_line": "queued",
+            "session_id": None, "verification_passed": None, "verification_proven": None,
+            "verification_attempts": 0, "steps": 0, "status_line": "queued",
             "tasks_text": "", "preview_ready": 0, "screenshot_seq": 0,
             "preview_secret": secrets.token_hex(32), "worker_pid": None, "frames_offset": 0,
             "created": now, "updated": now, "ended": None,

@@ -381,12 +381,11 @@ class WorkerPool:
         job_id = worker.job_id
         state = OUTCOME_TO_STATE.get(str(outcome.get("state")), "failed")
         report = outcome.get("report") or "The job ended without a report."
-        verified = outcome.get("verification_passed")
         self.store.add_event(job_id, {"type": "done", "outcome": outcome})
         fields = {
             "report": report,
             "question": outcome.get("question") if state in ("needs_input", "needs_approval") else None,
-            "verification_passed": None if verified is None else int(bool(verified)),
+            **verification_fields(outcome),
             "steps": int(outcome.get("steps") or 0),
             "status_line": {"needs_input": "waiting for an answer",
                             "needs_approval": "waiting for approval"}.get(state, state),
@@ -408,6 +407,22 @@ class WorkerPool:
             if closed:
                 report = closed + "\n\n---\n\n" + salvage
         self.store.set_state(worker.job_id, state, report=report, status_line=state)
+
+
+def verification_fields(outcome: dict) -> dict:
+    """The job's verification columns from a worker's outcome: its `verification`
+    {passed, proven, attempts}, or only `verification_passed` from an older worker."""
+    def flag(value) -> int | None:
+        return None if value is None else int(bool(value))
+
+    verification = outcome.get("verification")
+    verification = verification if isinstance(verification, dict) else {}
+    passed = verification.get("passed", outcome.get("verification_passed"))
+    attempts = verification.get("attempts")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+        attempts = 0 if passed is None else 1
+    return {"verification_passed": flag(passed), "verification_proven": flag(verification.get("proven")),
+            "verification_attempts": attempts}
 
 
 def close_session(vmd_socket: str | None, session_id: str) -> str | None:
