@@ -64,6 +64,14 @@ def test_a_failed_check_is_work_left_and_a_real_check_is_proven_task_by_task(tmp
     assert "verified and proven" in report.splitlines()[2], report[:500]
     assert "Attempts (2)" in report and "1. `" + TESTS + "` → exit 1" in report
     assert "fails: the check needs the work" in report
+    # What the baseline run costs next to the check itself (printed for the closing figures).
+    import json
+    [record] = list((state / "sessions").glob("*/record.jsonl"))
+    runs = [json.loads(line) for line in record.read_text().split("\n") if line.strip()]
+    proven = [e for e in runs if e["kind"] == "verification" and e.get("baseline")][-1]
+    print(f"\ncheck {proven['duration']:.1f} s, baseline run {proven['baseline']['duration']:.1f} s "
+          f"(exit {proven['baseline']['exit_code']})")
+    assert proven["baseline"]["exit_code"] not in (0, None, 125)
     # One checkpoint per closed task, in order, then the close commit with the verification.
     assert git_log(state, "calc") == ["Task 1 done: write calc.py", "Task 2 done: write test_calc.py",
                                       "Task 3 done: run the tests", "Write calc.add with a test"]
