@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tests.gitea_server import start_gitea
+from tests.gitea_server import start_gitea, start_recorder
 from vmd.gitea import GiteaAuthError, GiteaClient, GiteaError, GiteaUnavailable
 
 TOKEN = "tok-4f9a1c-test"
@@ -30,7 +30,7 @@ def test_a_missing_repository_is_created_with_its_description(gitea):
     assert info.full_name == "alice/calc"
     assert info.clone_url == f"{gitea.url}/alice/calc.git"
     assert info.html_url == f"{gitea.url}/alice/calc"
-    assert info.empty and info.default_branch == "main"
+    assert info.empty and info.default_branch == "main" and info.private
     assert gitea.repo_path("alice", "calc").is_dir()
     assert gitea.descriptions["alice/calc"] == "A calculator, built by vmagent"
     assert [(r.method, r.path) for r in gitea.requests] == [
@@ -112,6 +112,16 @@ def test_topics_and_commit_status_are_set(gitea):
     assert status == {"id": 1, "state": "success", "context": "vmagent/verification",
                       "description": "pytest -q exited 0",
                       "target_url": "http://preview.example/job/1"}
+    answered = [r.body for r in gitea.responses if r.path.endswith(f"/statuses/{SHA}")]
+    assert answered[0]["status"] == "success" and "state" not in answered[0]  # Gitea's shape
+
+
+def test_adding_a_topic_keeps_those_a_person_gave(gitea):
+    gitea.create_repo("alice", "calc").topics = ["homework"]
+    with client_for(gitea) as client:
+        client.add_topic("alice", "calc", "vmagent")
+        client.add_topic("alice", "calc", "vmagent")
+    assert gitea.topics["alice/calc"] == ["homework", "vmagent"]
 
 
 def test_a_long_status_description_is_cut_to_what_gitea_stores(gitea):
@@ -164,3 +174,136 @@ def test_a_wrong_token_gives_a_401_sentence_without_the_token(gitea):
         client.current_user()
     assert "refused the token (401)" in str(caught.value)
     assert "wrong-token-xyz" not in str(caught.value)
+
+
+# --- owners Gitea compares without case, and names it refuses ---------------------------
+
+def test_the_token_users_own_name_in_another_case_creates_under_the_user(tmp_path):
+    with start_gitea(tmp_path, TOKEN, user="Alice") as gitea, client_for(gitea) as client:
+        info = client.ensure_repo("alice", "calc")
+        again = client.ensure_repo("ALICE", "CALC")
+    assert info.full_name == again.full_name == "Alice/calc"
+    posts = [r.path for r in gitea.requests if r.method == "POST"]
+    assert posts == ["/api/v1/user/repos"]  # not /orgs/alice/repos, not the admin route
+
+
+def test_a_repository_is_found_whatever_the_case_of_its_names(gitea):
+    gitea.create_repo("team", "Tool")
+    with client_for(gitea) as client:
+        assert client.get_repo("TEAM", "tool").full_name == "team/Tool"
+        assert client.get_org("Team") == "team"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("notes.wiki", "name pattern is not allowed [pattern: *.wiki]"),
+    ("feed.RSS", "name pattern is not allowed [pattern: *.rss]"),
+    ("-", "name is reserved [name: -]"),
+])
+def test_a_name_gitea_reserves_is_refused_with_its_reason(gitea, name, message):
+    with client_for(gitea) as client, pytest.raises(GiteaError) as caught:
+        client.ensure_repo("alice", name)
+    assert "422" in str(caught.value) and message in str(caught.value)
+    assert not gitea.repo_path("alice", name).exists()
+
+
+# --- organisations and users -------------------------------------------------------------
+
+def test_a_missing_organisation_is_created_private(gitea):
+    with client_for(gitea) as client:
+        assert client.get_org("vmagent-projects") is None
+        assert client.create_org("vmagent-projects") == "vmagent-projects"
+        info = client.ensure_repo("vmagent-projects", "p-calc", kind="org")
+    assert gitea.account("vmagent-projects").visibility == "private"
+    assert info.full_name == "vmagent-projects/p-calc" and info.private
+
+
+def test_an_organisation_named_like_a_user_is_refused_with_a_sentence(gitea):
+    with client_for(gitea) as client, pytest.raises(GiteaError) as caught:
+        client.create_org("bob")
+    assert "user already exists" in str(caught.value) and "GITEA_ORG" in str(caught.value)
+
+
+def test_a_user_is_found_by_e_mail_only_where_gitea_shows_it(tmp_path):
+    emails = {"zoe": "Zoe@Example.org"}
+    with start_gitea(tmp_path / "admin", TOKEN, users={"zoe"}, emails=emails, admin=True) as gitea:
+        with client_for(gitea) as client:
+            assert client.find_user_by_email("zoe@example.org") == "zoe"
+    with start_gitea(tmp_path / "plain", TOKEN, users={"zoe"}, emails=emails) as gitea:
+        with client_for(gitea) as client:
+            assert client.find_user_by_email("zoe@example.org") is None
+
+
+def test_creating_a_user_needs_a_site_admin_and_a_free_name(tmp_path):
+    with start_gitea(tmp_path / "admin", TOKEN, users={"jose"}, admin=True) as gitea:
+        with client_for(gitea) as client:
+            assert client.create_user("jose", "jm@example.org", "pw-long-enough") is None
+            assert client.create_user("jose-m", "jm@example.org", "pw-long-enough") == "jose-m"
+            with pytest.raises(GiteaError, match="e-mail already in use"):
+                client.create_user("jm", "jm@example.org", "pw-long-enough")
+    with start_gitea(tmp_path / "plain", TOKEN) as gitea, client_for(gitea) as client:
+        with pytest.raises(GiteaAuthError, match="site admin"):
+            client.create_user("jose", "jose@example.org", "pw-long-enough")
+
+
+def test_a_token_without_the_organisation_scope_gets_the_scope_named(tmp_path):
+    with start_gitea(tmp_path, TOKEN, scopes={"write:repository", "write:user"}) as gitea:
+        with client_for(gitea) as client, pytest.raises(GiteaAuthError) as caught:
+            client.create_org("vmagent-projects")
+    message = str(caught.value)
+    assert "403" in message and "required=[write:organization]" in message
+    assert TOKEN not in message
+    assert len(gitea.requests) == 1  # not retried
+
+
+def test_a_branch_exists_or_not(gitea, tmp_path):
+    import subprocess
+    gitea.create_repo("alice", "calc")
+    work = tmp_path / "work"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t", "commit",
+                    "-q", "--allow-empty", "-m", "one"], check=True)
+    subprocess.run(["git", "-C", str(work), "push", "-q", str(gitea.repo_path("alice", "calc")),
+                    "main"], check=True)
+    with client_for(gitea) as client:
+        assert client.branch_exists("alice", "calc", "main")
+        assert not client.branch_exists("alice", "calc", "master")
+
+
+# --- redirects ------------------------------------------------------------------------------
+
+def test_a_renamed_repository_is_followed_to_its_new_name(gitea):
+    gitea.create_repo("alice", "calc", "d")
+    gitea.rename_repo("alice", "calc", "calculator")
+    with client_for(gitea) as client:
+        info = client.get_repo("alice", "calc")
+        client.set_commit_status("alice", "calc", SHA, "pending", "not verified")
+    assert info.full_name == "alice/calculator"
+    assert (307, "/api/v1/repos/alice/calc") in [(r.status, r.path) for r in gitea.responses]
+    assert f"alice/calculator@{SHA}" in gitea.statuses  # a 307 keeps the POST and its body
+
+
+def test_a_renamed_owner_is_followed(gitea):
+    gitea.create_repo("team", "tool")
+    gitea.rename_account("team", "crew")
+    with client_for(gitea) as client:
+        assert client.get_repo("team", "tool").full_name == "crew/tool"
+        assert client.get_org("team") == "crew"
+
+
+def test_a_redirect_to_another_host_is_not_followed_and_carries_no_token(gitea):
+    gitea.create_repo("alice", "calc")
+    with start_recorder(host="localhost") as (elsewhere, seen):
+        gitea.api_elsewhere["alice/calc"] = elsewhere
+        with client_for(gitea) as client, pytest.raises(GiteaError) as caught:
+            client.get_repo("alice", "calc")
+    assert seen == []
+    message = str(caught.value)
+    assert "redirect" in message and elsewhere.split("//")[1].split(":")[0] in message
+    assert "GITEA_URL" in message and TOKEN not in message
+
+
+def test_a_redirect_out_of_the_api_is_not_followed(gitea):
+    gitea.create_repo("alice", "calc")
+    gitea.api_elsewhere["alice/calc"] = gitea.url + "/login?redirect_to="
+    with client_for(gitea) as client, pytest.raises(GiteaError, match="outside its API"):
+        client.get_repo("alice", "calc")

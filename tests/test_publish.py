@@ -12,6 +12,7 @@ the guest using its own `.git`.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -21,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.gitea_server import start_gitea
+from tests.gitea_server import start_gitea, start_recorder
 from vmd import verbs as V
+from vmd.config import VmdConfig
+from vmd.owners import person_slug
 from vmd.project_tree import XATTR_MODE, Limits, walk
 from vmd.publish import (Committed, PublishError, PushResult, Remote, changed_files,
-                         commit_project, prepare_project, push_project)
+                         commit_project, prepare_project, push_project, remote_for)
 from vmd.repository import Repository
 
 TOKEN = "gitea-fake-token-5f1e2d9c-never-leak-me"
@@ -507,6 +510,282 @@ def test_an_unreachable_gitea_at_open_still_gives_a_working_folder(tmp_path):
     assert result.error.startswith("Nothing was pushed") and "could not" in result.error
     assert TOKEN not in result.error
     assert git_log(remote.repo_path) == [f"{committed.sha} work"]  # kept for the next try
+
+
+# --- whose repository: the person, mapped to a Gitea owner that exists ----------------------
+
+OPEN_WEBUI_USER = "3f2a9c1e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"  # X-OpenWebUI-User-Id, as a job's owner
+
+
+def configured_remote(gitea, tmp_path, owner: str, project: str = "calc", state: str = "state",
+                      **settings) -> Remote:
+    """The Remote vmd builds from its configuration (vmd.publish.remote_for)."""
+    config = VmdConfig(state_dir=tmp_path / state, gitea_url=gitea.url, gitea_token=TOKEN,
+                       **settings)
+    return remote_for(config, owner, project, "Build a calculator")
+
+
+def heads(git_dir: Path) -> set[str]:
+    out = git(git_dir, "for-each-ref", "--format=%(refname:strip=2)", "refs/heads").stdout
+    return set(out.decode().split())
+
+
+def test_an_open_webui_users_push_lands_in_the_service_org_private_on_the_default_branch(gitea, tmp_path):
+    remote = configured_remote(gitea, tmp_path, OPEN_WEBUI_USER)
+    slug = person_slug(OPEN_WEBUI_USER)
+    name = f"{slug}-calc"
+    project = tmp_path / "p"
+    prepared = prepare_project(project, remote)
+    assert prepared.text == f"new project: vmagent-projects/{name} has no history yet"
+    write(project, "calc.py", "print(2)\n")
+    sha = commit_project(project, remote, "Build a calculator").sha
+    result = push_project(remote, branch=prepared.branch, status="success",
+                          status_description="vmd ran `pytest -q`: exit 0")
+
+    assert result.pushed and result.error is None and result.warnings == [], result
+    assert result.branch == "main" and result.remote_display == f"{gitea.url}/vmagent-projects/{name}.git"
+    assert result.web_url == f"{gitea.url}/vmagent-projects/{name}/commit/{sha}"
+    org = gitea.account("vmagent-projects")
+    assert org.kind == "org" and org.visibility == "private"  # vmd created it
+    repo = gitea.repo("vmagent-projects", name)
+    assert repo.private and repo.default_branch == "main"
+    assert git_log(gitea.repo_path("vmagent-projects", name)) == [f"{sha} Build a calculator"]
+    assert repo.topics == sorted(["vmagent", f"person-{slug}"])
+    assert gitea.statuses[f"vmagent-projects/{name}@{sha}"][0]["state"] == "success"
+    # Nothing was asked of an account named after the person.
+    assert not any(OPEN_WEBUI_USER in r.path for r in gitea.requests)
+    assert not any(r.path == "/api/v1/user/repos" for r in gitea.requests)
+    # vmd's own repository stays keyed by the person and the project.
+    assert remote.repo_path == tmp_path / "state" / "repos" / OPEN_WEBUI_USER / "calc.git"
+    assert_token_nowhere(remote, gitea, prepared, result)
+
+    # The next session of the same person and project, on another vmd, finds it there.
+    again = configured_remote(gitea, tmp_path, OPEN_WEBUI_USER, state="state2")
+    reopened = prepare_project(tmp_path / "p2", again)
+    assert reopened.text == f"restored 1 commit from vmagent-projects/{name} (main)"
+    assert (tmp_path / "p2" / "calc.py").read_text() == "print(2)\n"
+
+
+def test_two_people_with_the_same_project_get_two_repositories(gitea, tmp_path):
+    pushed = []
+    for person in ("Alice", "alice"):  # two job owners; Gitea's names would ignore the case
+        remote = configured_remote(gitea, tmp_path, person, state=f"state-{person}")
+        prepare_project(tmp_path / person, remote)
+        write(tmp_path / person, "who.txt", person)
+        commit_project(tmp_path / person, remote, person)
+        pushed.append(push_project(remote))
+    assert all(p.pushed for p in pushed), pushed
+    assert pushed[0].remote_display != pushed[1].remote_display
+    assert len([r for r in gitea._repos.values() if r.owner.name == "vmagent-projects"]) == 2
+
+
+def test_a_person_mapped_to_a_gitea_user_gets_the_project_under_that_user(tmp_path):
+    with start_gitea(tmp_path, TOKEN, users={"jose"}, admin=True) as gitea:
+        remote = configured_remote(gitea, tmp_path, OPEN_WEBUI_USER,
+                                   gitea_users={OPEN_WEBUI_USER: "Jose"})
+        prepare_project(tmp_path / "p", remote)
+        write(tmp_path / "p", "a.txt", "a")
+        commit_project(tmp_path / "p", remote, "work")
+        result = push_project(remote)
+        assert result.pushed, result.error
+        assert result.remote_display == f"{gitea.url}/jose/calc.git"
+        assert gitea.repo("jose", "calc").private
+        assert ("POST", "/api/v1/admin/users/Jose/repos") in [(r.method, r.path) for r in gitea.requests]
+
+
+def test_a_person_mapped_by_e_mail_is_looked_up_or_created_when_allowed(tmp_path):
+    with start_gitea(tmp_path, TOKEN, users={"zoe"}, emails={"zoe": "zoe@example.org"},
+                     admin=True) as gitea:
+        found = configured_remote(gitea, tmp_path, "person-1", gitea_users={"person-1": "ZOE@example.org"})
+        prepare_project(tmp_path / "p1", found)
+        write(tmp_path / "p1", "a.txt", "a")
+        commit_project(tmp_path / "p1", found, "work")
+        assert push_project(found).remote_display == f"{gitea.url}/zoe/calc.git"
+
+        unknown = configured_remote(gitea, tmp_path, "person-2", state="state2",
+                                    gitea_users={"person-2": "jose.muller@example.org"})
+        prepare_project(tmp_path / "p2", unknown)
+        write(tmp_path / "p2", "a.txt", "a")
+        commit_project(tmp_path / "p2", unknown, "work")
+        refused = push_project(unknown)
+        assert not refused.pushed
+        assert "no user with the e-mail jose.muller@example.org" in refused.error
+        assert "GITEA_CREATE_USERS" in refused.error
+
+        allowed = configured_remote(gitea, tmp_path, "person-2", state="state2",
+                                    gitea_users={"person-2": "jose.muller@example.org"},
+                                    gitea_create_users=True)
+        result = push_project(allowed)
+        assert result.pushed, result.error
+        assert result.remote_display == f"{gitea.url}/jose.muller/calc.git"
+        assert gitea.account("jose.muller").email == "jose.muller@example.org"
+        [created] = [r for r in gitea.requests if r.path == "/api/v1/admin/users"]
+        sent = json.loads(created.body)
+        assert sent["must_change_password"] is True and len(sent["password"]) >= 24
+        assert sent["password"] not in result.model_dump_json()
+
+
+def test_a_repository_on_master_is_restored_from_and_pushed_to_master(tmp_path):
+    with start_gitea(tmp_path, TOKEN, default_branch="master") as gitea:
+        gitea.create_repo("alice", "calc")
+        bare = gitea.repo_path("alice", "calc")
+        seed_repository(bare, {"a.txt": "from gitea\n"}, tmp_path, "on master")
+        git(bare, "branch", "-m", "main", "master")
+        git(bare, "symbolic-ref", "HEAD", "refs/heads/master")
+
+        remote = gitea_remote(gitea, tmp_path)
+        project = tmp_path / "p"
+        prepared = prepare_project(project, remote)
+        assert prepared.branch == "master"
+        assert prepared.text == "restored 1 commit from alice/calc (master)"
+        assert (project / "a.txt").read_text() == "from gitea\n"
+        write(project, "b.txt", "by vmagent\n")
+        sha = commit_project(project, remote, "second").sha
+        result = push_project(remote, branch=prepared.branch)
+        assert result.pushed and result.branch == "master", result.error
+        assert heads(bare) == {"master"}  # no second, diverging branch
+        assert git_log(bare, "master")[0] == f"{sha} second"
+
+        # A session that could not read Gitea at open recorded vmd's fallback, main: the push
+        # still goes to master, the branch Gitea has, not to a new main beside it.
+        write(project, "c.txt", "third\n")
+        third = commit_project(project, remote, "third").sha
+        fallback = push_project(remote, branch="main")
+        assert fallback.pushed and fallback.branch == "master", fallback.error
+        assert heads(bare) == {"master"} and git_log(bare, "master")[0] == f"{third} third"
+
+
+def test_an_empty_repository_on_master_is_pushed_to_master(tmp_path):
+    with start_gitea(tmp_path, TOKEN, default_branch="master") as gitea:
+        gitea.create_repo("alice", "calc")
+        remote = gitea_remote(gitea, tmp_path)
+        prepared = prepare_project(tmp_path / "p", remote)
+        assert prepared.branch == "master" and "has no history yet" in prepared.text
+        write(tmp_path / "p", "a.txt", "a")
+        commit_project(tmp_path / "p", remote, "first")
+        result = push_project(remote, branch="main")  # even with vmd's fallback recorded
+        assert result.pushed and result.branch == "master", result.error
+        assert heads(gitea.repo_path("alice", "calc")) == {"master"}
+        assert gitea.repo("alice", "calc").default_branch == "master"
+
+
+def test_owner_and_name_case_differences_resolve_to_the_same_repository(tmp_path):
+    with start_gitea(tmp_path, TOKEN, user="Alice", orgs={"VMAgent-Projects"}) as gitea:
+        gitea.create_repo("Alice", "Calc")
+        bare = gitea.repo_path("Alice", "Calc")
+        seed_repository(bare, {"a.txt": "one\n"}, tmp_path, "one")
+
+        remote = gitea_remote(gitea, tmp_path, owner="alice", project="calc")
+        prepared = prepare_project(tmp_path / "p", remote)
+        assert prepared.text == "restored 1 commit from Alice/Calc (main)"
+        write(tmp_path / "p", "a.txt", "two\n")
+        commit_project(tmp_path / "p", remote, "two")
+        result = push_project(remote)
+        assert result.pushed and result.remote_display == f"{gitea.url}/Alice/Calc.git", result.error
+        assert [line.split(" ", 1)[1] for line in git_log(bare)] == ["two", "one"]
+
+        org_remote = configured_remote(gitea, tmp_path, OPEN_WEBUI_USER, state="state2")
+        prepare_project(tmp_path / "o", org_remote)
+        write(tmp_path / "o", "a.txt", "a")
+        commit_project(tmp_path / "o", org_remote, "work")
+        pushed = push_project(org_remote)
+        assert pushed.pushed and "/VMAgent-Projects/" in pushed.remote_display, pushed.error
+    posts = [r.path for r in gitea.requests if r.method == "POST"]
+    assert "/api/v1/user/repos" not in posts and "/api/v1/orgs" not in posts  # found, not made
+
+
+def test_a_renamed_repository_is_followed_at_open_and_at_close(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    prepare_project(tmp_path / "p", remote)
+    write(tmp_path / "p", "a.txt", "one")
+    commit_project(tmp_path / "p", remote, "one")
+    assert push_project(remote).pushed
+    gitea.rename_repo("alice", "calc", "calculator")  # a person renamed it in Gitea
+    since = len(gitea.requests)
+
+    elsewhere = gitea_remote(gitea, tmp_path, state_dir=tmp_path / "state2")
+    prepared = prepare_project(tmp_path / "p2", elsewhere)
+    assert prepared.text == "restored 1 commit from alice/calculator (main)"
+    write(tmp_path / "p2", "b.txt", "two")
+    sha = commit_project(tmp_path / "p2", elsewhere, "two").sha
+    result = push_project(elsewhere, branch=prepared.branch)
+    assert result.pushed, result.error
+    assert result.remote_display == f"{gitea.url}/alice/calculator.git"
+    assert git_log(gitea.repo_path("alice", "calculator"))[0] == f"{sha} two"
+    assert gitea.repo("alice", "calc") is None  # not created again under the old name
+    assert gitea.statuses[f"alice/calculator@{sha}"]
+    assert (307, "/api/v1/repos/alice/calc") in [(r.status, r.path) for r in gitea.responses]
+    # git itself was only ever sent to the repository's current name.
+    git_paths = [r.path for r in gitea.requests[since:] if not r.path.startswith("/api/")]
+    assert git_paths and all(p.startswith("/alice/calculator.git/") for p in git_paths)
+    assert_token_nowhere(elsewhere, gitea, prepared, result)
+
+
+def test_a_renamed_organisation_is_followed(tmp_path):
+    with start_gitea(tmp_path, TOKEN, orgs={"team"}) as gitea:
+        remote = gitea_remote(gitea, tmp_path, owner="team")
+        prepare_project(tmp_path / "p", remote)
+        write(tmp_path / "p", "a.txt", "one")
+        commit_project(tmp_path / "p", remote, "one")
+        assert push_project(remote).pushed
+        gitea.rename_account("team", "crew")
+        write(tmp_path / "p", "a.txt", "two")
+        commit_project(tmp_path / "p", remote, "two")
+        result = push_project(remote)
+        assert result.pushed and result.remote_display == f"{gitea.url}/crew/calc.git", result.error
+        assert gitea.account("team") is None
+
+
+def test_the_token_never_goes_to_an_api_redirect_on_another_host(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    with start_recorder(host="localhost") as (elsewhere, seen):
+        gitea.api_elsewhere["alice/calc"] = elsewhere
+        prepared = prepare_project(tmp_path / "p", remote)
+        write(tmp_path / "p", "a.txt", "a")
+        commit_project(tmp_path / "p", remote, "work")
+        result = push_project(remote)
+    assert seen == []  # not even a request without the token
+    assert "could not be read" in prepared.text and "redirect" in prepared.text
+    assert not result.pushed and result.error.startswith("Nothing was pushed")
+    assert "GITEA_URL" in result.error and TOKEN not in result.error
+    assert_token_nowhere(remote, gitea, prepared, result)
+
+
+def test_the_token_never_goes_to_a_git_redirect_on_another_host(gitea, tmp_path):
+    remote = gitea_remote(gitea, tmp_path)
+    prepare_project(tmp_path / "p", remote)
+    write(tmp_path / "p", "a.txt", "a")
+    commit_project(tmp_path / "p", remote, "work")
+    with start_recorder(host="localhost") as (elsewhere, seen):
+        gitea.git_elsewhere["alice/calc"] = elsewhere
+        result = push_project(remote)
+    assert seen == []
+    assert not result.pushed and "redirect" in result.error and "307" in result.error
+    assert TOKEN not in result.error
+    assert gitea.repo("alice", "calc") is not None and heads(gitea.repo_path("alice", "calc")) == set()
+
+
+def test_a_project_name_gitea_reserves_fails_at_close_with_gitea_s_reason(gitea, tmp_path):
+    # vmd refuses such names when the session opens (vmd.owners.gitea_name_problem); should one
+    # reach the close anyway, the sentence carries Gitea's reason and the work stays in vmd.
+    remote = gitea_remote(gitea, tmp_path, project="notes.wiki")
+    prepare_project(tmp_path / "p", remote)
+    write(tmp_path / "p", "a.txt", "a")
+    committed = commit_project(tmp_path / "p", remote, "work")
+    result = push_project(remote)
+    assert not result.pushed and "name pattern is not allowed [pattern: *.wiki]" in result.error
+    assert git_log(remote.repo_path) == [f"{committed.sha} work"]
+
+
+def test_a_token_without_the_organisation_scope_pushes_nothing_and_says_which(tmp_path):
+    with start_gitea(tmp_path, TOKEN, scopes={"write:repository", "write:user"}) as gitea:
+        remote = configured_remote(gitea, tmp_path, OPEN_WEBUI_USER)
+        prepared = prepare_project(tmp_path / "p", remote)
+        assert "could not be read" in prepared.text and "read:organization" in prepared.text
+        write(tmp_path / "p", "a.txt", "a")
+        commit_project(tmp_path / "p", remote, "work")
+        result = push_project(remote)
+    assert not result.pushed and "write:organization" in result.error and TOKEN not in result.error
 
 
 # --- the guest's traps, laid on the host ----------------------------------------------------

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from vmd.owners import DEFAULT_ORG, GiteaOrgName, PersonMap
 
 # Environment variable -> field. The environment wins over the file.
 ENV_FIELDS = {
@@ -25,6 +27,11 @@ ENV_FIELDS = {
     "GITEA_URL": "gitea_url",
     "GITEA_TOKEN": "gitea_token",
     "GITEA_WEB_URL": "gitea_web_url",
+    "GITEA_OWNER_MODE": "gitea_owner_mode",
+    "GITEA_ORG": "gitea_org",
+    "GITEA_USERS": "gitea_users",
+    "GITEA_CREATE_USERS": "gitea_create_users",
+    "GITEA_PRIVATE": "gitea_private",
     "VMD_SHARE_USER": "share_user",
     "VMD_MAX_FAILED_VERIFICATIONS": "max_failed_verifications",
     "VMD_COMMIT_MAX_FILE_MIB": "commit_max_file_mib",
@@ -46,6 +53,26 @@ class VmdConfig(BaseModel):
     # Where people browse the repositories, when it differs from the API address
     # (e.g. the API is reached inside a compose network, people use a public name).
     gitea_web_url: str = ""
+    # Where a person's projects go on Gitea (vmd/owners.py). A job's owner is an Open WebUI
+    # user id or a terminal user's name, rarely a Gitea account. "org": one organisation of
+    # the service holds every project, named <person>-<project> with a topic naming the
+    # person, so nobody needs an account. "user": the owner is a Gitea user or organisation
+    # name (terminal setups whose users are named like their Gitea logins).
+    gitea_owner_mode: Literal["org", "user"] = "org"
+    # The service's organisation; vmd creates it (private) on the first push when missing.
+    # Not "vmagent": that is the compose setup's admin user, and Gitea users and
+    # organisations share one namespace.
+    gitea_org: GiteaOrgName = DEFAULT_ORG
+    # A person's id -> a Gitea username or e-mail, for people with a Gitea account: their
+    # projects go there, under the project's own name. A TOML table, or GITEA_USERS as a JSON
+    # object or "id=name,id=mail@host".
+    gitea_users: PersonMap = {}
+    # Create a mapped person's Gitea user (by e-mail) when none has that address; needs a
+    # site admin's token. Off: vmd creates no accounts unless told to.
+    gitea_create_users: bool = False
+    # New repositories are private: a project holds whatever a guest wrote, and a person's
+    # work is theirs to publish. Existing repositories keep what their owners chose.
+    gitea_private: bool = True
     default_os: str = "debian"
     # Timeouts are given for a KVM host and multiplied by vmd.machine.timeout_scale()
     # (4 without KVM). The Debian guest with its desktop boots in ~10 s with KVM and in

@@ -1,16 +1,24 @@
-"""A small client for Gitea's REST API (`/api/v1`): the repository, its topics and
-the commit status that carries vmd's verification.
+"""A small client for Gitea's REST API (`/api/v1`): the repository, its owner (an
+organisation or a user), its topics, its branches and the commit status that carries vmd's
+verification.
 
-Plain sync httpx. The token travels only in the `Authorization: token …` header and
-never appears in an error message. 5xx answers and connection errors are retried with
-exponential backoff, because a Gitea that restarts (or a proxy in front of it) answers
-502/503 for a few seconds; auth errors are not retried, they need a person.
+Plain sync httpx. The token travels only in the `Authorization: token …` header, only to
+the configured Gitea, and never appears in an error message. 5xx answers and connection
+errors are retried with exponential backoff, because a Gitea that restarts (or a proxy in
+front of it) answers 502/503 for a few seconds; auth errors are not retried, they need a
+person.
+
+Gitea answers a renamed user or repository with a redirect (307, to the new name under the
+same site). Redirects are followed by hand, and only within the configured Gitea's scheme,
+host, port and API path: httpx would send the client's headers, token included, wherever a
+Location pointed.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Literal
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, SecretStr
@@ -20,6 +28,9 @@ StatusState = Literal["success", "failure", "error", "pending", "warning"]
 
 # Gitea stores a status description in a VARCHAR(255) column; longer ones are refused.
 STATUS_DESCRIPTION_MAX = 255
+# A rename answers one redirect; a chain this long is a loop or a misconfigured proxy.
+MAX_REDIRECTS = 5
+_REDIRECTS = {301, 302, 303, 307, 308}
 
 
 class GiteaError(Exception):
@@ -40,6 +51,15 @@ class RepoInfo(BaseModel):
     html_url: str
     default_branch: str = "main"
     empty: bool = True
+    private: bool = False
+
+    @property
+    def owner(self) -> str:
+        return self.full_name.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.full_name.split("/", 1)[1]
 
 
 class GiteaClient:
@@ -62,10 +82,12 @@ class GiteaClient:
         self._token = secret
         self.retries = max(1, retries)
         self.backoff = backoff
+        self._api = httpx.URL(f"{self.base_url}/api/v1/")
         self._http = httpx.Client(
             base_url=f"{self.base_url}/api/v1",
             headers={"Authorization": f"token {secret}", "Accept": "application/json"},
             timeout=timeout,
+            follow_redirects=False,
         )
         self._login: str | None = None
 
@@ -87,17 +109,17 @@ class GiteaClient:
         return self._login
 
     def get_repo(self, owner: str, name: str) -> RepoInfo | None:
-        """The repository, or None when it does not exist."""
-        response = self._request("GET", f"/repos/{owner}/{name}", ok_missing=True,
+        """The repository, or None when it does not exist. A renamed repository (or owner)
+        is followed: the answer's `full_name` is its name now."""
+        response = self._request("GET", f"/repos/{_seg(owner)}/{_seg(name)}", ok_missing=True,
                                  what=f"read the repository {owner}/{name}")
         return None if response.status_code == 404 else _repo_info(response)
 
-    def ensure_repo(self, owner: str, name: str, description: str = "",
-                    private: bool = False) -> RepoInfo:
-        """The repository `owner/name`, created (empty, branch main) when missing.
-
-        An empty `owner` means the token's user.
-        """
+    def ensure_repo(self, owner: str, name: str, description: str = "", private: bool = True,
+                    kind: Literal["org", "owner"] = "owner") -> RepoInfo:
+        """The repository `owner/name`, created (empty, private unless told otherwise) when
+        missing. An empty `owner` means the token's user. `kind="org"`: the owner is known to
+        be an organisation; "owner": a user or an organisation, tried in that order."""
         owner = owner or self.current_user()
         existing = self.get_repo(owner, name)
         if existing is not None:
@@ -105,15 +127,18 @@ class GiteaClient:
         body = {"name": name, "description": description[:2048], "private": private,
                 "auto_init": False, "default_branch": "main"}
         what = f"create the repository {owner}/{name}"
-        if owner == self.current_user():
+        if kind == "owner" and owner.lower() == self.current_user().lower():  # Gitea's names ignore case
             response = self._request("POST", "/user/repos", json=body, what=what, ok={409})
         else:
             # An organisation first; a 404 there means no such organisation, so the owner
             # may be another user, which only a site admin may create repositories for.
-            response = self._request("POST", f"/orgs/{owner}/repos", json=body, what=what,
+            response = self._request("POST", f"/orgs/{_seg(owner)}/repos", json=body, what=what,
                                      ok={404, 409})
+            if response.status_code == 404 and kind == "org":
+                raise GiteaError(f"Gitea has no organisation named {owner!r}, so {owner}/{name} "
+                                 "cannot be created; create it in Gitea or set GITEA_ORG.")
             if response.status_code == 404:
-                response = self._request("POST", f"/admin/users/{owner}/repos", json=body,
+                response = self._request("POST", f"/admin/users/{_seg(owner)}/repos", json=body,
                                          what=what, ok={404, 409})
                 if response.status_code == 404:
                     raise GiteaError(
@@ -127,10 +152,68 @@ class GiteaClient:
             return existing
         return _repo_info(response)
 
+    def branch_exists(self, owner: str, repo: str, branch: str) -> bool:
+        response = self._request("GET", f"/repos/{_seg(owner)}/{_seg(repo)}/branches/{_seg(branch)}",
+                                 ok_missing=True, what=f"read the branch {branch} of {owner}/{repo}")
+        return response.status_code != 404
+
+    def get_org(self, name: str) -> str | None:
+        """The organisation's name as Gitea spells it, or None when there is none."""
+        response = self._request("GET", f"/orgs/{_seg(name)}", ok_missing=True,
+                                 what=f"read the organisation {name}")
+        if response.status_code == 404:
+            return None
+        body = response.json()
+        return str(body.get("name") or body.get("username") or name)
+
+    def create_org(self, name: str, description: str = "Projects built by vmagent") -> str:
+        """Create a private organisation (the token's user becomes its owner); its name."""
+        response = self._request("POST", "/orgs", what=f"create the organisation {name}", ok={422},
+                                 json={"username": name, "visibility": "private",
+                                       "description": description})
+        if response.status_code == 422:
+            if self.get_org(name) is not None:  # created meanwhile
+                return str(self.get_org(name))
+            raise GiteaError(
+                f"Gitea refused to create the organisation {name!r}: {self._message(response)}. "
+                "A user may already have that name (users and organisations share one "
+                "namespace); set GITEA_ORG to another name, or create the organisation in Gitea.")
+        body = response.json()
+        return str(body.get("name") or body.get("username") or name)
+
+    def find_user_by_email(self, email: str) -> str | None:
+        """The login of the user with this e-mail, or None. Gitea shows a user's address to
+        a site admin and to everybody when the user made it public, so a non-admin token
+        finds only those."""
+        response = self._request("GET", f"/users/search?q={quote(email, safe='')}&limit=50",
+                                 what=f"look up the Gitea user of {email}")
+        for user in response.json().get("data") or []:
+            if str(user.get("email", "")).lower() == email.lower():
+                return str(user["login"])
+        return None
+
+    def create_user(self, username: str, email: str, password: str) -> str | None:
+        """Create a user (a site admin's token); its login, or None when the name is taken."""
+        response = self._request(
+            "POST", "/admin/users", what=f"create a Gitea user for {email}", ok={422},
+            json={"username": username, "email": email, "password": password,
+                  "must_change_password": True, "send_notify": False})
+        if response.status_code == 422:
+            message = self._message(response)
+            if "user already exists" in message:
+                return None
+            raise GiteaError(f"Gitea refused to create the user {username!r} for {email}: {message}.")
+        return str(response.json()["login"])
+
     def set_topics(self, owner: str, repo: str, topics: list[str]) -> None:
         """Replace the repository's topics."""
-        self._request("PUT", f"/repos/{owner}/{repo}/topics", json={"topics": topics},
+        self._request("PUT", f"/repos/{_seg(owner)}/{_seg(repo)}/topics", json={"topics": topics},
                       what=f"set the topics of {owner}/{repo}")
+
+    def add_topic(self, owner: str, repo: str, topic: str) -> None:
+        """Add one topic, keeping those a person gave the repository."""
+        self._request("PUT", f"/repos/{_seg(owner)}/{_seg(repo)}/topics/{_seg(topic)}",
+                      what=f"add the topic {topic} to {owner}/{repo}")
 
     def set_commit_status(
         self,
@@ -146,7 +229,7 @@ class GiteaClient:
                                 "description": description[:STATUS_DESCRIPTION_MAX]}
         if target_url:
             body["target_url"] = target_url
-        self._request("POST", f"/repos/{owner}/{repo}/statuses/{sha}", json=body,
+        self._request("POST", f"/repos/{_seg(owner)}/{_seg(repo)}/statuses/{sha}", json=body,
                       what=f"set the commit status of {owner}/{repo}@{sha[:12]}")
 
     # --- transport ------------------------------------------------------------------
@@ -161,7 +244,7 @@ class GiteaClient:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                response = self._http.request(method, path, json=json)
+                response = self._send(method, path, json, what)
             except httpx.TransportError as exc:
                 last_problem = f"{type(exc).__name__}: {self._redact(str(exc))}"
                 continue
@@ -175,6 +258,34 @@ class GiteaClient:
             f"Gitea at {self.base_url} could not {what} after {self.retries} tries "
             f"({last_problem}); check that Gitea is running and reachable from vmd, then "
             "close the session again to retry the push.")
+
+    def _send(self, method: str, path: str, json: object, what: str) -> httpx.Response:
+        """One request, following Gitea's rename redirects within its own API only."""
+        url: str | httpx.URL = path
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._http.request(method, url, json=json)
+            location = response.headers.get("location")
+            if response.status_code not in _REDIRECTS or not location:
+                return response
+            target = response.url.join(location)
+            if not self._inside_api(target):
+                raise GiteaError(
+                    f"Gitea at {self.base_url} answered the request to {what} with a redirect to "
+                    f"{_origin(target)}{target.path}, outside its API at {self.base_url}/api/v1; "
+                    "vmd sends its token nowhere else and stopped there. If Gitea moved, set "
+                    "GITEA_URL to its new address.")
+            if response.status_code in (301, 302, 303) and method != "GET":
+                raise GiteaError(
+                    f"Gitea at {self.base_url} answered the request to {what} with HTTP "
+                    f"{response.status_code} to {target.path}, which would turn the {method} into "
+                    "a GET; check the repository's name in Gitea.")
+            url = target
+        raise GiteaError(f"Gitea at {self.base_url} redirected the request to {what} more than "
+                         f"{MAX_REDIRECTS} times; check the repository's name in Gitea.")
+
+    def _inside_api(self, target: httpx.URL) -> bool:
+        return (_origin(target) == _origin(self._api)
+                and target.path.startswith(self._api.path))
 
     def _error_for(self, response: httpx.Response, what: str) -> GiteaError:
         detail = self._message(response)
@@ -192,6 +303,9 @@ class GiteaClient:
                 "a site admin's token for another user's repositories), or its user has no "
                 "write access there. Create a token with those scopes in Gitea (Settings → "
                 f"Applications) and set it in vmd's configuration.{detail}")
+        if response.status_code == 422:
+            return GiteaError(f"Gitea at {self.base_url} refused to {what} (422): the name or a "
+                              f"value is not one Gitea accepts.{detail}")
         return GiteaError(f"Gitea at {self.base_url} could not {what}: HTTP "
                           f"{response.status_code}.{detail}")
 
@@ -205,6 +319,16 @@ class GiteaClient:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._token, "***") if self._token else text
+
+
+def _seg(part: str) -> str:
+    """One path segment: names come from config and people, never a path of their own."""
+    return quote(part, safe="")
+
+
+def _origin(url: httpx.URL) -> str:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return f"{url.scheme}://{url.host}:{url.port or default}"
 
 
 def _repo_info(response: httpx.Response) -> RepoInfo:

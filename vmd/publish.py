@@ -12,6 +12,14 @@ vmd's (vmd/repository.py, a bare repository under the state dir). The flow:
 - `push_project`: push vmd's branch to a URL vmd builds; the token reaches only that
   one git process, through its environment.
 
+On Gitea, the person (the job's owner) maps to a Gitea owner by vmd's configuration
+(vmd/owners.py): by default one organisation of the service, with per-person repository
+names. The branch is Gitea's default branch as read at open (a repository on `master` is
+restored from and pushed back to `master`). Renamed repositories are followed through the
+API, which answers with their new name; git itself never follows a redirect
+(`http.followRedirects=false`), because git would send the token's header to wherever it
+pointed.
+
 Without Gitea, vmd's repository is where the project lives.
 """
 
@@ -22,16 +30,16 @@ import re
 import shutil
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
 from vmd import verbs as V
 from vmd.gitea import GiteaClient, GiteaError, RepoInfo, StatusState
+from vmd.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_place
 from vmd.project_tree import Limits, present_to_guest, walk
 from vmd.repository import BRANCH, Identity, Repository, RepositoryError
 
-TOPICS = ["vmagent"]
 LOCAL_OWNER = V.LOCAL_OWNER
 
 
@@ -45,8 +53,12 @@ class Remote(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    owner: str = ""  # empty: the token's user on Gitea, LOCAL_OWNER in vmd's repositories
+    owner: str = ""  # the person; empty: LOCAL_OWNER in vmd's repositories
     project: str
+    # How the owner maps to a Gitea owner (vmd/owners.py). vmd passes its configured
+    # policy (`remote_for`); a Remote made by hand treats the owner as the Gitea owner itself
+    # (an empty one as the token's user).
+    people: OwnerPolicy = OwnerPolicy(mode="user")
     description: str = ""
     gitea_url: str | None = None
     gitea_token: SecretStr | None = None
@@ -95,10 +107,27 @@ class Remote(BaseModel):
 
     def auth(self) -> dict[str, str]:
         """Git config for the one process that talks to Gitea: the token as a header,
-        scoped to Gitea's URL so that a redirect elsewhere does not carry it along."""
+        scoped to Gitea's URL, and no redirects followed. git applies the header to every
+        request of the process, so after a redirect to another host it would go there too;
+        vmd asks the API for the repository's current name instead (`place`)."""
         if not self.uses_gitea:
             return {}
-        return {f"http.{self.gitea_url}/.extraHeader": f"Authorization: token {self.token()}"}
+        return {f"http.{self.gitea_url}/.extraHeader": f"Authorization: token {self.token()}",
+                "http.followRedirects": "false"}
+
+    def place(self) -> GiteaPlace:
+        """Where the project goes on Gitea, by the policy alone (no network)."""
+        return plan_place(self.people, self.owner, self.project)
+
+
+def remote_for(config, owner: str, project: str, description: str = "") -> Remote:
+    """The Remote of `owner`'s `project` under vmd's configuration (`VmdConfig`): vmd's
+    repository keyed by owner and project, Gitea's place by the configured owner mapping."""
+    token = config.gitea_token.get_secret_value()
+    return Remote(owner=owner, project=project, description=description[:250],
+                  gitea_url=config.gitea_url or None,
+                  gitea_token=config.gitea_token if token else None,
+                  state_dir=config.state_dir, people=OwnerPolicy.from_config(config))
 
 
 class Prepared(BaseModel):
@@ -170,17 +199,21 @@ def _sync_from_gitea(repo: Repository, remote: Remote) -> tuple[str, str]:
     """Bring vmd's branch up to Gitea's: (a sentence, the Gitea branch)."""
     try:
         with _client(remote) as client:
-            owner = remote.owner or client.current_user()
-            info = client.get_repo(owner, remote.project)
+            place = resolve_place(client, remote.people, remote.place(), create=False)
+            target = (place.owner or client.current_user(), place.repo) if place else None
+            info = client.get_repo(*target) if target else None
     except GiteaError as exc:
         return (f"the history of {_display_name(remote)} could not be read ({exc}); vmd's own copy "
                 f"({repo.count() if repo.head() else 0} commits) is used", BRANCH)
-    display = f"{owner}/{remote.project}"
-    if info is None or info.empty:
-        return f"new project: {display} has no history yet", BRANCH
-    branch = info.default_branch or BRANCH
+    if info is None:  # no such repository, or its owner does not exist yet
+        where = "/".join(target) if target else remote.place().display
+        return f"new project: {where} has no history yet", BRANCH
+    display, branch = info.full_name, info.default_branch or BRANCH
+    if info.empty:
+        return f"new project: {display} has no history yet", branch
     try:
-        theirs = repo.fetch(_push_url(remote, owner), branch, remote.auth(), secret=remote.token())
+        theirs = repo.fetch(_push_url(remote, info.full_name), branch, remote.auth(),
+                            secret=remote.token())
     except RepositoryError as exc:
         return (f"fetching the history of {display} failed ({exc}); the push at close may be "
                 "refused", branch)
@@ -221,9 +254,9 @@ def changed_files(remote: Remote, base: str | None) -> list[str]:
 def push_project(remote: Remote, *, branch: str = BRANCH, status: StatusState = "pending",
                  status_description: str = "vmd has not verified this commit",
                  status_url: str | None = None) -> PushResult:
-    """Push vmd's branch to Gitea's `branch`; set the topics and the commit status
-    (vmd's verification: `status`, `status_description`). Without Gitea the commit in
-    vmd's repository is the result."""
+    """Push vmd's branch to Gitea's `branch` (the one recorded at open); set the topics and
+    the commit status (vmd's verification: `status`, `status_description`). Without Gitea
+    the commit in vmd's repository is the result."""
     repo = remote.repository()
     sha = repo.head() if repo.exists() else None
     display = _display_name(remote)
@@ -235,27 +268,46 @@ def push_project(remote: Remote, *, branch: str = BRANCH, status: StatusState = 
     warnings: list[str] = []
     with _client(remote) as client:
         try:
-            info: RepoInfo = client.ensure_repo(remote.owner, remote.project, remote.description)
+            # With create=True the owner is found or made, or GiteaError says why not.
+            place = resolve_place(client, remote.people, remote.place(), create=True) or remote.place()
+            info: RepoInfo = client.ensure_repo(
+                place.owner, place.repo, remote.description, private=remote.people.private,
+                kind="org" if place.kind == "org" else "owner")
+            branch = _target_branch(client, info, branch)
         except GiteaError as exc:
             return PushResult(sha=sha, remote_display=display, pushed=False,
                               error=f"Nothing was pushed: {exc}")
-        owner, name = info.full_name.split("/", 1)
-        url = _push_url(remote, owner, name)
+        url = _push_url(remote, info.full_name)
         pushed = repo.push(url, branch, remote.auth(), secret=remote.token())
         if pushed.returncode != 0:
             return PushResult(sha=sha, branch=branch, remote_display=url, pushed=False,
                               error=_push_failure(pushed, info.full_name, branch, remote))
-        for what, call in (
-            ("topics", lambda: client.set_topics(owner, name, TOPICS)),
-            ("commit status", lambda: client.set_commit_status(
-                owner, name, sha, status, status_description, target_url=status_url)),
-        ):
+        owner, name = info.owner, info.name
+        for topic in place.topics:
             try:
-                call()
+                client.add_topic(owner, name, topic)
             except GiteaError as exc:
-                warnings.append(f"The push landed, but the {what} could not be set: {exc}")
+                warnings.append(f"The push landed, but the topic {topic} could not be set: {exc}")
+        try:
+            client.set_commit_status(owner, name, sha, status, status_description,
+                                     target_url=status_url)
+        except GiteaError as exc:
+            warnings.append(f"The push landed, but the commit status could not be set: {exc}")
     return PushResult(sha=sha, branch=branch, remote_display=url, pushed=True, warnings=warnings,
                       web_url=f"{info.html_url.rstrip('/')}/commit/{sha}")
+
+
+def _target_branch(client: GiteaClient, info: RepoInfo, recorded: str) -> str:
+    """The Gitea branch to push to: the one the history came from at open, unless Gitea
+    does not have it. A push to a branch Gitea lacks would start a second line of history
+    beside the default branch (say vmd's fallback `main` beside `master`, when Gitea could
+    not be read at open), so then the default branch it is: a push that does not descend
+    from it is refused there, and nothing is overwritten."""
+    if info.empty:
+        return info.default_branch or recorded
+    if recorded == info.default_branch or client.branch_exists(info.owner, info.name, recorded):
+        return recorded
+    return info.default_branch
 
 
 def _push_failure(result, where: str, branch: str, remote: Remote) -> str:
@@ -266,6 +318,10 @@ def _push_failure(result, where: str, branch: str, remote: Remote) -> str:
         return (f"The push to {where} was refused: its branch {branch} holds commits this "
                 f"session did not start from. Nothing was overwritten; the work is committed in "
                 f"vmd's repository. git said: {text}")
+    if re.search(r"\b30[12378]\b", text) or "redirect" in text.lower():
+        return (f"The push to {where} failed: Gitea's git endpoint answered with a redirect, and "
+                "vmd does not follow git redirects (the token would go along). Check the "
+                f"repository's name and GITEA_URL in Gitea. git said: {text}")
     if "Authentication failed" in text or re.search(r"\b40[13]\b", text):
         return (f"The push to {where} failed: Gitea's git endpoint refused the token. Check "
                 "that it is valid and has the write:repository scope (Gitea → Settings → "
@@ -279,14 +335,16 @@ def _client(remote: Remote) -> GiteaClient:
                        backoff=remote.gitea_backoff_s)
 
 
-def _push_url(remote: Remote, owner: str, name: str | None = None) -> str:
-    # Built from the configured URL, not the API's clone_url: Gitea's ROOT_URL is often
-    # the public address, which vmd (next to Gitea) may not reach.
+def _push_url(remote: Remote, full_name: str) -> str:
+    # Built from the configured URL and Gitea's own `full_name` (its spelling, after any
+    # rename), not the API's clone_url: Gitea's ROOT_URL is often the public address, which
+    # vmd (next to Gitea) may not reach.
     assert remote.gitea_url
-    return f"{remote.gitea_url}/{owner}/{name or remote.project}.git"
+    owner, name = full_name.split("/", 1)
+    return f"{remote.gitea_url}/{quote(owner, safe='')}/{quote(name, safe='')}.git"
 
 
 def _display_name(remote: Remote) -> str:
     if remote.uses_gitea:
-        return f"{remote.gitea_url}/{remote.owner or '<token user>'}/{remote.project}.git"
+        return f"{remote.gitea_url}/{remote.place().display}.git"
     return str(remote.repo_path)

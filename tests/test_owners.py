@@ -1,0 +1,139 @@
+"""The person behind a job, mapped to a Gitea owner (vmd/owners.py): slugs, the configured
+policy, and the names Gitea refuses, refused when a session opens."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+
+import pytest
+from pydantic import ValidationError
+
+from vmd.config import VmdConfig
+from vmd.owners import (OwnerPolicy, gitea_name_problem, org_repo_name, owner_name_problem,
+                        person_slug, person_topic, plan_place, repository_name_problem)
+from vmd.verbs import NAME_PATTERN
+
+UUID = "3f2a9c1e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
+GITEA = {"gitea_url": "http://gitea:3000", "gitea_token": "t0ken"}
+
+
+# --- slugs -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("person", [UUID, "alice", "Alice", "jose.muller", "_", "x" * 100,
+                                    "a-b", "a_b", "..."])
+def test_a_slug_is_deterministic_short_and_within_gitea_s_alphabets(person):
+    slug = person_slug(person)
+    assert slug == person_slug(person)
+    assert len(slug) <= 21 and re.fullmatch(r"[a-z0-9][a-z0-9-]*", slug)
+    assert repository_name_problem(f"{slug}-calc") is None
+    assert re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,34}", person_topic(person))  # Gitea's topic rule
+
+
+def test_an_open_webui_id_keeps_its_first_group_readable():
+    assert person_slug(UUID).startswith("3f2a9c1e-5b6-")
+
+
+def test_ids_that_differ_only_in_case_or_punctuation_get_different_slugs():
+    people = ["alice", "Alice", "ALICE", "a-lice", "a_lice", "a.lice", UUID, UUID.upper()]
+    assert len({person_slug(p) for p in people}) == len(people)
+
+
+def test_a_long_project_name_is_cut_to_gitea_s_limit_without_collisions():
+    long_a, long_b = "p" * 99 + "a", "p" * 99 + "b"
+    names = {org_repo_name(UUID, long_a), org_repo_name(UUID, long_b)}
+    assert len(names) == 2 and all(len(n) <= 100 and repository_name_problem(n) is None for n in names)
+    assert org_repo_name(UUID, "calc") == f"{person_slug(UUID)}-calc"
+
+
+# --- the policy ---------------------------------------------------------------------------------
+
+def test_by_default_a_person_s_project_goes_to_the_service_org_with_a_topic():
+    place = plan_place(OwnerPolicy(), UUID, "calc")
+    assert (place.kind, place.owner, place.repo) == ("org", "vmagent-projects", org_repo_name(UUID, "calc"))
+    assert place.topics == ("vmagent", person_topic(UUID))
+
+
+def test_a_mapped_person_goes_to_their_own_account_under_the_project_s_name():
+    policy = OwnerPolicy(users={UUID: "jose", "p2": "zoe@example.org"})
+    assert asdict(plan_place(policy, UUID, "calc")) == {
+        "owner": "jose", "repo": "calc", "kind": "owner", "topics": ("vmagent",), "email": ""}
+    email = plan_place(policy, "p2", "calc")
+    assert (email.kind, email.email, email.repo) == ("email", "zoe@example.org", "calc")
+
+
+def test_in_user_mode_the_owner_is_the_gitea_owner():
+    place = plan_place(OwnerPolicy(mode="user"), "alice", "calc")
+    assert (place.kind, place.owner, place.repo) == ("owner", "alice", "calc")
+
+
+def test_the_defaults_are_one_private_organisation():
+    config = VmdConfig.load(env={})
+    assert (config.gitea_owner_mode, config.gitea_org, config.gitea_private,
+            config.gitea_create_users, config.gitea_users) == ("org", "vmagent-projects", True, False, {})
+    assert OwnerPolicy.from_config(config) == OwnerPolicy()
+
+
+def test_the_mapping_is_read_from_the_environment():
+    env = {"GITEA_OWNER_MODE": "user", "GITEA_ORG": "jobs", "GITEA_PRIVATE": "false",
+           "GITEA_CREATE_USERS": "true", "GITEA_USERS": f"{UUID}=jose, p2=zoe@example.org"}
+    config = VmdConfig.load(env=env)
+    assert config.gitea_users == {UUID: "jose", "p2": "zoe@example.org"}
+    assert (config.gitea_owner_mode, config.gitea_org, config.gitea_private,
+            config.gitea_create_users) == ("user", "jobs", False, True)
+    as_json = VmdConfig.load(env={"GITEA_USERS": '{"%s": "jose"}' % UUID})
+    assert as_json.gitea_users == {UUID: "jose"}
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"gitea_org": "admin"}, "Gitea reserves the name 'admin'"),
+    ({"gitea_org": "my org"}, "not a name Gitea accepts"),
+    ({"gitea_users": {UUID: "assets"}}, "Gitea reserves the name 'assets'"),
+    ({"gitea_users": {UUID: "jose@"}}, "not an e-mail address"),
+    ({"gitea_users": "no-equals-sign"}, "is not `person=gitea-user-or-email`"),
+])
+def test_an_unusable_mapping_is_refused_when_the_config_loads(settings, words):
+    with pytest.raises(ValidationError, match=re.escape(words)):
+        VmdConfig(**settings)
+
+
+# --- names Gitea refuses -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, reason", [
+    (".", "reserves the name '.'"), ("..", "reserves the name '..'"), ("-", "reserves the name '-'"),
+    ("notes.wiki", "ending in '.wiki'"), ("feed.RSS", "ending in '.rss'"),
+    ("news.atom", "ending in '.atom'"), ("X.GIT", "ending in '.git'"),
+    ("a..b", "two dots in a row"),
+])
+def test_a_reserved_repository_name_is_refused_with_a_sentence(name, reason):
+    problem = repository_name_problem(name, what="project")
+    assert problem and reason in problem and problem.startswith(f"project {name!r} cannot be")
+    assert "Choose another name, for example" in problem
+    suggestion = re.search(r"for example '([^']+)'", problem)[1]
+    assert repository_name_problem(suggestion) is None
+
+
+@pytest.mark.parametrize("name", ["api", "Assets", "admin", "login", "x.keys", "me.png", "gitea-actions"])
+def test_a_reserved_owner_name_is_refused(name):
+    assert "cannot be a Gitea user or organisation" in owner_name_problem(name)
+
+
+@pytest.mark.parametrize("name", ["calc", "my-app", "v2.0", "wiki", "rss-reader", "_private"])
+def test_ordinary_names_pass(name):
+    assert repository_name_problem(name) is None
+
+
+def test_the_session_check_refuses_a_reserved_project_when_gitea_is_configured():
+    config = VmdConfig(**GITEA)
+    problem = gitea_name_problem(config, UUID, "notes.wiki")
+    assert problem.startswith("project 'notes.wiki' cannot be a Gitea repository")
+    assert NAME_PATTERN.match("notes.wiki")  # vmd's own rule lets it through
+    assert gitea_name_problem(config, UUID, "calc") is None
+    assert gitea_name_problem(config, UUID, None) is None  # no project, nothing pushed
+    assert gitea_name_problem(VmdConfig(), UUID, "notes.wiki") is None  # no Gitea: vmd's repository only
+
+
+def test_the_session_check_refuses_a_reserved_owner_only_where_it_names_a_gitea_owner():
+    assert gitea_name_problem(VmdConfig(**GITEA), "api", "calc") is None  # org mode: a slug
+    problem = gitea_name_problem(VmdConfig(**GITEA, gitea_owner_mode="user"), "api", "calc")
+    assert problem.startswith("owner 'api' cannot be a Gitea user or organisation")
