@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from vmagent.client import Vmd
+from vmd.machine_port import LibvirtMachines
 from vmd.rpc import VmdServer
-from vmd.session import LibvirtMachines
 from tests.vmd_fakes import LocalMachines, make_config
 
 

@@ -447,7 +447,7 @@ def test_an_over_long_line_gets_one_reply_and_the_next_line_is_served(vmd, monke
     assert refused["id"] == 9 and refused["error"]["code"] == rpc.INVALID_REQUEST
     assert "over 1024 bytes" in refused["error"]["message"] and "append_file" in refused["error"]["message"]
     answered = client.reply()
-    assert answered["id"] == 10 and answered["error"]["code"] == -32002  # no session: but answered
+    assert answered["id"] == 10 and answered["error"]["code"] == rpc.NO_SESSION  # no session: but answered
     # Nothing else was owed: the next reply is the next request's.
     assert client.call({"id": 11, "method": "session_status"})["id"] == 11
     client.send(b"x" * 3000 + b"\n")  # no id to read: answered under null, once

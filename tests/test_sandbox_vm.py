@@ -19,8 +19,8 @@ from tests.vmd_fakes import make_config
 from vmagent.client import Vmd
 from vmd import verbs as V
 from vmd.publish import Remote, commit_project, prepare_project, push_project
+from vmd.machine_port import LibvirtMachines
 from vmd.rpc import VmdServer
-from vmd.session import LibvirtMachines
 
 TOKEN = "gitea-token-" + secrets.token_hex(8)
 

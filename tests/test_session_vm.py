@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from vmagent.client import Vmd
+from vmd.machine_port import LibvirtMachines
 from vmd.rpc import VmdServer
-from vmd.session import LibvirtMachines
 from tests.gitea_server import start_gitea
 from tests.vmd_fakes import make_config
 

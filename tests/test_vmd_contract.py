@@ -11,8 +11,9 @@ import pytest
 
 from vmagent.client import Vmd, VmdError
 from vmd import verbs as V
+from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
+from vmd.machine_port import LibvirtMachines
 from vmd.rpc import VmdServer
-from vmd.session import LibvirtMachines
 from tests.vmd_fakes import LocalMachines, make_config
 
 
@@ -34,7 +35,7 @@ def test_unknown_verb_is_named_with_the_list_of_verbs(vmd):
     with client(config) as c:
         with pytest.raises(VmdError) as err:
             c.call("rm_rf", path="/")
-    assert err.value.code == -32601
+    assert err.value.code == METHOD_NOT_FOUND
     assert "rm_rf" in err.value.message and "plan_tasks" in err.value.message and "finish" in err.value.message
 
 
@@ -44,12 +45,12 @@ def test_bad_params_name_the_field_and_the_expected_shape(vmd):
         c.call("session_open", os="debian")
         with pytest.raises(VmdError) as err:
             c.call("update_task", id="three", status="finished")
-        assert err.value.code == -32602
+        assert err.value.code == INVALID_PARAMS
         assert "id" in err.value.message and "status" in err.value.message
         assert '"pending"|"in_progress"|"done"|"blocked"' in err.value.message
         with pytest.raises(VmdError) as err:
             c.call("run", comand="ls")
-        assert err.value.code == -32602
+        assert err.value.code == INVALID_PARAMS
         assert "comand: not a param of run" in err.value.message and "command: required" in err.value.message
         assert "command: str" in err.value.message
 
@@ -64,7 +65,7 @@ def test_params_that_are_not_an_object_are_refused(vmd):
     reader = s.makefile("rb")
     first, second = json.loads(reader.readline()), json.loads(reader.readline())
     s.close()
-    assert first["id"] == 7 and first["error"]["code"] == -32602
+    assert first["id"] == 7 and first["error"]["code"] == INVALID_PARAMS
     assert second["error"]["code"] == -32700
 
 
@@ -73,7 +74,7 @@ def test_verbs_need_a_bound_session(vmd):
     with client(config) as c:
         with pytest.raises(VmdError) as err:
             c.call("session_status")
-    assert err.value.code == -32002 and "session_open" in err.value.message
+    assert err.value.code == NO_SESSION and "session_open" in err.value.message
 
 
 def test_machine_verbs_before_a_plan_are_refused_with_the_reason(vmd):
@@ -82,7 +83,7 @@ def test_machine_verbs_before_a_plan_are_refused_with_the_reason(vmd):
         c.call("session_open", os="debian", project="demo", task="make a demo")
         with pytest.raises(VmdError) as err:
             c.call("run", command="true")
-        assert err.value.code == -32001
+        assert err.value.code == REFUSED
         assert err.value.message.startswith("REFUSED:") and "plan_tasks" in err.value.message
         # planning verbs work while the machine boots
         assert c.call("plan_tasks", tasks=["write", "test"])["tasks"].startswith("[ ] 1. write")
@@ -149,7 +150,7 @@ def test_every_verb_over_the_socket(vmd):
     assert c.call("session_status")["question"] == "which colour?"
     with pytest.raises(VmdError) as err:
         c.call("run", command="true")
-    assert err.value.code == -32001
+    assert err.value.code == REFUSED
     assert "blue" in c.call("session_resume", answer="blue")["text"]
     assert not machine.suspended
     assert c.call("request_unfreeze", reason="pip install")["state"] == "unfreeze"

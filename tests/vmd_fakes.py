@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vmd.session import MachineSpec
+from vmd.machine_port import MachineSpec
 
 
 class LocalMachine:

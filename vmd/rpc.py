@@ -26,14 +26,12 @@ from pydantic import ValidationError
 
 from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.session import NO_SESSION, MachineFactory, ProjectStore, Session, Sessions, VerbError
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-BUSY = -32004  # vmd serves its connection limit already; retry later
+from vmd.errors import (
+    BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION, PARSE_ERROR, VerbError,
+)
+from vmd.machine_port import MachineFactory
+from vmd.project_store import ProjectStore
+from vmd.session import Session, Sessions
 # A request line longer than this is refused: write_file bodies are the largest thing
 # sent, and 64 MiB is far past any source file an agent should write in one call.
 MAX_LINE = 64 * 1024 * 1024

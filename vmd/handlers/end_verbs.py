@@ -1,0 +1,195 @@
+"""The end: finish (refused while a task is open or before any command ran; vmd re-runs
+the named check itself and compares it with the baseline, vmd/verification.py) and
+session_close (commit, push, destroy the machine)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vmd import verbs as V
+from vmd.errors import sentence
+from vmd.handlers.output import output_sink
+
+if TYPE_CHECKING:
+    from vmd.session import Session
+
+
+def finish(session: Session, p: V.Finish, notify) -> dict:
+    open_tasks = session.tasks.open_tasks()
+    if open_tasks:
+        names = "; ".join(f"{t.id}. {t.title} ({t.status.replace('_', ' ')})" for t in open_tasks)
+        return {"accepted": False, "outcome": session.s.outcome,
+                "text": f"REFUSED: tasks still open: {names}. Finish them and mark each done, or "
+                        "blocked with a note saying why, then call finish again."}
+    if session.s.runs == 0:
+        return {"accepted": False, "outcome": session.s.outcome,
+                "text": "REFUSED: no command was ever run in this session. Run the work and its "
+                        "check with `run` first; vmd does not take a finish on the model's word."}
+    if p.verification is None:
+        return {"accepted": False, "outcome": session.s.outcome,
+                "text": "REFUSED: name the verification: finish(summary, verification={\"command\": "
+                        "\"<a command that proves the work>\", \"expect_exit\": 0}); vmd runs it itself."}
+    return _verify_and_finish(session, p, notify)
+
+
+def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
+    """vmd runs the check itself. A failure is work left (refused) until the allowed
+    failures are spent; a pass is checked against the baseline (vmd/verification.py)."""
+    from vmd import verification as check
+
+    machine = session.guest()
+    command, expect = p.verification.command, p.verification.expect_exit
+    cwd = session.s.facts.get("project_path") or machine.project_path if session.s.project_dir else None
+    tail = session.config.output_tail_chars
+    run = check.run_check(machine, command, expect, cwd, session.verify_timeout, output_sink(notify), tail)
+    baseline = None
+    if run.passed:
+        archive = check.baseline_archive(_repository(session), session.s.base_commit) if session.s.project_dir else b""
+        baseline = check.run_baseline(machine, command, expect, archive, session.verify_timeout, tail)
+    attempt = {"attempt": len(session.s.verifications) + 1, "command": command, "expect_exit": expect,
+               **run.model_dump(), "baseline": baseline.model_dump() if baseline else None}
+    with session.lock:
+        session.s.verifications.append({k: v for k, v in attempt.items() if k != "output_tail"})
+        session.save()
+    session.record.append("verification", **attempt)
+    failures = sum(1 for v in session.s.verifications if not v["passed"])
+    allowed = session.config.max_failed_verifications
+    if not run.passed and failures < allowed:
+        return {"accepted": False, "outcome": None, "attempt": attempt,
+                "text": check.failed_text(run, command, expect, failures, allowed)}
+    proven = None
+    if baseline is not None and baseline.error is None:
+        proven = not baseline.passed
+        if not proven and not session.s.baseline_refused:
+            with session.lock:
+                session.s.baseline_refused = True
+                session.save()
+            return {"accepted": False, "outcome": None, "attempt": attempt,
+                    "text": check.not_proven_text(command, baseline)}
+    outcome = {"command": command, "cwd": cwd, "expect_exit": expect, "exit_code": run.exit_code,
+               "passed": run.passed, "proven": proven if run.passed else None,
+               "timed_out": run.timed_out, "duration": run.duration, "output_tail": run.output_tail,
+               "baseline": baseline.model_dump() if baseline else None,
+               "attempts": len(session.s.verifications)}
+    with session.lock:
+        session.s.outcome = outcome
+        session.s.summary = p.summary
+        if session.s.state in ("ready", "booting", "finished"):
+            session.s.state = "finished"
+        session.save()
+    session.record.append("outcome", **outcome, summary=p.summary)
+    if not run.passed:
+        verdict = (f"NOT verified after {failures} failed verifications — the outcome of this session "
+                   "is a failure")
+    elif proven:
+        verdict = "verified, and proven: the check fails on the project as it was before this session"
+    elif proven is False:
+        verdict = ("passed, NOT proven: the check also passes on the project as it was before this "
+                   "session")
+    else:
+        verdict = f"passed; whether the check needs the work could not be checked ({baseline.error})"
+    text = (f"Finished. vmd ran `{command}` itself: exit {run.exit_code} (expected {expect}"
+            f"{', timed out' if run.timed_out else ''}): {verdict}.\nOutput tail:\n{run.output_tail[-1500:]}")
+    return {"accepted": True, "outcome": outcome, "text": text}
+
+
+def _repository(session: Session):
+    return session.store.remote(session.s.owner, session.s.project or "").repository()
+
+
+def session_close(session: Session, p, notify) -> dict:
+    return close(session)
+
+
+def close(session: Session) -> dict:
+    with session.lock:
+        if session.s.close is not None:
+            return {**session.s.close, "text": "already closed. " + session.s.close["text"]}
+    started = time.monotonic()
+    commit = web_url = None
+    push: dict = {}
+    files: list[str] = []
+    error = None
+    left_out: list[str] = []
+    if session.s.project_dir:
+        project_dir = Path(session.s.project_dir)
+        owner, project = session.s.owner, session.s.project or ""
+        try:
+            with session.frozen():
+                committed = session.store.commit(project_dir, owner, project, _commit_message(session),
+                                                 allow_empty=True)
+            commit, left_out = committed["sha"], committed["left_out"]
+            files = session.store.changed_files(owner, project, session.s.base_commit)
+            push = session.store.push(owner, project, session.s.task, session.s.branch, session.s.outcome)
+            web_url = push.get("web_url")
+            error = push.get("error")
+        except Exception as exc:
+            error = sentence(exc, "committing the project folder failed")
+    destroyed = _destroy_machine(session)
+    if not session.s.project_dir:
+        text = "Closed. This session had no project folder: nothing was committed."
+    elif commit is None and not error:
+        text = "Closed. The project folder was empty: nothing to commit."
+    elif push.get("pushed"):
+        where = web_url or push.get("remote_display")
+        text = f"Closed. Committed {commit[:10]} and pushed it to {where}."
+    else:
+        text = f"Closed. Committed {commit[:10] if commit else 'nothing'}; NOT pushed: {error}"
+    if left_out:
+        text += (f" Left out of the commit ({len(left_out)}): "
+                 + " ".join(left_out[:10]) + (" …" if len(left_out) > 10 else ""))
+    closed = {"closed": True, "commit": commit, "web_url": web_url, "branch": push.get("branch"),
+              "remote": push.get("remote_display"), "pushed": bool(push.get("pushed")),
+              "push_error": error, "warnings": push.get("warnings") or [], "files": files,
+              "machine_destroyed": destroyed, "left_out": left_out, "text": text}
+    with session.lock:
+        session.s.close = closed
+        session.s.state = "closed"
+        session.save()
+    session.record.append("close", **closed, duration=round(time.monotonic() - started, 3))
+    return closed
+
+
+def _commit_message(session: Session) -> str:
+    title = (session.s.task.strip().splitlines() or ["vmagent session"])[0][:72]
+    body = [f"vmagent session {session.s.id}", "", "Tasks:", session.tasks.render()]
+    if session.s.outcome:
+        o = session.s.outcome
+        verdict = ("verified and proven (it fails on the project as it was before)" if o.get("proven")
+                   else "passed, not proven (it also passes on the project as it was before)"
+                   if o.get("passed") else "FAILED")
+        body += ["", f"Verification by vmd: `{o['command']}` exited {o['exit_code']} (expected "
+                     f"{o['expect_exit']}): {verdict}; {o.get('attempts', 1)} attempt(s)."]
+    else:
+        body += ["", "Not verified by vmd: the session did not finish."]
+    return title + "\n\n" + "\n".join(body)
+
+
+def _destroy_machine(session: Session) -> bool:
+    machine = session.machine
+    if machine is None and session.s.machine_created and session.boot_error is None and not session.boot_done.is_set():
+        session.boot_done.wait(30)  # a machine being defined right now; its thread destroys it
+        machine = session.machine
+    if machine is None and session.s.machine_created:
+        try:
+            machine = session.machines.attach(session.spec())
+        except Exception:
+            return False
+    if machine is None:
+        return False
+    try:
+        machine.destroy()
+        return True
+    except Exception as exc:
+        session.record.append("machine", event="destroy_failed", error=sentence(exc, "destroy failed"))
+        return False
+    finally:
+        session.machine = None
+
+
+HANDLERS = {
+    "finish": finish,
+    "session_close": session_close,
+}

@@ -1,0 +1,83 @@
+"""The screen verbs (screenshot and input, launch_app, wait) and the machine verbs
+(check_internet, reboot_vm)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import TYPE_CHECKING
+
+from vmd import verbs as V
+
+if TYPE_CHECKING:
+    from vmd.session import Session
+
+
+def screenshot(session: Session, p, notify) -> dict:
+    shot = session.guest().screenshot()
+    path = session.record.save_screenshot(shot["png"])
+    return {"width": shot["width"], "height": shot["height"], "scale": shot["scale"], "path": path,
+            "png_base64": base64.b64encode(shot["png"]).decode(),
+            "text": f"screenshot {shot['width']}x{shot['height']} (coordinates are in these pixels)."}
+
+
+def click(session: Session, p: V.Click, notify) -> dict:
+    session.guest().click(p.x, p.y, p.button, p.double)
+    return {"ok": True, "text": f"{'double-' if p.double else ''}clicked {p.button} at ({p.x}, {p.y})."}
+
+
+def move(session: Session, p: V.Move, notify) -> dict:
+    session.guest().move(p.x, p.y)
+    return {"ok": True, "text": f"moved the pointer to ({p.x}, {p.y})."}
+
+
+def type_text(session: Session, p: V.TypeText, notify) -> dict:
+    session.guest().type(p.text)
+    return {"ok": True, "text": f"typed {len(p.text)} characters."}
+
+
+def key(session: Session, p: V.Key, notify) -> dict:
+    session.guest().key(p.keys)
+    return {"ok": True, "text": f"pressed {p.keys}."}
+
+
+def scroll(session: Session, p: V.Scroll, notify) -> dict:
+    session.guest().scroll(p.x, p.y, p.amount)
+    return {"ok": True, "text": f"scrolled {p.amount} at ({p.x}, {p.y})."}
+
+
+def launch_app(session: Session, p: V.LaunchApp, notify) -> dict:
+    return {"ok": True, "text": session.guest().launch_app(p.path, p.args)}
+
+
+def wait(session: Session, p: V.Wait, notify) -> dict:
+    time.sleep(p.seconds)
+    return {"seconds": p.seconds, "text": f"waited {p.seconds:g} s."}
+
+
+def check_internet(session: Session, p, notify) -> dict:
+    online, detail = session.guest().check_internet()
+    text = ("the guest reaches the internet." if online else
+            "the guest has no internet (egress is closed by default); ask with request_unfreeze "
+            "if the work needs it.")
+    return {"online": online, "detail": detail, "text": text}
+
+
+def reboot_vm(session: Session, p, notify) -> dict:
+    seconds = session.guest().reboot(session.boot_timeout)
+    session.desktop_ready = False
+    return {"seconds": seconds, "text": f"the machine rebooted and answers again after {seconds:.0f} s."}
+
+
+HANDLERS = {
+    "screenshot": screenshot,
+    "click": click,
+    "move": move,
+    "type": type_text,
+    "key": key,
+    "scroll": scroll,
+    "launch_app": launch_app,
+    "wait": wait,
+    "check_internet": check_internet,
+    "reboot_vm": reboot_vm,
+}
