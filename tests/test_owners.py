@@ -137,3 +137,20 @@ def test_the_session_check_refuses_a_reserved_owner_only_where_it_names_a_gitea_
     assert gitea_name_problem(VmdConfig(**GITEA), "api", "calc") is None  # org mode: a slug
     problem = gitea_name_problem(VmdConfig(**GITEA, gitea_owner_mode="user"), "api", "calc")
     assert problem.startswith("owner 'api' cannot be a Gitea user or organisation")
+
+
+def test_a_session_for_a_name_gitea_reserves_is_refused_when_it_opens(tmp_path):
+    from tests.vmd_fakes import LocalMachines, make_config
+    from vmagent.client import Vmd, VmdError
+    from vmd.rpc import VmdServer
+
+    config = make_config(tmp_path, gitea_url="http://127.0.0.1:9", gitea_token="t")
+    server = VmdServer(config, LocalMachines()).start()
+    c = Vmd(config.socket, timeout=30).connect()
+    try:
+        with pytest.raises(VmdError) as refused:
+            c.call("session_open", project="notes.wiki", task="notes")
+        assert "notes.wiki" in refused.value.message and "notes-wiki" in refused.value.message
+    finally:
+        c.close()
+        server.stop()

@@ -38,7 +38,7 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 
 def test_session_to_gitea_record_and_report_hold_no_token_and_link_the_commit(tmp_path):
     with start_gitea(tmp_path, token=TOKEN) as gitea:
-        config = make_config(tmp_path, gitea_url=gitea.url, gitea_token=TOKEN)
+        config = make_config(tmp_path, gitea_url=gitea.url, gitea_token=TOKEN, gitea_owner_mode="user")
         server = VmdServer(config, LocalMachines()).start()
         try:
             c = Vmd(config.socket, timeout=60).connect()

@@ -52,7 +52,7 @@ def other_tenant(config, gitea) -> dict:
 
 
 def test_a_hostile_guest_cannot_run_anything_on_the_host_or_reach_another_tenant(tmp_path, debian_image, gitea):
-    config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=900,
+    config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=900, gitea_owner_mode="user",
                          verify_timeout_s=300, gitea_url=gitea.url, gitea_token=TOKEN,
                          commit_max_file_mib=100)
     alice = other_tenant(config, gitea)

@@ -26,6 +26,7 @@ def gitea(tmp_path):
 
 def test_one_whole_session_on_a_real_guest(tmp_path, debian_image, gitea):
     config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=900, verify_timeout_s=300,
+                         gitea_owner_mode="user",
                          gitea_url=gitea.url, gitea_token=TOKEN)
     server = VmdServer(config, LibvirtMachines(config)).start()
     lines: list[str] = []

@@ -17,12 +17,10 @@ class ProjectStore:
         self.config = config
 
     def remote(self, owner: str, project: str, description: str = ""):
-        from vmd.publish import Remote
-        token = self.config.gitea_token.get_secret_value()
-        return Remote(owner=owner, project=project, description=description[:250],
-                      gitea_url=self.config.gitea_url or None,
-                      gitea_token=self.config.gitea_token if token else None,
-                      state_dir=self.config.state_dir)
+        # Where the person's project lives on Gitea: the service's organisation or their
+        # mapped Gitea user (vmd/owners.py); vmd's own repository keeps owner/project.
+        from vmd.publish import remote_for
+        return remote_for(self.config, owner, project, description)
 
     def prepare(self, project_dir: Path, owner: str, project: str, description: str) -> dict:
         """-> {text, base_commit, branch}"""

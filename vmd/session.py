@@ -107,6 +107,11 @@ class Session:
             problem = value and V.name_problem(what, value)
             if problem:
                 raise VerbError(problem, INVALID_PARAMS)
+        # Names Gitea reserves (`notes.wiki`, `api`, …) fail here with a sentence, not at close.
+        from vmd.owners import gitea_name_problem
+        problem = gitea_name_problem(config, params.owner, params.project)
+        if problem:
+            raise VerbError(problem, INVALID_PARAMS)
         sid = new_session_id()
         state = SessionState(id=sid, os=params.os or config.default_os, project=params.project or None,
                              owner=params.owner, task=params.task, chat_id=params.chat_id,
