@@ -47,3 +47,10 @@ def test_a_missing_file_is_refused_with_its_path(tmp_path):
 def test_think_accepts_auto_from_the_environment():
     assert AgentConfig.load(env={"VMAGENT_THINK": "auto"}).think is None
     assert AgentConfig.load(env={"VMAGENT_THINK": "on"}).think is True
+
+
+def test_the_boot_wait_and_the_preview_interval_are_settings():
+    config = AgentConfig.load(env={})
+    assert config.boot_wait_s == 900 and config.screen_watch_s == 5
+    config = AgentConfig.load(env={"VMAGENT_SCREEN_WATCH_S": "0", "VMAGENT_BOOT_WAIT_S": "120"})
+    assert config.screen_watch_s == 0 and config.boot_wait_s == 120

@@ -82,6 +82,15 @@ class AgentConfig(BaseModel):
     # Steps without the task list moving before a reminder shows it again.
     stall_reminder_steps: int = Field(12, ge=1)
 
+    # --- the machine and the watchers ------------------------------------------------
+    # How long phase two waits for the guest at most: a cold TCG boot of the Debian guest
+    # took ~60 s, a desktop several minutes; vmd gives up on its own after its
+    # boot_timeout_s (600 s under TCG by default) and then says why.
+    boot_wait_s: float = Field(900, gt=0)
+    # Seconds between looks at the screen for the live preview (VMAGENT_SCREEN_WATCH_S);
+    # 0 or less turns it off. A look is a screenshot, ~45 ms of the guest's time.
+    screen_watch_s: float = 5.0
+
     @field_validator("ollama_host")
     @classmethod
     def _host_has_a_scheme(cls, value: str) -> str:

@@ -42,10 +42,6 @@ log = logging.getLogger(__name__)
 NOT_READY = -32003
 # session_ready is asked in slices so that a cancel is seen while the guest boots.
 READY_SLICE_S = 30.0
-# How long phase two waits for the guest at most: a cold TCG boot of the Debian guest
-# took ~60 s, a desktop several minutes; vmd gives up on its own after its
-# boot_timeout_s (600 s by default) and then says why.
-BOOT_WAIT_S = 900.0
 TRANSCRIPT_VERSION = 1
 
 Event = dict[str, Any]
@@ -388,7 +384,7 @@ def _hand_over_machine(job: Job, vmd: Vmd, config: AgentConfig, events: Events,
     events.emit({"type": "status", "text": "plan made; waiting for the machine"})
     waited = time.monotonic()
     while True:
-        left = min(BOOT_WAIT_S - (time.monotonic() - waited), config.deadline_s - job.active_seconds())
+        left = min(config.boot_wait_s - (time.monotonic() - waited), config.deadline_s - job.active_seconds())
         try:
             ready = vmd.call("session_ready", timeout=max(1.0, min(READY_SLICE_S, left)), desktop=False)
             break

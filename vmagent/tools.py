@@ -859,7 +859,7 @@ def _format_read_file(params: dict, r: dict) -> ToolOutcome:
     parts = [head + ":", content if content else "(empty)"]
     if r.get("truncated"):
         # vmd reads bytes from `offset`; the next part starts where this one ended.
-        next_offset = r.get("next_offset", offset + len(content.encode("utf-8")))
+        next_offset = offset + len(content.encode("utf-8"))
         parts.append(f"[truncated: read on with read_file offset={next_offset}]")
     return ToolOutcome("\n".join(parts))
 

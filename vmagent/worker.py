@@ -121,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         cancel.set()
     vmd_socket = job.get("vmd_socket") or None
 
-    # Seconds between looks at the screen for the live preview; 0 turns it off.
-    watcher = ScreenWatcher(vmd_socket, frames.write, float(os.environ.get("VMAGENT_SCREEN_WATCH_S", "5")))
+    watcher = ScreenWatcher(vmd_socket, frames.write, _screen_watch_s())
 
     def on_event(event: dict) -> None:
         if event.get("type") == "session" and event.get("session_id"):
@@ -153,6 +152,16 @@ def main(argv: list[str] | None = None) -> int:
             "# Job failed\n\nThe worker stopped on an error before the loop could write its "
             f"report: {type(exc).__name__}: {exc}\n\nThe full traceback is in the job's worker.log.")})
         return 1
+
+
+def _screen_watch_s() -> float:
+    """The live preview's interval from the agent's config (vmagent/config.py)."""
+    from vmagent.config import AgentConfig, ConfigError
+
+    try:
+        return AgentConfig.load().screen_watch_s
+    except ConfigError:  # the loop loads the config again and reports what is wrong with it
+        return AgentConfig().screen_watch_s
 
 
 if __name__ == "__main__":

@@ -105,6 +105,17 @@ class VmdConfig(BaseModel):
     # left out with a note in the report instead of failing the close.
     commit_max_file_mib: float = Field(default=100, gt=0)
     commit_max_total_mib: float = Field(default=1024, gt=0)
+    # How long the desktop may take after SSH answers, for a KVM host (x4 under TCG, like
+    # the timeouts above); it took 5-8 s under TCG here. A desktop that misses it leaves a
+    # shell-only machine, not a failed boot.
+    desktop_wait_s: float = Field(default=30, gt=0)
+    # Where check_internet tries to connect: any public host answering on port 80 will do
+    # (another for a host behind a proxy). VMD_INTERNET_PROBE is read here, not through
+    # ENV_FIELDS, so that the mapping above stays as it is while it is being changed.
+    internet_probe: str = Field(default_factory=lambda: os.environ.get("VMD_INTERNET_PROBE") or "example.com")
+    # The record cuts long strings to record_output_chars; the verification's output tail
+    # gets this larger budget there, enough for a test runner's summary and a failure.
+    record_output_tail_chars: int = Field(default=8000, gt=0)
 
     @model_validator(mode="after")
     def _default_projects_dir(self) -> "VmdConfig":

@@ -7,7 +7,6 @@ in the adapter, not in the verb handlers.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import subprocess
@@ -66,15 +65,14 @@ class MachineFactory(Protocol):
 class LibvirtMachine:
     """SessionMachine over vmd.machine.Machine (libvirt + SSH + QMP)."""
 
-    def __init__(self, machine, image):
+    def __init__(self, machine, image, desktop_wait_s: float = 30.0, internet_probe: str = "example.com"):
         self.machine = machine
         self.image = image
         self.os_family = image.os_family
         self.project_path = image.project_path
-
-    # How long the desktop may take after SSH answers, on a KVM host (x4 under TCG); it
-    # took 5-8 s under TCG here.
-    DESKTOP_WAIT_S = 30.0
+        # vmd/config.py says why: desktop_wait_s, internet_probe.
+        self.desktop_wait_s = desktop_wait_s
+        self.internet_probe = internet_probe
 
     def ready(self, timeout, desktop=False):
         """SSH, and the desktop when the image has one: the machine is handed over with a
@@ -84,7 +82,7 @@ class LibvirtMachine:
 
         try:
             facts = self.machine.ready(timeout, desktop=True,
-                                       desktop_timeout=self.DESKTOP_WAIT_S * timeout_scale(self.machine.accel))
+                                       desktop_timeout=self.desktop_wait_s * timeout_scale(self.machine.accel))
         except DesktopMissing as exc:
             facts = self.machine.read_facts()
             facts.desktop = False
@@ -155,12 +153,8 @@ class LibvirtMachine:
                             f"{(result.stderr or result.stdout).strip()[-400:]}")
         return f"started {path}; take a screenshot to see its window."
 
-    # Where check_internet tries to connect: any public host answering on port 80 will do
-    # (VMD_INTERNET_PROBE overrides it, e.g. for a host behind a proxy).
-    INTERNET_PROBE = os.environ.get("VMD_INTERNET_PROBE", "example.com")
-
     def check_internet(self):
-        host = self.INTERNET_PROBE
+        host = self.internet_probe
         if self.os_family == "windows":
             command = ("try { (Invoke-WebRequest -UseBasicParsing -TimeoutSec 8 "
                        f"http://{host}/ -Method Head).StatusCode }} catch {{ exit 1 }}")
@@ -198,6 +192,10 @@ class LibvirtMachines:
         from vmd.machine import timeout_scale
         return timeout_scale()
 
+    def _adapter(self, machine, image) -> LibvirtMachine:
+        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s,
+                              internet_probe=self.config.internet_probe)
+
     def _image(self, spec: MachineSpec):
         from vmd.images import find_image  # lazily: tests without libvirt never import it
         return find_image(spec.os, self.config.images_dir)
@@ -208,11 +206,11 @@ class LibvirtMachines:
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  uri=self.config.libvirt_uri, egress=spec.egress,
                                  qemu_user=self.config.share_user)
-        return LibvirtMachine(machine, image)
+        return self._adapter(machine, image)
 
     def attach(self, spec: MachineSpec) -> SessionMachine:
         image = self._image(spec)
         from vmd.machine import Machine
         machine = Machine.attach(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  uri=self.config.libvirt_uri)
-        return LibvirtMachine(machine, image)
+        return self._adapter(machine, image)

@@ -30,8 +30,9 @@ SECRET_ASSIGNMENT = re.compile(
 )
 SECRET_HEADER = re.compile(r"(?i)(authorization:\s*(?:bearer|token|basic)\s+)(\S+)")
 SECRET_PREFIXED = re.compile(r"\b(ghp_|gho_|github_pat_|glpat-|sk-|xox[abp]-)[A-Za-z0-9_-]{8,}")
-# Long strings in the record are cut to this many characters (the verification tail
-# has its own, larger budget in the config).
+# Long strings in the record are cut to this many characters, and the keys below to
+# theirs: the defaults of vmd/config.py's record_output_chars and record_output_tail_chars,
+# which vmd passes in.
 TEXT_LIMIT = 2000
 LONG_KEYS = {"output_tail": 8000}
 
@@ -45,8 +46,11 @@ def body_summary(value: str | bytes) -> str:
 class Redactor:
     """Removes known secret values and credential-looking text from anything JSON."""
 
-    def __init__(self, secrets: Iterable[str] = ()):
+    def __init__(self, secrets: Iterable[str] = (), text_limit: int = TEXT_LIMIT,
+                 long_keys: dict[str, int] | None = None):
         self.secrets = [s for s in secrets if s and len(s) >= 4]
+        self.text_limit = text_limit
+        self.long_keys = LONG_KEYS if long_keys is None else long_keys
 
     def text(self, value: str) -> str:
         for secret in self.secrets:
@@ -55,9 +59,10 @@ class Redactor:
         value = SECRET_ASSIGNMENT.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{REDACTED}", value)
         return SECRET_PREFIXED.sub(REDACTED, value)
 
-    def value(self, value: Any, key: str = "", limit: int = TEXT_LIMIT) -> Any:
+    def value(self, value: Any, key: str = "", limit: int | None = None) -> Any:
+        limit = self.text_limit if limit is None else limit
         if isinstance(value, dict):
-            return {k: self.value(v, k, LONG_KEYS.get(k, limit)) for k, v in value.items()}
+            return {k: self.value(v, k, self.long_keys.get(k, limit)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.value(v, key, limit) for v in value]
         if isinstance(value, bytes):

@@ -89,7 +89,9 @@ class Session:
         self.machines = machines
         self.store = store
         self.dir = config.sessions_dir / state.id
-        self.record = Record(self.dir, Redactor([config.gitea_token.get_secret_value()]))
+        self.record = Record(self.dir, Redactor([config.gitea_token.get_secret_value()],
+                                                text_limit=config.record_output_chars,
+                                                long_keys={"output_tail": config.record_output_tail_chars}))
         self.tasks = TaskList.from_list(state.tasks)
         self.lock = threading.RLock()
         self.machine: SessionMachine | None = None

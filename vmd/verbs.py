@@ -273,8 +273,6 @@ VERBS: dict[str, type[Params]] = {
     "finish": Finish,
 }
 
-# Verbs allowed before a plan exists (the planning turn hides the boot).
-PLANNING_VERBS = {"plan_tasks", "add_task", "update_task", "note", "ask_user", "session_status"}
 # Verbs that need a live machine.
 MACHINE_VERBS = {
     "run", "read_file", "write_file", "append_file", "edit_file", "list_dir", "screenshot",
