@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import libvirt
 import pytest
@@ -19,6 +20,9 @@ from vmd.images import Image, ImageMissing, find_image
 from vmd.machine import Machine, MachineError
 
 TEST_URI = "test:///default"
+# The whole domain of `_domain()`, as vmd would hand it to libvirt. A change to the XML
+# shows here as a diff to read; when it is meant, write the new text to this file.
+GOLDEN = Path(__file__).parent / "golden" / "domain.xml"
 
 
 def _domain(**overrides) -> Domain:
@@ -29,6 +33,10 @@ def _domain(**overrides) -> Domain:
                 serial=SerialLog("/srv/vm/console.log"))
     spec.update(overrides)
     return Domain(**spec)
+
+
+def test_the_xml_matches_the_golden_file():
+    assert _domain().to_xml() + "\n" == GOLDEN.read_text()
 
 
 def test_the_xml_asks_for_what_the_agent_relies_on():
