@@ -7,6 +7,9 @@
 # virtual environment in .venv, and builds the default guest image (skipped when an
 # image of the same recipe hash is already in VMD_IMAGES_DIR, default
 # /var/lib/vmagent/images, which lives outside the clone so that it is a cache).
+# For the tests it installs a real Open WebUI (pinned, from PyPI) into an environment of
+# its own, also a cache outside the clone: $VMAGENT_CACHE_DIR/openwebui-<recipe hash>
+# (default /var/cache/vmagent; about 7.5 GB, 3-4 minutes the first time, nothing after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +52,13 @@ say "python environment (.venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[test]'
+
+# Only for the test suite (CI, or `setup.sh --tests`): a person who runs the service has
+# Open WebUI elsewhere, and 7.5 GB is not a price to pay for that.
+if [ -n "${CI:-}" ] || [ "${1:-}" = "--tests" ]; then
+    say "Open WebUI for the tests (its own environment, cached)"
+    .venv/bin/python -m tests.openwebui_harness install
+fi
 
 say "guest image"
 .venv/bin/vmd images build debian

@@ -64,20 +64,20 @@ def tools(service):
     return tools
 
 
-def injected(method, recorder, chat_id: str, message_id: str = "m-1", dialog=None) -> dict:
+def injected(method, recorder, chat_id: str, message_id: str = "m-1", dialog=None, user=USER) -> dict:
     """Open WebUI passes only the extra arguments a method's signature asks for; `dialog`,
     when given, is offered as `__event_call__` (absent otherwise, as where Open WebUI has
     no browser session to ask)."""
-    offered = {"__user__": USER, "__chat_id__": chat_id, "__message_id__": message_id,
+    offered = {"__user__": user, "__chat_id__": chat_id, "__message_id__": message_id,
                "__event_emitter__": recorder}
     if dialog is not None:
         offered["__event_call__"] = dialog
     return {k: v for k, v in offered.items() if k in inspect.signature(method).parameters}
 
 
-def call(method, chat_id: str, *, dialog=None, **kwargs):
+def call(method, chat_id: str, *, dialog=None, user=USER, **kwargs):
     recorder = Recorder()
-    result = asyncio.run(method(**injected(method, recorder, chat_id, dialog=dialog), **kwargs))
+    result = asyncio.run(method(**injected(method, recorder, chat_id, dialog=dialog, user=user), **kwargs))
     return result, recorder
 
 
@@ -104,6 +104,8 @@ class RecordingProxy:
 
     def __init__(self, target: str):
         self.requests: list[str] = []
+        # The raw header lines of each request, as bytes on the wire.
+        self.raw_headers: list[dict[str, bytes]] = []
         proxy = self
         upstream = httpx.Client(base_url=target, timeout=30)
 
@@ -111,6 +113,7 @@ class RecordingProxy:
             def forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 proxy.requests.append(f"{self.command} {self.path.split('?')[0]}")
+                proxy.raw_headers.append({k.lower(): v.encode("latin-1") for k, v in self.headers.items()})
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
                 reply = upstream.request(self.command, self.path, headers=headers, content=body)
                 self.send_response(reply.status_code)
@@ -154,8 +157,8 @@ def watched_tools(proxy):
     return tools
 
 
-def jobs_of(service, chat_id: str) -> list[dict]:
-    client = service.client(SERVICE, {"X-OpenWebUI-User-Id": USER["id"]})
+def jobs_of(service, chat_id: str, user: dict = USER) -> list[dict]:
+    client = service.client(SERVICE, {"X-OpenWebUI-User-Id": user["id"]})
     return client.get("/jobs", params={"chat_id": chat_id}).json()["jobs"]
 
 
@@ -179,7 +182,8 @@ def test_the_file_has_open_webui_frontmatter_and_typed_documented_methods():
 @uses_scripted_worker
 def test_a_task_runs_to_its_report_with_status_and_one_preview_embed(tools, service):
     report, recorder = call(tools.run_task_in_vm, "chat-a", task="write hello world", os="", project="")
-    assert report.startswith("# Job done: write hello world")
+    verdict, _, rest = report.partition("\n\n")
+    assert verdict.startswith("Outcome: verified.") and rest.startswith("# Job done: write hello world")
     statuses = recorder.statuses()
     assert statuses[0] == {"description": "Starting a virtual machine for the task…", "done": False}
     assert statuses[-1]["done"] is True and all(s["done"] is False for s in statuses[:-1])
@@ -204,6 +208,44 @@ def test_a_question_goes_to_the_person_and_the_answer_resumes_the_job(tools, ser
     assert recorder.statuses()[-1]["done"] is True
     reply, _ = call(tools.ask_about_vm_job, "chat-q", question="which boot_id did it have?")
     assert "boot_id" in reply
+
+
+@uses_scripted_worker
+def test_the_answer_says_plainly_whether_the_check_proved_the_work(tools, service):
+    verified, recorder = call(tools.run_task_in_vm, "chat-v", task="write hello world")
+    assert verified.startswith("Outcome: verified.") and "not proven" not in verified
+    assert recorder.statuses()[-1] == {"description": "The VM agent finished.", "done": True}
+
+    not_proven, recorder = call(tools.run_task_in_vm, "chat-np", task="not proven please")
+    assert not_proven.startswith("Outcome: passed, not proven: the check also passed on the project as it "
+                                 "was before the job")
+    assert "Outcome: verified" not in not_proven and "unconfirmed" in not_proven
+    assert "⚠️ passed, not proven" in not_proven  # vmd's report follows the plain line
+    assert recorder.statuses()[-1] == {"description": "The VM agent finished: passed, not proven.", "done": True}
+
+    failed, recorder = call(tools.run_task_in_vm, "chat-f", task="the check fails")
+    assert failed.startswith("Outcome: failed.") and "(3 tries)" in failed and "not done" in failed
+    assert "not proven" not in failed.splitlines()[0]
+    assert recorder.statuses()[-1] == {"description": "The VM job failed.", "done": True}
+
+    # The status call of a finished job says the same.
+    status, _ = call(tools.vm_job_status, "chat-np")
+    assert status == not_proven
+
+
+@pytest.mark.parametrize("job, first_words", [
+    ({"state": "done", "verification": {"passed": True, "proven": None, "attempts": 1}},
+     "Outcome: passed, not proven: the check passed, but the supervisor could not run it on the project"),
+    ({"state": "cancelled", "verification": {"passed": None, "proven": None, "attempts": 0}},
+     "Outcome: cancelled."),
+    ({"state": "failed", "verification": {"passed": None, "proven": None, "attempts": 0}},
+     "Outcome: failed, not verified"),
+    # a job service from before `verification`: whether the check proved anything is unknown
+    ({"state": "done", "verification_passed": True}, "Outcome: passed, not proven"),
+    ({"state": "done", "verification_passed": False}, "Outcome: failed."),
+], ids=["baseline-not-checked", "cancelled", "failed-unverified", "older-service-passed", "older-service-failed"])
+def test_the_plain_line_never_calls_an_unproven_check_verified(job, first_words):
+    assert load_tool().verdict(job).startswith(first_words)
 
 
 # What people typed in reply to a network request, each of which the tool once read as
@@ -368,10 +410,211 @@ def test_real_worker_question_then_both_services_restart_and_the_same_session_fi
             report, recorder = call(tools.answer_vm_question, "chat-r", answer="3, please")
             [done] = jobs_of(svc, "chat-r")
             assert done["state"] == "done" and done["verification_passed"] is True, report
-            assert report == done["report"] and done["session_id"] == waiting["session_id"]
+            assert report.startswith("Outcome: verified.") and report.endswith("\n\n" + done["report"])
+            assert done["verification"] == {"passed": True, "proven": True, "attempts": 1}
+            assert done["session_id"] == waiting["session_id"]
             assert recorder.statuses()[-1] == {"description": "The VM agent finished.", "done": True}
             assert any("3, please" in t for t in user_texts(server.chat_requests[-1]))
         finally:
             svc.stop()
             _stop_workers(svc)
             vmd.stop()
+
+
+# --- issue 11: each fault of the tool, and the sentence that now tells the model what to do ---
+
+def description(method) -> str:
+    """A method's description as Open WebUI's spec builder takes it: the docstring's lines
+    before the first `:param` or `:return` (open_webui/utils/tools.py, parse_description)."""
+    lines = []
+    for line in (method.__doc__ or "").strip().splitlines():
+        if line.strip().startswith((":param", ":return")):
+            break
+        lines.append(line.strip())
+    return " ".join(lines)
+
+
+def test_each_description_says_when_to_use_it_and_which_built_in_not_to_use():
+    tools = load_tool().Tools()
+    run, answer, ask, status, cancel = (description(getattr(tools, name)) for name in (
+        "run_task_in_vm", "answer_vm_question", "ask_about_vm_job", "vm_job_status", "cancel_vm_job"))
+    for text in (run, answer, ask, status, cancel):
+        assert "Use it " in text, text
+    # Open WebUI 0.12's built-ins that overlap: its code interpreter, its own task list, its
+    # sub-agents, and ask_user (a dialog for asking the person).
+    assert "execute_code" in run and "create_tasks" in run and "delegate_task" in run
+    assert "One job per chat" in run and "vm_job_status" in run and "cancel_vm_job" in run
+    assert "ask_user" in answer and "never answer the agent's question yourself" in answer
+    assert "approve/deny dialog" in answer and "approve/deny dialog" in status
+    assert "create_tasks" in status and "Stop button" in status
+    assert "vm_job_status" in ask and "run_task_in_vm" in cancel
+
+
+@uses_scripted_worker
+@pytest.mark.parametrize("person", [
+    {"id": "3f1c2a9e-0b7d-4e55-9d7a-1c2b3d4e5f60", "email": "jose.muller@example.org", "name": "José Müller"},
+    {"id": "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d", "email": "zoë@exämple.org", "name": "Zoë"},
+], ids=["jose-muller", "zoe"])
+def test_a_person_whose_name_is_not_ascii_runs_a_job(proxy, service, person):
+    module = load_tool()
+    tools = module.Tools()
+    tools.valves = module.Tools.Valves(service_url=proxy.url, service_token=SERVICE, poll_interval=0.2)
+    person = {**person, "role": "user"}
+    report, recorder = call(tools.run_task_in_vm, "chat-name", user=person, task="write hello world")
+    assert report.startswith("Outcome: verified."), report
+    assert recorder.statuses()[-1] == {"description": "The VM agent finished.", "done": True}
+    [job] = jobs_of(service, "chat-name", person)
+    assert job["owner"] == person["id"]
+    # What went over the wire is ASCII, and decodes to the name as the person wrote it.
+    sent = proxy.raw_headers[0]
+    assert sent["x-openwebui-user-name"].isascii() and sent["x-openwebui-user-email"].isascii()
+    from urllib.parse import unquote
+    assert unquote(sent["x-openwebui-user-name"].decode()) == person["name"]
+    assert unquote(sent["x-openwebui-user-email"].decode()) == person["email"]
+
+
+@uses_scripted_worker
+def test_cancelling_a_job_that_waits_for_an_answer_reports_the_cancel_not_the_old_question(tools, service):
+    text, _ = call(tools.run_task_in_vm, "chat-cq", task="question first")
+    assert "Which port" in text
+    report, recorder = call(tools.cancel_vm_job, "chat-cq")
+    [job] = jobs_of(service, "chat-cq")
+    assert job["state"] == "cancelled", job
+    assert report.startswith("Outcome: cancelled.") and "Cancelled while waiting" in report, report
+    assert "Which port" not in report and "answer_vm_question" not in report
+    assert recorder.statuses()[-1] == {"description": "The VM job was cancelled.", "done": True}
+    again, _ = call(tools.cancel_vm_job, "chat-cq")
+    assert again == "There is no running VM job in this chat to cancel (the last one ended cancelled)."
+
+
+@uses_scripted_worker
+def test_a_new_task_while_a_job_runs_is_refused_with_that_job_and_what_to_do(tools, service):
+    async def scenario():
+        following = asyncio.create_task(tools.run_task_in_vm(
+            task="slow job", **injected(tools.run_task_in_vm, Recorder(), "chat-2nd")))
+        for _ in range(100):
+            if jobs_of(service, "chat-2nd"):
+                break
+            await asyncio.sleep(0.1)
+        recorder = Recorder()
+        refused = await tools.run_task_in_vm(task="write the README",
+                                             **injected(tools.run_task_in_vm, recorder, "chat-2nd", "m-2"))
+        await tools.cancel_vm_job(**injected(tools.cancel_vm_job, Recorder(), "chat-2nd"))
+        return refused, recorder, await following
+
+    refused, recorder, report = asyncio.run(scenario())
+    [job] = jobs_of(service, "chat-2nd")
+    assert job["task"] == "slow job" and job["state"] == "cancelled"
+    assert refused.startswith("The new task was NOT started: 'write the README'."), refused
+    assert job["id"] in refused and "'slow job'" in refused
+    assert "vm_job_status" in refused and "cancel_vm_job, then run_task_in_vm" in refused
+    assert recorder.statuses()[-1]["done"] is True and "Not started" in recorder.statuses()[-1]["description"]
+    assert "Stopped by a person" in report  # the first call followed its own job to the end
+
+
+@uses_scripted_worker
+def test_a_new_task_while_a_question_waits_names_the_question(tools, service):
+    call(tools.run_task_in_vm, "chat-2q", task="question first")
+    refused, _ = call(tools.run_task_in_vm, "chat-2q", task="write the README")
+    assert "NOT started" in refused and "Which port should the server use?" in refused
+    assert "answer_vm_question" in refused and "cancel_vm_job" in refused
+    assert [j["task"] for j in jobs_of(service, "chat-2q")] == ["question first"]
+
+
+def test_an_empty_service_token_says_an_administrator_must_set_it(proxy):
+    module = load_tool()
+    tools = module.Tools()
+    tools.valves = module.Tools.Valves(service_url=proxy.url, poll_interval=0.2)  # the default token: ""
+    for method, kwargs in ((tools.run_task_in_vm, {"task": "anything"}), (tools.vm_job_status, {})):
+        text, recorder = call(method, "chat-t", **kwargs)
+        assert text.startswith("The VM tool is not set up: its service_token valve is empty"), text
+        assert "administrator" in text and "Valves" in text and "Illegal header" not in text
+        assert recorder.statuses()[-1]["done"] is True
+    assert proxy.requests == []
+
+
+class NotTheService:
+    """An HTTP server that is not the job service, as a wrong service_url finds one: Open
+    WebUI's own front end (HTML for any path) or a proxy's error page."""
+
+    def __init__(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8"):
+        class Handler(BaseHTTPRequestHandler):
+            def answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status, body, content_type", [
+    (200, b"<!doctype html><html><head><title>Open WebUI</title></head></html>", "text/html"),
+    (404, b"<html><body>404 Not Found</body></html>", "text/html"),
+    (200, b'{"status": true}', "application/json"),
+], ids=["html-page", "html-404", "other-json"])
+def test_a_service_url_that_is_not_the_job_service_says_which_valve_to_fix(status, body, content_type):
+    elsewhere = NotTheService(status, body, content_type)
+    try:
+        module = load_tool()
+        tools = module.Tools()
+        tools.valves = module.Tools.Valves(service_url=elsewhere.url, service_token=SERVICE, poll_interval=0.2)
+        text, recorder = call(tools.run_task_in_vm, "chat-n", task="anything")
+    finally:
+        elsewhere.close()
+    assert "service_url valve" in text and elsewhere.url in text and "not the vmagent job service" in text, text
+    assert "Expecting value" not in text and "administrator" in text
+    assert recorder.statuses()[-1]["done"] is True
+
+
+def test_an_unreachable_service_says_so_and_what_to_check():
+    from tests.ollama_server import unused_port
+
+    module = load_tool()
+    tools = module.Tools()
+    url = f"http://127.0.0.1:{unused_port()}"
+    tools.valves = module.Tools.Valves(service_url=url, service_token=SERVICE, poll_interval=0.2)
+    text, recorder = call(tools.run_task_in_vm, "chat-d", task="anything")
+    assert text.startswith(f"The VM agent's job service at {url} could not be reached"), text
+    assert "nothing was started" in text and "service_url" in text
+    assert recorder.statuses()[-1]["done"] is True
+
+
+@uses_scripted_worker
+def test_the_service_going_away_while_a_job_is_followed_says_the_job_may_go_on(tools, service):
+    tools.valves.service_wait_s = 2
+
+    async def scenario():
+        recorder = Recorder()
+        following = asyncio.create_task(tools.run_task_in_vm(
+            task="slow job", **injected(tools.run_task_in_vm, recorder, "chat-gone")))
+        for _ in range(200):
+            if recorder.embeds():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(service.stop, True)
+        return await following, recorder
+
+    text, recorder = asyncio.run(scenario())
+    assert text.startswith(f"The VM agent's job service at {service.url} stopped answering while this call "
+                           "followed job "), text
+    assert "may still be running" in text and "vm_job_status" in text and "restart" in text
+    descriptions = [s["description"] for s in recorder.statuses()]
+    assert "The job service is not answering; waiting for it…" in descriptions
+    assert recorder.statuses()[-1]["done"] is True
+    service.start()  # the job was never lost: the service picks it up again
+    [job] = jobs_of(service, "chat-gone")
+    assert job["task"] == "slow job"

@@ -1,6 +1,7 @@
 """The job service's HTTP API (FastAPI): jobs, their live events, answers, cancel, preview.
 
-    POST /jobs                       start a job (owner = the authenticated user)
+    POST /jobs                       start a job (owner = the authenticated user); from Open
+                                     WebUI, refused (409) while the chat has a job unfinished
     GET  /jobs?chat_id=              the caller's jobs, newest first (re-attach from a chat)
     GET  /jobs/{id}                  one job
     GET  /jobs/{id}/events           server-sent events (bearer or preview token)
@@ -40,6 +41,9 @@ from .gate import BodyGate
 from .preview import render_preview
 from .store import FINAL_STATES, RESTING_STATES, Store
 from .workers import WorkerPool
+
+# A job that holds its Open WebUI chat: one that runs, waits in the queue, or waits for a person.
+UNFINISHED_STATES = ("queued", "running", "needs_input", "needs_approval")
 
 # An idle event stream sends a comment this often so proxies keep it open.
 KEEPALIVE_S = 15.0
@@ -157,6 +161,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
     hub = EventHub()
     store.listeners.append(hub.notify)
     pool = WorkerPool(store, config)
+    # Held from "does this chat have an unfinished job" to the new job's row, so that two
+    # calls in one chat at once (a model may call a tool twice in one turn) start one job.
+    chat_lock = threading.Lock()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -239,10 +246,25 @@ def create_app(config: ServiceConfig) -> FastAPI:
                        "service's administrator for a user name that fits.")
         if problem:
             raise HTTPException(422, problem)
-        job = store.create_job(owner=caller.user, task=body.task, os=body.os, project=project,
-                               chat_id=body.chat_id, message_id=body.message_id, model=body.model)
+        with chat_lock:
+            if caller.via_service and body.chat_id:
+                refuse_second_job(caller, body.chat_id)
+            job = store.create_job(owner=caller.user, task=body.task, os=body.os, project=project,
+                                   chat_id=body.chat_id, message_id=body.message_id, model=body.model)
         pool.submit(job)
         return view(store.get_job(job["id"]), request)
+
+    def refuse_second_job(caller: Caller, chat_id: str) -> None:
+        """An Open WebUI chat runs one job at a time: a new task there while another is
+        unfinished would leave the chat following the other job (or two machines on one
+        conversation), so it is refused with the job that holds the chat."""
+        unfinished = store.list_jobs(owner=caller.user, chat_id=chat_id, states=UNFINISHED_STATES, limit=1)
+        if unfinished:
+            holder = unfinished[0]
+            raise HTTPException(409, (
+                f"This chat already has an unfinished job, {holder['id']} ({holder['task'][:200]!r}, "
+                f"{holder['state']}); a chat runs one job at a time. Follow it (GET /jobs/{holder['id']}), "
+                f"answer it, or cancel it (POST /jobs/{holder['id']}/cancel) before starting another."))
 
     @app.get("/jobs")
     def list_jobs(request: Request, chat_id: str | None = Query(None, max_length=ID_CHARS),

@@ -3,6 +3,8 @@
 - A user token (config `tokens`: token -> user) names its user; forwarded headers are ignored.
 - The service token (Open WebUI's) names the user given in `X-OpenWebUI-User-Id` (or
   `-Email`); those headers are honoured only together with it, since anyone can send them.
+  Their values are percent-encoded UTF-8 (Open WebUI sends `X-OpenWebUI-User-Name: Jos%C3%A9`,
+  since a header carries no "é"); `forwarded` decodes them.
 - A preview link carries `exp.sig`, an HMAC of the job id and expiry under the job's own
   secret: it opens that one job's page, screen and events, and nothing else, with no cookie.
   It stops working at its expiry, or a grace period after its job ended, whichever comes
@@ -17,7 +19,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from urllib.parse import unquote_plus
+from urllib.parse import unquote, unquote_plus
 
 from fastapi import HTTPException, Request
 
@@ -49,17 +51,30 @@ def authenticate(request: Request, config: ServiceConfig) -> Caller:
         raise HTTPException(401, "Send `Authorization: Bearer <token>`; no token was given.",
                             headers={"WWW-Authenticate": "Bearer"})
     if config.service_token and hmac.compare_digest(token, config.service_token):
-        user = (request.headers.get(USER_ID_HEADER) or request.headers.get(USER_EMAIL_HEADER) or "").strip()
+        user = forwarded(request, USER_ID_HEADER) or forwarded(request, USER_EMAIL_HEADER)
         if not user:
             raise HTTPException(401, f"The service token needs the {USER_ID_HEADER} header naming "
                                 "the person; turn on ENABLE_FORWARD_USER_INFO_HEADERS in Open WebUI.")
-        return Caller(user=user, email=request.headers.get(USER_EMAIL_HEADER, ""),
-                      name=request.headers.get(USER_NAME_HEADER, ""), via_service=True)
+        return Caller(user=user, email=forwarded(request, USER_EMAIL_HEADER),
+                      name=forwarded(request, USER_NAME_HEADER), via_service=True)
     for known, user in config.tokens.items():
         if hmac.compare_digest(token, known):
             return Caller(user=user)
     raise HTTPException(401, "This token is not known to the job service.",
                         headers={"WWW-Authenticate": "Bearer"})
+
+
+def forwarded(request: Request, header: str) -> str:
+    """A forwarded user header as the text it names: percent-escapes decoded as UTF-8 (how
+    Open WebUI and its tool send names); a value that arrived as raw UTF-8 bytes (which
+    the server reads as Latin-1) is read as UTF-8 too."""
+    value = request.headers.get(header, "")
+    if not value.isascii():
+        try:
+            value = value.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            pass
+    return unquote(value, errors="replace").strip()
 
 
 # `exp.sig`: seconds since the epoch (12 digits reach the year 33658) and a SHA-256 hex
