@@ -1,0 +1,180 @@
+"""Leniency: tool arguments are untrusted input. A JSON string, broken JSON, a bare value
+where an object belongs, a wrapper around the real arguments, aliased or unknown field
+names are all read as well as they can be; what cannot be read becomes an error text that
+shows the expected shape, never an exception."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import json_repair
+from pydantic import ValidationError
+
+from vmagent.tool_schemas import json_schema, shape
+from vmagent.tool_table import TOOLS, Tool
+
+
+# What a result text may show of a value the model sent, in error texts.
+_ECHO_LIMIT = 300
+
+# Wrappers some models put around the real arguments: {"arguments": {...}}.
+_WRAPPER_KEYS = ("arguments", "args", "params", "parameters", "input", "kwargs")
+
+
+@dataclass
+class ParsedArguments:
+    """What parse_arguments made of the model's arguments: params to send to vmd, or an
+    error text for the model; notes say what was dropped along the way."""
+    params: dict | None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _echo(raw: Any) -> str:
+    try:
+        if isinstance(raw, str) and _looks_like_json(raw.strip()):
+            text = raw.strip()  # broken JSON is shown as it came, not escaped again
+        else:
+            text = json.dumps(raw, ensure_ascii=False, default=str)
+    except Exception:
+        text = repr(raw)
+    if len(text) > _ECHO_LIMIT:
+        text = text[:_ECHO_LIMIT] + f"... ({len(text)} chars)"
+    return text
+
+
+def _looks_like_json(text: str) -> bool:
+    return text[:1] in ("{", "[", '"')
+
+
+def _decode(raw: Any) -> Any:
+    """Strings that hold JSON are decoded (repaired when broken); other strings and
+    non-strings come back as they are; a blank string is an empty object."""
+    if isinstance(raw, (bytes, bytearray)):
+        raw = raw.decode("utf-8", errors="replace")
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if not text:
+        return {}
+    if not _looks_like_json(text):
+        return raw
+    try:
+        value = json.loads(text)
+    except ValueError:
+        try:
+            value = json_repair.repair_json(text, return_objects=True)
+        except Exception:
+            return raw
+        if not isinstance(value, dict):
+            # A repaired fragment that is not an object was most likely never JSON:
+            # `{ make; } 2>&1` is a shell command, not a broken object.
+            return raw
+    if isinstance(value, str) and _looks_like_json(value.strip()):  # JSON inside JSON
+        return _decode(value)
+    return value
+
+
+def _primary_is_list(tool: Tool) -> bool:
+    if tool.primary is None:
+        return False
+    return json_schema(tool.args)["properties"][tool.primary].get("type") == "array"
+
+
+def parse_arguments(name: str, raw: Any) -> ParsedArguments:
+    """Read a tool call's arguments tolerantly and validate them against the tool's shape.
+
+    Never raises. Accepts a dict, a JSON string (repaired when broken), a bare value where
+    the tool has one obvious field (run("ls") -> {"command": "ls"}), aliased field names
+    ("cmd" -> "command", "file" -> "path"); unknown fields are dropped with a note.
+    """
+    tool = TOOLS.get(name)
+    if tool is None:
+        return ParsedArguments(None, _unknown_tool_text(name))
+    try:
+        return _parse(tool, raw)
+    except Exception as exc:  # untrusted input must never cost the session
+        return ParsedArguments(
+            None, f"{name} needs {shape(name)}; could not read what you sent ({exc}): {_echo(raw)}"
+        )
+
+
+def _parse(tool: Tool, raw: Any) -> ParsedArguments:
+    name = tool.name
+    fields = set(tool.args.model_fields)
+    value = _decode(raw)
+    if value is None:
+        value = {}
+
+    if not isinstance(value, dict):
+        if isinstance(value, list) and not _primary_is_list(tool) and isinstance(raw, str):
+            value = raw  # a list-looking string for a text field: the text itself
+        if tool.primary is None:
+            return ParsedArguments(
+                None, f"{name} needs {shape(name)}; you sent {_echo(raw)}. Send an object "
+                "with those fields."
+            )
+        if isinstance(value, str) and name != "type":  # typed text keeps its spaces
+            value = value.strip()
+        value = {tool.primary: value}
+
+    # {"arguments": {...}} around the real arguments.
+    if len(value) == 1:
+        (key, inner), = value.items()
+        if key in _WRAPPER_KEYS and key not in fields:
+            inner = _decode(inner)
+            if isinstance(inner, dict):
+                value = inner
+
+    notes: list[str] = []
+    params: dict[str, Any] = {k: v for k, v in value.items() if k in fields}
+    unknown: list[str] = []
+    for key, item in value.items():
+        if key in fields:
+            continue
+        lowered = str(key).strip().lower()
+        canonical = lowered if lowered in fields else tool.aliases.get(lowered)
+        if canonical in fields and canonical not in params:
+            params[canonical] = item
+        else:  # unknown, or an alias of a field that was given by its proper name
+            unknown.append(str(key))
+    if unknown:
+        notes.append(
+            f"note: ignored unknown field(s) {', '.join(repr(k) for k in unknown)}; "
+            f"{name} takes {shape(name)}."
+        )
+
+    try:
+        validated = tool.args.model_validate(params)
+    except ValidationError as exc:
+        problems = "; ".join(_problem(e) for e in exc.errors())
+        return ParsedArguments(
+            None,
+            f"{name} needs {shape(name)}; you sent {_echo(raw)}. Problem: {problems}.",
+            notes,
+        )
+    return ParsedArguments(validated.model_dump(mode="json", exclude_unset=True), None, notes)
+
+
+def _problem(error: dict) -> str:
+    where = ".".join(str(p) for p in error.get("loc", ())) or "arguments"
+    if error.get("type") == "missing":
+        return f"{where} is missing"
+    return f"{where}: {error.get('msg', 'invalid')}"
+
+
+def _unknown_tool_text(name: Any, offered: Iterable[str] | None = None) -> str:
+    valid = list(offered) if offered is not None else list(TOOLS)
+    return f"there is no tool named {_echo(name)}. Valid tools: {', '.join(valid)}."
+
+
+def _tool_name(name: Any) -> str:
+    # "functions.run", " Run " -> "run"
+    text = str(name or "").strip()
+    return text.rsplit(".", 1)[-1].strip().lower()

@@ -1,0 +1,100 @@
+"""The function schemas offered to the model, built from the tool table's argument
+models, and `shape(name)`: a tool's fields in one line, for error texts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from vmagent.tool_table import TOOLS, Phase, _words, os_family_of, tool_names
+
+
+def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
+    """A flat JSON schema of a pydantic model, as small models read best: refs inlined,
+    `X | None` shown as X, no titles. Tests run it over vmd's models too, to compare."""
+    raw = model.model_json_schema()
+    defs = raw.get("$defs", {})
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, list):
+            return [clean(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        node = dict(node)
+        if "$ref" in node:
+            target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+            node = {**target, **node}
+        if "allOf" in node and len(node["allOf"]) == 1:
+            node = {**node.pop("allOf")[0], **node}
+            return clean(node)
+        if "anyOf" in node:
+            options = [o for o in node["anyOf"] if o != {"type": "null"}]
+            if len(options) == 1:
+                node.pop("anyOf")
+                return clean({**options[0], **node})
+        node.pop("title", None)
+        node.pop("$defs", None)
+        node.pop("additionalProperties", None)
+        if node.get("default", 0) is None:
+            node.pop("default")
+        out = {}
+        for key, value in node.items():
+            if key == "properties":
+                out[key] = {name: clean(v) for name, v in value.items()}
+            elif key == "description" and isinstance(value, str):
+                out[key] = _words(value, os_family)
+            else:
+                out[key] = clean(value)
+        return out
+
+    schema = clean(raw)
+    schema.pop("description", None)  # a class docstring is not a parameter description
+    schema.setdefault("properties", {})
+    schema.setdefault("required", [])
+    return schema
+
+
+def schemas(os_family: str, phase: Phase, desktop: bool) -> list[dict]:
+    """Function tool schemas (Ollama/OpenAI shape) offered to the model."""
+    family = os_family_of(os_family)
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": TOOLS[name].describe(family),
+                "parameters": json_schema(TOOLS[name].args, family),
+            },
+        }
+        for name in tool_names(phase, desktop)
+    ]
+
+
+def _type_word(node: dict) -> str:
+    if "enum" in node:
+        return "|".join(json.dumps(v) for v in node["enum"])
+    if "const" in node:
+        return json.dumps(node["const"])
+    kind = node.get("type")
+    if kind == "array":
+        return "[" + _type_word(node.get("items", {})) + ", ...]"
+    if kind == "object":
+        return _shape_of(node)
+    return kind or "any"
+
+
+def _shape_of(schema: dict) -> str:
+    required = set(schema.get("required", []))
+    parts = [
+        json.dumps(name) + ("" if name in required else "?") + ": " + _type_word(node)
+        for name, node in schema.get("properties", {}).items()
+    ]
+    return "{" + ", ".join(parts) + "}"
+
+
+def shape(name: str) -> str:
+    """The expected arguments of a tool in one line, e.g.
+    {"command": string, "timeout"?: number, "cwd"?: string}."""
+    return _shape_of(json_schema(TOOLS[name].args))
