@@ -12,7 +12,8 @@ from tests.loop_harness import (agent_config, call, calls, running_vmd, sent_too
                                 user_texts)
 from tests.ollama_server import Turn, start_ollama, unused_port
 from vmagent.config import AgentConfig
-from vmagent.loop import JobSpec, Outcome, Verification, resume_job, run_job, verification_of
+from vmagent.fallback_report import verification_of
+from vmagent.loop import JobSpec, Outcome, Verification, resume_job, run_job
 from vmagent.tools import PLANNING_TOOLS
 
 PLAN = call("plan_tasks", {"tasks": ["write hello.py", "check it prints hello"]}, content="Planning.")

@@ -11,7 +11,8 @@ for, the transcript written to disk.
 
 Every way out ends in `_end`: unless the session waits for a person, vmd closes it
 (commit + push) and the report is vmd's, built from its record, with the loop's notes
-on why it ended. Nothing the model says decides the outcome.
+on why it ended (vmagent/fallback_report.py). Nothing the model says decides the outcome.
+The job's state, its transcript on disk and the event feed are in vmagent/job.py.
 """
 
 from __future__ import annotations
@@ -19,20 +20,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any, Callable
 
 from vmagent import tools
 from vmagent.client import Vmd, VmdError, VmdUnavailable, default_socket
 from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
+from vmagent.fallback_report import local_report, loop_notes, vmd_report
+from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
 from vmagent.llm import LLM, OllamaError, drop_old_images
 from vmagent.prompts import PromptMissing, load_prompts
 
@@ -42,160 +41,6 @@ log = logging.getLogger(__name__)
 NOT_READY = -32003
 # session_ready is asked in slices so that a cancel is seen while the guest boots.
 READY_SLICE_S = 30.0
-TRANSCRIPT_VERSION = 1
-
-Event = dict[str, Any]
-
-
-class JobSpec(BaseModel):
-    task: str
-    os: str = "debian"
-    project: str | None = None
-    owner: str = ""
-    chat_id: str = ""
-    model: str | None = None
-
-
-class Verification(BaseModel):
-    """vmd's verdict on the agent's check, read from its report.
-
-    passed: the check passed when vmd ran it (None: the session never got a verdict).
-    proven: the check also failed on the project as it was when the session opened, so it
-    needs the work; False: it passed there too; None: not passed, or vmd could not run it
-    there (a guest that cannot show the baseline). attempts: runs of the check in the session.
-    """
-
-    passed: bool | None = None
-    proven: bool | None = None
-    attempts: int = 0
-
-
-class Outcome(BaseModel):
-    state: Literal["done", "question", "unfreeze", "cancelled", "failed"]
-    report: str
-    session_id: str | None
-    question: str | None
-    verification_passed: bool | None  # verification.passed, kept for older readers
-    verification: Verification = Field(default_factory=Verification)
-    steps: int
-
-
-@dataclass
-class Ending:
-    """Why the loop stops: the outcome state and a sentence for the report."""
-
-    state: str
-    reason: str
-
-
-# --- the job's state, kept on disk after every turn -----------------------------------
-
-
-@dataclass
-class Guards:
-    """Counters the guards keep; saved with the transcript so a resumed job keeps them."""
-
-    prose_streak: int = 0
-    # sha1 of (command, exit code, output) -> how many times that exact result came back
-    repeats: dict[str, int] = field(default_factory=dict)
-    steps_since_tasks_moved: int = 0
-    last_tasks: str = ""
-
-
-@dataclass
-class Job:
-    spec: JobSpec
-    transcript_path: Path
-    session_id: str | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    steps: int = 0
-    phase: str = "planning"  # planning | working
-    desktop: bool = False
-    boot_seconds: float | None = None
-    # Seconds worked in earlier runs of this job; time spent waiting for a person is not work.
-    active_before_s: float = 0.0
-    started_at: float = field(default_factory=time.time)
-    run_started: float = field(default_factory=time.monotonic)
-    guards: Guards = field(default_factory=Guards)
-    verification: str | None = None  # the last verification command the model named
-    notes: list[str] = field(default_factory=list)  # the loop's own lines for the report
-    state: str = "running"
-    question: str | None = None
-    tasks_text: str = ""
-    status_line: str = ""
-
-    @property
-    def os_family(self) -> str:
-        return tools.os_family_of(self.spec.os)
-
-    def active_seconds(self) -> float:
-        return self.active_before_s + (time.monotonic() - self.run_started)
-
-    def save(self) -> None:
-        data = {
-            "version": TRANSCRIPT_VERSION,
-            "spec": self.spec.model_dump(),
-            "session_id": self.session_id,
-            "state": self.state,
-            "question": self.question,
-            "phase": self.phase,
-            "desktop": self.desktop,
-            "boot_seconds": self.boot_seconds,
-            "steps": self.steps,
-            "started_at": self.started_at,
-            "active_seconds": round(self.active_seconds(), 3),
-            "saved_at": time.time(),
-            "guards": asdict(self.guards),
-            "verification": self.verification,
-            "notes": self.notes,
-            "messages": self.messages,
-        }
-        path = Path(self.transcript_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, ensure_ascii=False, default=str))
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: Path) -> "Job":
-        data = json.loads(Path(path).read_text())
-        job = cls(spec=JobSpec(**data["spec"]), transcript_path=Path(path))
-        job.session_id = data.get("session_id")
-        job.messages = list(data.get("messages") or [])
-        job.steps = int(data.get("steps") or 0)
-        job.phase = data.get("phase") or "planning"
-        job.desktop = bool(data.get("desktop"))
-        job.boot_seconds = data.get("boot_seconds")
-        job.active_before_s = float(data.get("active_seconds") or 0.0)
-        job.started_at = float(data.get("started_at") or time.time())
-        job.guards = Guards(**(data.get("guards") or {}))
-        job.verification = data.get("verification")
-        job.notes = list(data.get("notes") or [])
-        job.state = data.get("state") or "running"
-        job.question = data.get("question")
-        return job
-
-
-class Events:
-    """The watcher's feed. A view never breaks the work: whatever on_event raises is logged once."""
-
-    def __init__(self, on_event: Callable[[Event], None] | None):
-        self.on_event = on_event
-        self.failures = 0
-
-    def emit(self, event: Event) -> None:
-        if self.on_event is None:
-            return
-        try:
-            self.on_event(event)
-        except Exception:
-            self.failures += 1
-            if self.failures == 1:
-                log.exception("the event watcher failed on a %s event; the job goes on", event.get("type"))
-
-    def from_vmd(self, method: str, params: dict) -> None:
-        if method == "output":
-            self.emit({"type": "output", "stream": params.get("stream", "stdout"), "line": params.get("line", "")})
 
 
 # --- the public entry points ----------------------------------------------------------
@@ -426,7 +271,7 @@ def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
         closed = _quietly(vmd, "session_close")
         if closed is None:
             job.notes.append("vmd could not close the session (commit and push); see its log.")
-    report, verification = _vmd_report(vmd) if vmd is not None else (None, Verification())
+    report, verification = vmd_report(vmd) if vmd is not None else (None, Verification())
     if ending.state == "done" and verification.passed is False:
         # vmd takes a finish whose check keeps failing only to end the session as failed.
         runs = verification.attempts
@@ -435,11 +280,11 @@ def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
                                   "in all).")
         job.notes[reason_at] = ending.reason
     if report is None:
-        report = _local_report(job, ending, vmd_error or "vmd could not build the report")
+        report = local_report(job, ending, vmd_error or "vmd could not build the report")
     else:
-        report += _loop_notes(job)
+        report += loop_notes(job)
     job.state, job.question = ending.state, question
-    _save_quietly(job)
+    save_quietly(job)
     outcome = Outcome(state=ending.state, report=report, session_id=job.session_id, question=question,
                       verification_passed=verification.passed, verification=verification, steps=job.steps)
     state_event: Event = {"type": "state", "state": ending.state}
@@ -454,9 +299,9 @@ def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
 
 def _end_without_session(job: Job, events: Events, reason: str) -> Outcome:
     job.notes.append(reason)
-    report = _local_report(job, Ending("failed", reason), None)
+    report = local_report(job, Ending("failed", reason), None)
     job.state = "failed"
-    _save_quietly(job)
+    save_quietly(job)
     outcome = Outcome(state="failed", report=report, session_id=job.session_id, question=None,
                       verification_passed=None, verification=Verification(), steps=job.steps)
     events.emit({"type": "state", "state": "failed"})
@@ -631,77 +476,3 @@ def _reconnected(vmd: Vmd, job: Job) -> tuple[Vmd | None, str | None]:
     except (VmdUnavailable, VmdError) as exc:
         fresh.close()
         return None, str(exc)
-
-
-def _vmd_report(vmd: Vmd) -> tuple[str | None, Verification]:
-    try:
-        result = vmd.call("report")
-    except (VmdUnavailable, VmdError) as exc:
-        log.warning("vmd could not build the report: %s", exc)
-        return None, Verification()
-    outcome = result.get("outcome")
-    markdown = result.get("markdown")
-    return ((markdown if isinstance(markdown, str) and markdown.strip() else None),
-            verification_of(outcome if isinstance(outcome, dict) else {}))
-
-
-def verification_of(outcome: dict) -> Verification:
-    """The verdict in vmd's report outcome: status passed (verified and proven),
-    passed_not_proven, failed or unverified, with proven and attempts beside it."""
-    status = outcome.get("status")
-    ran = status in ("passed", "passed_not_proven", "failed")
-    attempts = outcome.get("attempts")
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
-        attempts = 1 if ran else 0  # a vmd from before attempts were counted ran the check once
-    if status == "passed":
-        return Verification(passed=True, proven=True, attempts=attempts)
-    if status == "passed_not_proven":
-        # vmd says proven null when it could not run the check on the baseline at all:
-        # not proven, but not shown to prove nothing either.
-        proven = None if "proven" in outcome and outcome["proven"] is None else False
-        return Verification(passed=True, proven=proven, attempts=attempts)
-    if status == "failed":
-        return Verification(passed=False, proven=None, attempts=attempts)
-    return Verification(passed=None, proven=None, attempts=attempts)
-
-
-def _loop_notes(job: Job) -> str:
-    lines = ["", "## How the session ended", ""]
-    lines += [f"- {note}" for note in job.notes]
-    lines.append(f"- {job.steps} model turns.")
-    return "\n".join(lines) + "\n"
-
-
-def _local_report(job: Job, ending: Ending, vmd_error: str | None) -> str:
-    """The report when vmd cannot give one: what the loop itself knows, said plainly."""
-    md = [f"# vmagent job: {job.spec.task.strip().splitlines()[0][:100] if job.spec.task.strip() else '(no task)'}",
-          "", f"**Outcome: ⚠️ {ending.state}, not verified** — {ending.reason}", ""]
-    if vmd_error:
-        md += [f"vmd could not be reached for its report ({vmd_error}), so this report is the "
-               "agent's own: nothing here was verified, committed or pushed by vmd.", ""]
-    md += [f"OS `{job.spec.os}`" + (f" · project `{job.spec.owner or 'local'}/{job.spec.project}`"
-                                     if job.spec.project else "")]
-    if job.session_id:
-        md.append(f"Session `{job.session_id}` (its record stays in vmd's state dir).")
-    md += ["", "## Tasks (as last seen)", "", job.tasks_text or "No plan was made."]
-    commands = [c for c in _commands_run(job.messages)][-10:]
-    if commands:
-        md += ["", "## Last commands", ""] + [f"- `{c}`" for c in commands]
-    return "\n".join(md) + "\n" + _loop_notes(job)
-
-
-def _commands_run(messages: list[dict[str, Any]]):
-    for message in messages:
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            if function.get("name") == "run":
-                parsed = tools.parse_arguments("run", function.get("arguments"))
-                if parsed.ok:
-                    yield " ".join(parsed.params["command"].split())[:200]
-
-
-def _save_quietly(job: Job) -> None:
-    try:
-        job.save()
-    except OSError as exc:
-        log.warning("could not write the transcript %s: %s", job.transcript_path, exc)

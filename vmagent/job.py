@@ -1,0 +1,181 @@
+"""A job's state and what goes out of it: the spec, the outcome, the transcript kept on
+disk after every turn (`Job.save`, `Job.load`: what a resumed job carries on from) and
+the watcher's event feed (`Events`: a view never breaks the work)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from vmagent import tools
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPT_VERSION = 1
+
+Event = dict[str, Any]
+
+
+class JobSpec(BaseModel):
+    task: str
+    os: str = "debian"
+    project: str | None = None
+    owner: str = ""
+    chat_id: str = ""
+    model: str | None = None
+
+
+class Verification(BaseModel):
+    """vmd's verdict on the agent's check, read from its report.
+
+    passed: the check passed when vmd ran it (None: the session never got a verdict).
+    proven: the check also failed on the project as it was when the session opened, so it
+    needs the work; False: it passed there too; None: not passed, or vmd could not run it
+    there (a guest that cannot show the baseline). attempts: runs of the check in the session.
+    """
+
+    passed: bool | None = None
+    proven: bool | None = None
+    attempts: int = 0
+
+
+class Outcome(BaseModel):
+    state: Literal["done", "question", "unfreeze", "cancelled", "failed"]
+    report: str
+    session_id: str | None
+    question: str | None
+    verification_passed: bool | None  # verification.passed, kept for older readers
+    verification: Verification = Field(default_factory=Verification)
+    steps: int
+
+
+@dataclass
+class Ending:
+    """Why the loop stops: the outcome state and a sentence for the report."""
+
+    state: str
+    reason: str
+
+
+# --- the job's state, kept on disk after every turn -----------------------------------
+
+
+@dataclass
+class Guards:
+    """Counters the guards keep; saved with the transcript so a resumed job keeps them."""
+
+    prose_streak: int = 0
+    # sha1 of (command, exit code, output) -> how many times that exact result came back
+    repeats: dict[str, int] = field(default_factory=dict)
+    steps_since_tasks_moved: int = 0
+    last_tasks: str = ""
+
+
+@dataclass
+class Job:
+    spec: JobSpec
+    transcript_path: Path
+    session_id: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 0
+    phase: str = "planning"  # planning | working
+    desktop: bool = False
+    boot_seconds: float | None = None
+    # Seconds worked in earlier runs of this job; time spent waiting for a person is not work.
+    active_before_s: float = 0.0
+    started_at: float = field(default_factory=time.time)
+    run_started: float = field(default_factory=time.monotonic)
+    guards: Guards = field(default_factory=Guards)
+    verification: str | None = None  # the last verification command the model named
+    notes: list[str] = field(default_factory=list)  # the loop's own lines for the report
+    state: str = "running"
+    question: str | None = None
+    tasks_text: str = ""
+    status_line: str = ""
+
+    @property
+    def os_family(self) -> str:
+        return tools.os_family_of(self.spec.os)
+
+    def active_seconds(self) -> float:
+        return self.active_before_s + (time.monotonic() - self.run_started)
+
+    def save(self) -> None:
+        data = {
+            "version": TRANSCRIPT_VERSION,
+            "spec": self.spec.model_dump(),
+            "session_id": self.session_id,
+            "state": self.state,
+            "question": self.question,
+            "phase": self.phase,
+            "desktop": self.desktop,
+            "boot_seconds": self.boot_seconds,
+            "steps": self.steps,
+            "started_at": self.started_at,
+            "active_seconds": round(self.active_seconds(), 3),
+            "saved_at": time.time(),
+            "guards": asdict(self.guards),
+            "verification": self.verification,
+            "notes": self.notes,
+            "messages": self.messages,
+        }
+        path = Path(self.transcript_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, ensure_ascii=False, default=str))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Job":
+        data = json.loads(Path(path).read_text())
+        job = cls(spec=JobSpec(**data["spec"]), transcript_path=Path(path))
+        job.session_id = data.get("session_id")
+        job.messages = list(data.get("messages") or [])
+        job.steps = int(data.get("steps") or 0)
+        job.phase = data.get("phase") or "planning"
+        job.desktop = bool(data.get("desktop"))
+        job.boot_seconds = data.get("boot_seconds")
+        job.active_before_s = float(data.get("active_seconds") or 0.0)
+        job.started_at = float(data.get("started_at") or time.time())
+        job.guards = Guards(**(data.get("guards") or {}))
+        job.verification = data.get("verification")
+        job.notes = list(data.get("notes") or [])
+        job.state = data.get("state") or "running"
+        job.question = data.get("question")
+        return job
+
+
+class Events:
+    """The watcher's feed. A view never breaks the work: whatever on_event raises is logged once."""
+
+    def __init__(self, on_event: Callable[[Event], None] | None):
+        self.on_event = on_event
+        self.failures = 0
+
+    def emit(self, event: Event) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(event)
+        except Exception:
+            self.failures += 1
+            if self.failures == 1:
+                log.exception("the event watcher failed on a %s event; the job goes on", event.get("type"))
+
+    def from_vmd(self, method: str, params: dict) -> None:
+        if method == "output":
+            self.emit({"type": "output", "stream": params.get("stream", "stdout"), "line": params.get("line", "")})
+
+
+def save_quietly(job: Job) -> None:
+    try:
+        job.save()
+    except OSError as exc:
+        log.warning("could not write the transcript %s: %s", job.transcript_path, exc)
