@@ -434,3 +434,47 @@ def test_an_answer_right_after_a_vmd_restart_wakes_the_paused_machine(tmp_path):
         assert machines.attached == [machine.spec.name]
     finally:
         server.stop()
+
+
+# --- tool calls written as text ----------------------------------------------------------
+
+
+def as_json(name: str, arguments: dict, key: str = "arguments") -> str:
+    return json.dumps({"name": name, key: arguments})
+
+
+def test_a_model_that_writes_every_call_as_text_finishes_verified(tmp_path):
+    """Each shape real models use: a whole-content object (with "arguments" or
+    "parameters"), <tool_call> tags, a fenced JSON block; and a call to a tool of the
+    other phase, which Ollama leaves in the content as it is not in the request."""
+    check = {"command": "python3 hello.py | grep -q hello"}
+    script = [
+        Turn(content=as_json("run", {"command": "ls"})),  # a working tool while planning
+        Turn(content="<tool_call>\n" + as_json("plan_tasks", {"tasks": ["write hello.py", "check it"]})
+                     + "\n</tool_call>"),
+        Turn(content="Writing it.\n```json\n" + as_json("write_file", {"path": "hello.py",
+                                                                      "content": "print('hello')\n"})
+                     + "\n```"),
+        Turn(content=as_json("run", {"command": "python3 hello.py"}, key="parameters")),
+        Turn(content="<tool_call>" + as_json("update_task", {"id": 1, "status": "done", "note": "written"})
+                     + "</tool_call>\n<tool_call>"
+                     + as_json("update_task", {"id": 2, "status": "done", "note": "prints hello"})
+                     + "</tool_call>"),
+        Turn(content=as_json("finish", {"summary": "hello.py prints hello", "verification": check})),
+    ]
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        outcome = run(tmp_path, vmd, server)
+    assert outcome.state == "done" and outcome.verification_passed is True, outcome.report
+    assert outcome.steps == len(script)
+    assert (vmd.project("hello") / "hello.py").read_text() == "print('hello')\n"
+    # the early call is told when its tool becomes available, not counted as prose
+    first = tool_results(server.chat_requests[1])
+    assert len(first) == 1 and "run is not available yet" in first[0] and "plan_tasks" in first[0]
+    # the model is told once, in a tool result, to use the tool interface
+    last = tool_results(server.chat_requests[-1])
+    told = [r for r in last if "tool-calling interface" in r]
+    assert told == [first[0]] and "tool-calling interface" in first[0]
+    assert not any("without a tool call" in u for u in user_texts(server.chat_requests[-1]))
+    # the history shows the calls as calls, so the model is not shown its own habit
+    assistant = [m for m in server.chat_requests[-1]["messages"] if m["role"] == "assistant"]
+    assert all(m.get("tool_calls") and not m.get("content") for m in assistant)

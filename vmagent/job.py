@@ -76,6 +76,8 @@ class Guards:
     repeats: dict[str, int] = field(default_factory=dict)
     steps_since_tasks_moved: int = 0
     last_tasks: str = ""
+    # Whether the model was told to use the tool interface after writing a call as text.
+    told_tool_interface: bool = False
 
 
 @dataclass

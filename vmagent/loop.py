@@ -32,8 +32,9 @@ from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.fallback_report import local_report, loop_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
-from vmagent.llm import LLM, OllamaError, drop_old_images
+from vmagent.llm import LLM, OllamaError, Reply, drop_old_images
 from vmagent.prompts import PromptMissing, load_prompts
+from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
     if reply.content.strip():
         events.emit({"type": "speech", "text": reply.content})
 
+    reply, notice = calls_written_as_text(job, reply)
     if not reply.tool_calls:
         return prose_only(job, reply.content, config)
     job.guards.prose_streak = 0
@@ -184,7 +186,8 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
     job.messages.append(reply.as_message())
 
     for call in reply.tool_calls:
-        outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events)
+        outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events, notice)
+        notice = ""
         if outcome.state in ("question", "unfreeze"):
             return Ending(outcome.state, "The agent asked a person and waits for the answer; "
                                          "the machine is kept suspended.")
@@ -194,7 +197,7 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
 
 
 def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str],
-               config: AgentConfig, events: Events) -> tools.ToolOutcome:
+               config: AgentConfig, events: Events, notice: str = "") -> tools.ToolOutcome:
     """Run one tool call and put its result in the history, capped, with any notice."""
     verb = tools._tool_name(name)
     parsed = tools.parse_arguments(verb, arguments) if verb in tools.TOOLS else None
@@ -211,6 +214,8 @@ def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str]
     text = outcome.text
     if verb == "run" and outcome.ok and outcome.result:
         text += repeat_notice(job, params or {}, outcome.result, config)
+    if notice:
+        text = f"{notice}\n\n{text}"
     message: dict[str, Any] = {"role": "tool", "tool_name": verb or str(name),
                                "content": cap_tool_result(text, config.tool_result_cap_chars)}
     if outcome.image_b64:
@@ -340,6 +345,23 @@ def machine_gone(status: dict) -> Ending | None:
     if machine.startswith("failed") or (machine == "destroyed" and status.get("state") != "closed"):
         return Ending("failed", f"The machine is gone ({machine}); the project folder was kept.")
     return None
+
+
+def calls_written_as_text(job: Job, reply: Reply) -> tuple[Reply, str]:
+    """A reply with no tool_calls whose content holds calls as text: the calls, run as
+    calls (any known tool, so that one of the other phase gets its sentence from
+    tools.call), and the notice to use the tool interface, given once per job."""
+    if reply.tool_calls:
+        return reply, ""
+    recovered = calls_in_text(reply.content, tools.TOOLS)
+    if not recovered:
+        return reply, ""
+    # The history shows them as real calls, so the model is not shown its own habit.
+    reply = reply.model_copy(update={"tool_calls": recovered, "content": ""})
+    if job.guards.told_tool_interface:
+        return reply, ""
+    job.guards.told_tool_interface = True
+    return reply, USE_THE_TOOL_INTERFACE
 
 
 def prose_only(job: Job, content: str, config: AgentConfig) -> Ending | None:

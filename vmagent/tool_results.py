@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from vmagent.client import VmdError, VmdUnavailable
 from vmagent.tool_parsing import _tool_name, _unknown_tool_text, parse_arguments
-from vmagent.tool_table import TOOLS
+from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TOOLS, TOOLS
 
 
 @dataclass
@@ -39,10 +39,7 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
             return ToolOutcome("ERROR: " + _unknown_tool_text(name, offered_names),
                                verb=verb, ok=False)
         if offered_names is not None and verb not in offered_names:
-            return ToolOutcome(
-                f"ERROR: {verb} is not available at this point. Available now: {', '.join(offered_names)}.",
-                verb=verb, ok=False,
-            )
+            return ToolOutcome("ERROR: " + _not_offered_text(verb, offered_names), verb=verb, ok=False)
         parsed = parse_arguments(verb, arguments)
         if not parsed.ok:
             return ToolOutcome(_join(["ERROR: " + parsed.error, *parsed.notes]), verb=verb, ok=False)
@@ -59,6 +56,19 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
         raise
     except Exception as exc:
         return ToolOutcome(f"ERROR: internal: {type(exc).__name__}: {exc}", verb=verb, ok=False)
+
+
+def _not_offered_text(verb: str, offered: list[str]) -> str:
+    """Why a known tool is not offered now, and when it will be: the planning phase offers
+    fewer tools, and a model that calls one early must learn it is a matter of time."""
+    available = f"Available now: {', '.join(offered)}."
+    if verb in SCREEN_TOOLS and "run" in offered:
+        return (f"{verb} is a screen tool and this session has no desktop; it will not become "
+                f"available. Use run and the file tools instead. {available}")
+    if set(offered) <= set(PLANNING_TOOLS):
+        return (f"{verb} is not available yet: it becomes available once the task list is written "
+                f"(call plan_tasks) and the machine is up, which the next message will say. {available}")
+    return f"{verb} is not available at this point. {available}"
 
 
 def _join(parts: Iterable[str]) -> str:
