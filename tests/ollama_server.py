@@ -25,7 +25,8 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator, Union
 
-DEFAULT_CAPABILITIES = ["completion", "tools", "thinking"]
+# What Ollama 0.12 reports for the default model, qwen3-vl:32b.
+DEFAULT_CAPABILITIES = ["completion", "vision", "tools", "thinking"]
 # What Ollama uses when a request sets no num_ctx (4096 since 0.6; 2048 before).
 OLLAMA_DEFAULT_NUM_CTX = 4096
 

@@ -11,7 +11,7 @@ def test_defaults_set_num_ctx_explicitly():
     config = AgentConfig.load(env={})
     assert config.num_ctx == 32768
     assert config.ollama_host == "http://127.0.0.1:11434"
-    assert config.model == "qwen3:32b"
+    assert config.model == "qwen3-vl:32b"
     assert config.think is None
 
 

@@ -68,7 +68,7 @@ def test_num_ctx_and_keep_alive_are_sent_with_every_request():
     for body in server.chat_requests:
         assert body["options"]["num_ctx"] == 16384
         assert body["keep_alive"] == "45m"
-        assert body["model"] == "qwen3:32b"
+        assert body["model"] == "qwen3-vl:32b"
     assert server.chat_requests[1]["options"]["num_predict"] == 100
 
 
@@ -144,7 +144,7 @@ def test_retries_end_in_an_ollama_error_naming_host_and_model():
             make_llm(server.url, retries=2).chat(TASK)
     message = str(caught.value)
     assert len(server.chats) == 3
-    assert server.url in message and "qwen3:32b" in message and "model runner crashed" in message
+    assert server.url in message and "qwen3-vl:32b" in message and "model runner crashed" in message
     assert caught.value.status == 503
 
 

@@ -210,16 +210,6 @@ def test_cancel_closes_the_session_and_reports(tmp_path):
     assert close["commit"] and any("work.txt" in f for f in close["files"])
 
 
-def test_model_unreachable_before_streaming_still_reports(tmp_path):
-    with running_vmd(tmp_path) as vmd:
-        config = AgentConfig(ollama_host=f"http://127.0.0.1:{unused_port()}", retries=1, retry_backoff_s=0)
-        outcome = run_job(JobSpec(task="anything", project="p"), on_event=lambda e: None,
-                          transcript_path=tmp_path / "t.json", config=config, vmd_socket=vmd.socket)
-    assert outcome.state == "failed"
-    assert_closed_with_report(vmd, outcome)
-    assert "Could not reach Ollama" in outcome.report
-
-
 def test_model_breaking_off_while_streaming_still_reports(tmp_path):
     long_plan = Turn(content="I will plan this carefully. " * 20,
                      tool_calls=PLAN.tool_calls)

@@ -28,7 +28,9 @@ class AgentConfig(BaseModel):
 
     # --- the model -----------------------------------------------------------------
     ollama_host: str = "http://127.0.0.1:11434"
-    model: str = "qwen3:32b"
+    # A model with tool calling (the agent works only through tools) and vision (the
+    # screen verbs answer with screenshots; Ollama drops images for a text-only model).
+    model: str = "qwen3-vl:32b"
     # Ollama's default context (2048 tokens before 0.6, 4096 after) silently drops the
     # start of longer prompts -- the system prompt and the task go first. An agent prompt
     # with tool schemas is several thousand tokens before any work, so num_ctx is always

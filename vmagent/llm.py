@@ -87,6 +87,10 @@ class LLM:
             self._capabilities = list(shown.capabilities or [])
         return self._capabilities
 
+    def sees_images(self) -> bool:
+        """Whether the model takes images: Ollama drops them, silently, for one that does not."""
+        return "vision" in self.capabilities()
+
     def supports_thinking(self) -> bool:
         return "thinking" in self.capabilities()
 

@@ -40,6 +40,13 @@ log = logging.getLogger(__name__)
 
 # vmd's error code for "the machine is not up" (vmd/session.py NOT_READY).
 NOT_READY = -32003
+# What a screenshot's result says to a model that cannot see images.
+SCREEN_UNSEEN = (
+    "NOTE: the model you run on cannot see images, so this screenshot was not shown to you. "
+    "Learn the screen's state from the shell instead: window titles (e.g. `xdotool search --name . "
+    "getwindowname %@` or `wmctrl -l`; on Windows `Get-Process | Where-Object MainWindowTitle | "
+    "Select MainWindowTitle`), the program's output and log files."
+)
 # session_ready is asked in slices so that a cancel is seen while the guest boots.
 READY_SLICE_S = 30.0
 
@@ -65,6 +72,11 @@ def run_job(
         system = _system_prompt(job, config_desktop=False)
     except (ConfigError, PromptMissing) as exc:
         return _end_without_session(job, events, f"The job could not start: {exc}")
+    # Asked before session_open, so that a model that cannot do the work boots no machine.
+    llm = LLM(config)
+    unfit = model_unfit(llm)
+    if unfit:
+        return _end_without_session(job, events, unfit)
     vmd = Vmd(vmd_socket or default_socket(), on_notify=events.from_vmd)
     try:
         opened = vmd.call("session_open", os=spec.os, project=spec.project, owner=spec.owner,
@@ -79,7 +91,7 @@ def run_job(
         {"role": "user", "content": _opening_message(spec, opened)},
     ]
     job.save()
-    return _work(job, vmd, config, events, cancel)
+    return _work(job, vmd, config, events, cancel, llm)
 
 
 def resume_job(
@@ -126,8 +138,9 @@ def resume_job(
 # --- the loop -------------------------------------------------------------------------
 
 
-def _work(job: Job, vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event) -> Outcome:
-    llm = LLM(config)
+def _work(job: Job, vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event,
+          llm: LLM | None = None) -> Outcome:
+    llm = llm or LLM(config)
     compactor = Compactor(config, llm)
     try:
         ending = None
@@ -185,8 +198,9 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
         _note(vmd, job.steps, reply.content.strip())
     job.messages.append(reply.as_message())
 
+    sees_images = llm.sees_images()
     for call in reply.tool_calls:
-        outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events, notice)
+        outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events, notice, sees_images)
         notice = ""
         if outcome.state in ("question", "unfreeze"):
             return Ending(outcome.state, "The agent asked a person and waits for the answer; "
@@ -197,7 +211,8 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
 
 
 def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str],
-               config: AgentConfig, events: Events, notice: str = "") -> tools.ToolOutcome:
+               config: AgentConfig, events: Events, notice: str = "",
+               sees_images: bool = True) -> tools.ToolOutcome:
     """Run one tool call and put its result in the history, capped, with any notice."""
     verb = tools._tool_name(name)
     parsed = tools.parse_arguments(verb, arguments) if verb in tools.TOOLS else None
@@ -216,10 +231,13 @@ def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str]
         text += repeat_notice(job, params or {}, outcome.result, config)
     if notice:
         text = f"{notice}\n\n{text}"
+    if outcome.image_b64 and not sees_images:
+        text += "\n\n" + SCREEN_UNSEEN
     message: dict[str, Any] = {"role": "tool", "tool_name": verb or str(name),
                                "content": cap_tool_result(text, config.tool_result_cap_chars)}
     if outcome.image_b64:
-        message["images"] = [outcome.image_b64]
+        if sees_images:  # Ollama drops images for a model without vision, silently
+            message["images"] = [outcome.image_b64]
         result = outcome.result or {}
         events.emit({"type": "screenshot", "png_base64": outcome.image_b64,
                      "width": result.get("width"), "height": result.get("height")})
@@ -344,6 +362,21 @@ def machine_gone(status: dict) -> Ending | None:
     machine = str(status.get("machine") or "")
     if machine.startswith("failed") or (machine == "destroyed" and status.get("state") != "closed"):
         return Ending("failed", f"The machine is gone ({machine}); the project folder was kept.")
+    return None
+
+
+def model_unfit(llm: LLM) -> str | None:
+    """Why the model cannot run a job, as a sentence for the report; None when it can."""
+    try:
+        capabilities = llm.capabilities()
+    except OllamaError as exc:
+        return f"The job could not start: {exc}"
+    # An empty list: an Ollama too old to report capabilities; the first chat will tell.
+    if capabilities and "tools" not in capabilities:
+        return (f"The job could not start: the model {llm.model} cannot call tools (Ollama lists its "
+                f"capabilities as {', '.join(capabilities)}), and the agent works only through tool "
+                f"calls. Set VMAGENT_MODEL to a model with tool calling, such as qwen3-vl:32b (tools "
+                f"and vision), and pull it with `ollama pull` on the Ollama server. No machine was started.")
     return None
 
 
