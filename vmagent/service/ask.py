@@ -160,12 +160,22 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
     from vmagent.llm import LLM
 
     llm = LLM(AgentConfig(ollama_host=config.ollama_url, model=config.ask_model,
-                          num_ctx=config.ask_num_ctx, request_timeout_s=config.ask_timeout_s,
-                          retries=1))
+                          num_ctx=config.ask_num_ctx or agent_num_ctx(),
+                          request_timeout_s=config.ask_timeout_s, retries=1))
     content = llm.chat(messages, think=False).content.strip()
     if not content:
         raise ValueError("the model returned an empty answer")
     return content
+
+
+def agent_num_ctx() -> int:
+    """The num_ctx the agent sends: its config file and environment, else its default."""
+    from vmagent.config import AgentConfig, ConfigError
+
+    try:
+        return AgentConfig.load().num_ctx
+    except ConfigError:
+        return AgentConfig().num_ctx
 
 
 def _words(text: str) -> set[str]:

@@ -50,8 +50,11 @@ class ServiceConfig(BaseModel):
     # Model for questions about finished jobs; empty: an extractive answer from the record.
     ollama_url: str = ""
     ask_model: str = ""
-    # The answer model's context: Ollama's default (2048) silently cuts the record off.
-    ask_num_ctx: int = 16384
+    # The answer model's context. None: the agent's num_ctx (its config file and
+    # environment), which every call to the same model must share -- Ollama reloads a
+    # model whose num_ctx changes (tens of seconds for a 32B model). Set it only for an
+    # ask_model the agent does not use; never below Ollama's default, which cuts the record.
+    ask_num_ctx: int | None = Field(default=None, ge=2048)
     ask_timeout_s: float = 120.0
     # Extra origins allowed by CORS besides "null" (Open WebUI's sandboxed iframe).
     cors_origins: list[str] = Field(default_factory=list)
