@@ -229,3 +229,21 @@ def test_only_the_newest_screenshots_reach_the_model():
     sent = server.chat_requests[0]["messages"]
     assert [m.get("images") for m in sent[1:]] == [None, None, None, [png(3)], [png(4)]]
     assert all(SCREENSHOT_DROPPED in m["content"] for m in sent[1:4])
+
+
+def test_a_429_server_busy_is_retried_with_backoff():
+    # Ollama answers 429 when its queue (OLLAMA_MAX_QUEUE) is full: busy now, not wrong.
+    with start_ollama(["after the queue cleared"]) as server:
+        server.fail_next(2, status=429, error="server busy, please try again.  maximum pending requests exceeded")
+        reply = make_llm(server.url, retries=2).chat(TASK)
+    assert reply.content == "after the queue cleared"
+    assert [r.outcome for r in server.chats] == ["failed 429", "failed 429", "reply"]
+
+
+def test_a_429_that_lasts_ends_in_a_bounded_ollama_error():
+    with start_ollama(["never reached"]) as server:
+        server.fail_next(5, status=429, error="server busy, please try again")
+        with pytest.raises(OllamaError) as caught:
+            make_llm(server.url, retries=1).chat(TASK)
+    assert len(server.chats) == 2 and caught.value.status == 429
+    assert "busy" in str(caught.value) and "2 tries" in str(caught.value)

@@ -179,6 +179,13 @@ class LLM:
                 f"({last.cause}; {tries} tries). Check that Ollama is running there and that "
                 f"OLLAMA_HOST points at it."
             )
+        if last.status == 429:
+            raise OllamaError(
+                f"Ollama at {self.host} stayed busy with model {self.model} while {what} ({last.cause}; "
+                f"{tries} tries with backoff): its request queue is full. Retry when it is less busy, "
+                f"or raise OLLAMA_NUM_PARALLEL or OLLAMA_MAX_QUEUE on the server.",
+                status=429,
+            )
         raise OllamaError(
             f"Ollama at {self.host} failed with model {self.model} while {what} ({last.cause}; "
             f"{tries} tries). Check the Ollama server's log (out of memory, a crashed runner) and retry.",
@@ -198,7 +205,8 @@ class LLM:
                     status=status,
                 )
             # status -1: an {"error": ...} line inside a 200 stream, a server-side failure.
-            if status >= 500 or status == -1:
+            # 429: Ollama's request queue (OLLAMA_MAX_QUEUE) is full; busy now, not wrong.
+            if status >= 500 or status == -1 or status == 429:
                 cause = f"HTTP {status}: {e.error}" if status > 0 else f"error in stream: {e.error}"
                 if not streamed:
                     return _Retryable(cause, status=status)
