@@ -669,6 +669,20 @@ def test_an_empty_repository_on_master_is_pushed_to_master(tmp_path):
         assert gitea.repo("alice", "calc").default_branch == "master"
 
 
+def test_a_new_repository_starts_on_the_branch_gitea_is_configured_for(tmp_path):
+    # Gitea's [repository] DEFAULT_BRANCH is trunk: vmd does not impose main on a new repository.
+    with start_gitea(tmp_path, TOKEN, default_branch="trunk") as gitea:
+        remote = gitea_remote(gitea, tmp_path)
+        prepared = prepare_project(tmp_path / "p", remote)
+        write(tmp_path / "p", "a.txt", "a")
+        sha = commit_project(tmp_path / "p", remote, "first").sha
+        result = push_project(remote, branch=prepared.branch)
+        assert result.pushed and result.branch == "trunk", result.error
+        assert gitea.repo("alice", "calc").default_branch == "trunk"
+        assert heads(gitea.repo_path("alice", "calc")) == {"trunk"}
+        assert git_log(gitea.repo_path("alice", "calc"), "trunk")[0] == f"{sha} first"
+
+
 def test_owner_and_name_case_differences_resolve_to_the_same_repository(tmp_path):
     with start_gitea(tmp_path, TOKEN, user="Alice", orgs={"VMAgent-Projects"}) as gitea:
         gitea.create_repo("Alice", "Calc")

@@ -124,8 +124,10 @@ class GiteaClient:
         existing = self.get_repo(owner, name)
         if existing is not None:
             return existing
+        # No default_branch: Gitea then uses its own DEFAULT_BRANCH setting (service/repository
+        # create.go), and the first push goes to that branch (publish._target_branch).
         body = {"name": name, "description": description[:2048], "private": private,
-                "auto_init": False, "default_branch": "main"}
+                "auto_init": False}
         what = f"create the repository {owner}/{name}"
         if kind == "owner" and owner.lower() == self.current_user().lower():  # Gitea's names ignore case
             response = self._request("POST", "/user/repos", json=body, what=what, ok={409})
