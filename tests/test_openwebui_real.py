@@ -250,10 +250,15 @@ GREETING = "¡Hola, José Müller!"
 @pytest.mark.vm
 def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_path, debian_image):
     """José Müller asks in Open WebUI; the real worker and loop drive a Debian guest through
-    vmd; the check vmd re-runs needs the file the guest wrote; the report reaches the chat."""
+    vmd; the check vmd re-runs needs the file the guest wrote; the report reaches the chat;
+    and vmd pushes the commit to Gitea under the configured organisation: a private
+    repository named for José, on the default branch Gitea gives new repositories."""
     import subprocess
 
     import libvirt
+
+    from tests.gitea_server import start_gitea
+    from vmd.owners import org_repo_name, person_topic
 
     from tests.loop_harness import call, calls
     from tests.service_harness import REAL_WORKER, real_worker_env
@@ -272,7 +277,13 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
                         "verification": {"command": check, "expect_exit": 0}}),
     ]
     conn = libvirt.open("qemu:///system")
-    vmd = VmdProcess(tmp_path, debian_image.dir.parent).start()
+    # A Gitea whose new repositories start on `trunk`, without the organisation yet: vmd
+    # creates it (private) on the first push.
+    gitea_token = "gitea-token-of-the-service"
+    gitea_cm = start_gitea(tmp_path / "gitea", gitea_token, user="vmagent-bot", default_branch="trunk")
+    gitea = gitea_cm.__enter__()
+    vmd = VmdProcess(tmp_path, debian_image.dir.parent,
+                     env={"GITEA_URL": gitea.url, "GITEA_TOKEN": gitea_token, "GITEA_ORG": "acme-agents"}).start()
     svc = None
     started = time.monotonic()
     try:
@@ -304,10 +315,23 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
         head = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "main"], capture_output=True,
                               text=True, check=True).stdout.strip()
         assert head[:12] in reply, reply
+        # On Gitea: José's repository in the configured organisation, private, on the
+        # default branch, holding exactly vmd's commit.
+        org = gitea.account("acme-agents")
+        assert org is not None and org.kind == "org" and org.visibility == "private", org
+        repo = gitea.repo("acme-agents", org_repo_name(jose.id, "greeting"))
+        assert repo is not None, sorted(gitea.descriptions)
+        assert repo.private and repo.default_branch == "trunk", repo
+        assert gitea.heads(repo) == {"trunk": head}, gitea.heads(repo)
+        assert person_topic(jose.id) in repo.topics, repo.topics
+        shown = subprocess.run(["git", "--git-dir", str(gitea.repo_path("acme-agents", repo.name)),
+                                "show", "trunk:greeting.txt"], capture_output=True, text=True, check=True)
+        assert shown.stdout == f"{GREETING}\n"
     finally:
         if svc is not None:
             svc.stop()
             _stop_workers(svc)
         vmd.stop()
+        gitea_cm.__exit__(None, None, None)
         _clean_up_domains(conn, str(tmp_path))
         conn.close()

@@ -71,7 +71,8 @@ SCRIPT = [
 class VmdProcess:
     """`vmd serve` as its own process, so that stopping it is a real restart."""
 
-    def __init__(self, work: Path, images_dir: Path):
+    def __init__(self, work: Path, images_dir: Path, env: dict[str, str] | None = None):
+        self.extra_env = dict(env or {})  # e.g. GITEA_URL, GITEA_TOKEN: vmd's own settings
         self.socket = short_socket_dir() / "vmd.sock"
         self.state = work / "state"
         self.log_path = work / "vmd.log"
@@ -82,6 +83,7 @@ class VmdProcess:
         env = {**os.environ, "VMD_BOOT_TIMEOUT_S": "900", "VMD_VERIFY_TIMEOUT_S": "300"}
         for name in ("VMD_CONFIG", "GITEA_URL", "GITEA_TOKEN", "VMD_STATE_DIR", "VMD_SOCKET"):
             env.pop(name, None)
+        env.update(self.extra_env)
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "vmd.cli", "serve", "--socket", str(self.socket),
