@@ -80,26 +80,30 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("vm") is not None)
 
 
-# --- the count CI checks: how many `vm` tests ran, and how many were skipped ------------
+# --- the counts CI checks: for each marker that must run there (real guests, a real Open
+# WebUI, the compose stack), how many of its tests ran and how many were skipped ---------
 
-_vm_outcomes: dict[str, str] = {}
+COUNTED_MARKERS = ("vm", "openwebui", "compose")
+_outcomes: dict[str, dict[str, str]] = {marker: {} for marker in COUNTED_MARKERS}
 
 
 def pytest_runtest_logreport(report):
-    if "vm" not in report.keywords:
-        return
-    if report.skipped:
-        _vm_outcomes[report.nodeid] = "skipped"
-    elif report.when == "call":
-        _vm_outcomes[report.nodeid] = report.outcome
-    elif report.failed:
-        _vm_outcomes[report.nodeid] = "error"
+    for marker in COUNTED_MARKERS:
+        if marker not in report.keywords:
+            continue
+        outcomes = _outcomes[marker]
+        if report.skipped:
+            outcomes[report.nodeid] = "skipped"
+        elif report.when == "call":
+            outcomes[report.nodeid] = report.outcome
+        elif report.failed:
+            outcomes[report.nodeid] = "error"
 
 
 def pytest_sessionfinish(session, exitstatus):
-    target = os.environ.get("VM_TESTS_REPORT")
+    target = os.environ.get("MARKED_TESTS_REPORT")
     if target:
         import json
 
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-        Path(target).write_text(json.dumps(_vm_outcomes, indent=1))
+        Path(target).write_text(json.dumps(_outcomes, indent=1))
