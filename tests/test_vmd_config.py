@@ -58,3 +58,14 @@ def test_the_record_cuts_text_to_the_configured_limits():
     assert kept["stdout"].startswith("x" * 50) and "900 characters cut" in kept["stdout"]
     assert "600 characters cut" in kept["output_tail"]
     assert kept["short"] == "z" * 50
+
+
+def test_the_end_of_sessions_is_tuned_by_settings(tmp_path):
+    defaults = VmdConfig.load(env={})
+    assert defaults.orphan_grace_s == 600 and defaults.question_keep_s == 7 * 24 * 3600
+    assert defaults.push_retry_s == 24 * 3600 and defaults.push_retry_backoff_max_s == 300
+    config = VmdConfig.load(env={"VMD_ORPHAN_GRACE_S": "5", "VMD_QUESTION_KEEP_S": "60",
+                                 "VMD_REAPER_INTERVAL_S": "0.5", "VMD_PUSH_RETRY_S": "120",
+                                 "VMD_PUSH_RETRY_BACKOFF_S": "1", "VMD_PUSH_RETRY_BACKOFF_MAX_S": "4"})
+    assert (config.orphan_grace_s, config.question_keep_s, config.reaper_interval_s) == (5, 60, 0.5)
+    assert (config.push_retry_s, config.push_retry_backoff_s, config.push_retry_backoff_max_s) == (120, 1, 4)

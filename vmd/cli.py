@@ -1,4 +1,4 @@
-"""`vmd serve` and `vmd images …`."""
+"""`vmd serve`, `vmd sessions` and `vmd images …`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 
+from vmd import doctor
 from vmd.config import VmdConfig
 
 
@@ -34,6 +35,22 @@ def _serve(args) -> int:
     return 0
 
 
+def _sessions(args) -> int:
+    from vmd.session_list import list_sessions, render
+    try:
+        config = VmdConfig.load(args.config, socket=args.socket, state_dir=args.state_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"vmd sessions: {exc}", file=sys.stderr)
+        return 2
+    rows = list_sessions(config, libvirt=not args.no_libvirt)
+    if args.json:
+        import json
+        print(json.dumps([r.model_dump() for r in rows], indent=1))
+    else:
+        print(render(rows, config))
+    return 0
+
+
 def _images(args) -> int:
     from vmd.images import cli_build, cli_list  # lazily: serving needs no image tooling
     return cli_build(args) if args.images_command == "build" else cli_list(args)
@@ -49,6 +66,14 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="a TOML file of VmdConfig fields (env VMD_CONFIG)")
     serve.set_defaults(func=_serve)
 
+    sessions = sub.add_parser("sessions", help="list the sessions of a state dir: state, age, clients, machine")
+    sessions.add_argument("--state-dir", help="sessions, records, projects (env VMD_STATE_DIR)")
+    sessions.add_argument("--socket", help="the socket of the vmd serving that state dir (env VMD_SOCKET)")
+    sessions.add_argument("--config", help="a TOML file of VmdConfig fields (env VMD_CONFIG)")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per session")
+    sessions.add_argument("--no-libvirt", action="store_true", help="do not ask libvirt about the guests")
+    sessions.set_defaults(func=_sessions)
+
     images = sub.add_parser("images", help="build and list guest images")
     images_sub = images.add_subparsers(dest="images_command", required=True)
     build = images_sub.add_parser("build", help="build an image from its recipe under images/")
@@ -57,6 +82,7 @@ def parser() -> argparse.ArgumentParser:
     listing = images_sub.add_parser("list", help="list built images")
     listing.add_argument("--images-dir", help="where images live (env VMD_IMAGES_DIR)")
     images.set_defaults(func=_images)
+    doctor.add_parser(sub)
     return p
 
 

@@ -36,6 +36,12 @@ ENV_FIELDS = {
     "VMD_MAX_FAILED_VERIFICATIONS": "max_failed_verifications",
     "VMD_COMMIT_MAX_FILE_MIB": "commit_max_file_mib",
     "VMD_COMMIT_MAX_TOTAL_MIB": "commit_max_total_mib",
+    "VMD_ORPHAN_GRACE_S": "orphan_grace_s",
+    "VMD_QUESTION_KEEP_S": "question_keep_s",
+    "VMD_REAPER_INTERVAL_S": "reaper_interval_s",
+    "VMD_PUSH_RETRY_S": "push_retry_s",
+    "VMD_PUSH_RETRY_BACKOFF_S": "push_retry_backoff_s",
+    "VMD_PUSH_RETRY_BACKOFF_MAX_S": "push_retry_backoff_max_s",
 }
 
 
@@ -116,6 +122,29 @@ class VmdConfig(BaseModel):
     # The record cuts long strings to record_output_chars; the verification's output tail
     # gets this larger budget there, enough for a test runner's summary and a failure.
     record_output_tail_chars: int = Field(default=8000, gt=0)
+
+    # vmd owns the end of every session (vmd/lifecycle.py). A session whose clients have
+    # all gone is closed by vmd (commit, push, destroy) once none came back for this long.
+    # It must outlast the agent's own reconnecting (vmagent's vmd_reconnect_s, 180 s: a
+    # worker restarted by the service, a vmd restart) so that vmd never closes a session
+    # that is coming back.
+    orphan_grace_s: float = Field(default=600, gt=0)
+    # A session waiting for a person (a question, an unfreeze request) keeps its suspended
+    # guest this long, then is closed the same way: people answer after a weekend, but a
+    # guest nobody answers for must not hold the host's memory and disk forever.
+    question_keep_s: float = Field(default=7 * 24 * 3600, gt=0)
+    # How often vmd looks for such sessions and for guests no session owns. A few seconds
+    # is instant next to the grace above and costs a libvirt listing.
+    reaper_interval_s: float = Field(default=5, gt=0)
+    # A push that fails at close for a reason that may pass (Gitea down, a network error)
+    # is retried in the background for this long; the commit is safe in vmd's repository
+    # meanwhile. A day covers a Gitea upgrade or a weekend outage; after it the report
+    # says the push gave up and the commit waits in vmd's repository.
+    push_retry_s: float = Field(default=24 * 3600, gt=0)
+    # The first wait between push retries, doubled after each failed one up to the cap:
+    # quick when Gitea was only restarting, and at most a few minutes late once it is back.
+    push_retry_backoff_s: float = Field(default=30, gt=0)
+    push_retry_backoff_max_s: float = Field(default=300, gt=0)
 
     @model_validator(mode="after")
     def _default_projects_dir(self) -> "VmdConfig":

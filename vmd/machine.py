@@ -358,7 +358,9 @@ class Machine:
         return round(time.monotonic() - started, 1)
 
     def destroy(self) -> None:
-        self.ssh.close()
+        # The domain goes first: a boot thread may hold the SSH lock while it connects to a
+        # guest still booting (up to its connect timeout), and the guest's end is what
+        # frees it. A close during boot must not wait for that.
         try:
             if self.domain.isActive():
                 self.domain.destroy()
@@ -368,5 +370,30 @@ class Machine:
             self.domain.undefine()
         except libvirt.libvirtError:
             pass
+        self.ssh.close()
         overlay = self.workdir / "overlay.qcow2"
         overlay.unlink(missing_ok=True)
+
+    @staticmethod
+    def discard(name: str, workdir: Path, uri: str = DEFAULT_URI) -> bool:
+        """Destroys and undefines the domain `name` if libvirt has one, and its overlay: for
+        what a create left behind when it was cut short. True when there was a domain."""
+        conn = connect(uri)
+        try:
+            try:
+                domain = conn.lookupByName(name)
+            except libvirt.libvirtError:
+                return False
+            try:
+                if domain.isActive():
+                    domain.destroy()
+            except libvirt.libvirtError:
+                pass
+            try:
+                domain.undefine()
+            except libvirt.libvirtError:
+                pass
+            (workdir / "overlay.qcow2").unlink(missing_ok=True)
+            return True
+        finally:
+            conn.close()

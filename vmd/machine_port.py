@@ -214,3 +214,40 @@ class LibvirtMachines:
         machine = Machine.attach(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  uri=self.config.libvirt_uri)
         return self._adapter(machine, image)
+
+    def discard(self, spec: MachineSpec) -> bool:
+        """Destroys what a create cut short left in libvirt (a domain defined or started
+        after the session's close began); True when there was one."""
+        from vmd.machine import Machine
+        return Machine.discard(spec.name, spec.workdir, self.config.libvirt_uri)
+
+    def sweep(self, keep: Callable[[str], bool]) -> list[str]:
+        """Destroys and undefines the guests of this vmd's state dir that no session owns
+        any more (`keep(name)` is False): no guest may run without a live or pending session.
+        Only domains whose XML names a file under this vmd's sessions dir are looked at, so
+        the guests of another vmd on the same libvirt are never touched. Returns the names
+        destroyed; libvirt unreachable is no error here (the next sweep tries again)."""
+        import libvirt
+        marker = f"{self.config.sessions_dir}/"
+        try:
+            conn = libvirt.open(self.config.libvirt_uri)
+        except libvirt.libvirtError:
+            return []
+        destroyed = []
+        try:
+            for domain in conn.listAllDomains():
+                try:
+                    name = domain.name()
+                    if not name.startswith("vmagent-") or marker not in domain.XMLDesc(0) or keep(name):
+                        continue
+                    if domain.isActive():
+                        domain.destroy()
+                    domain.undefine()
+                except libvirt.libvirtError:
+                    continue
+                overlay = self.config.sessions_dir / name.removeprefix("vmagent-") / "machine" / "overlay.qcow2"
+                overlay.unlink(missing_ok=True)
+                destroyed.append(name)
+        finally:
+            conn.close()
+        return destroyed

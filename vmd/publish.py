@@ -35,7 +35,7 @@ from urllib.parse import quote, urlsplit
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
 from vmd import verbs as V
-from vmd.gitea import GiteaClient, GiteaError, RepoInfo, StatusState
+from vmd.gitea import GiteaClient, GiteaError, GiteaUnavailable, RepoInfo, StatusState
 from vmd.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_place
 from vmd.project_tree import Limits, present_to_guest, walk
 from vmd.repository import BRANCH, Identity, Repository, RepositoryError
@@ -150,6 +150,10 @@ class PushResult(BaseModel):
     pushed: bool
     error: str | None = None  # why nothing was pushed; a sentence without the token
     warnings: list[str] = []  # pushed, but topics or commit status could not be set
+    # Not pushed for a reason that may pass by itself (Gitea unreachable or answering 5xx,
+    # a network error): vmd retries it later (vmd/push_retry.py). A refusal, a redirect or
+    # a bad token does not pass by waiting.
+    retry: bool = False
 
 
 # --- opening ------------------------------------------------------------------------
@@ -276,12 +280,13 @@ def push_project(remote: Remote, *, branch: str = BRANCH, status: StatusState = 
             branch = _target_branch(client, info, branch)
         except GiteaError as exc:
             return PushResult(sha=sha, remote_display=display, pushed=False,
-                              error=f"Nothing was pushed: {exc}")
+                              error=f"Nothing was pushed: {exc}", retry=isinstance(exc, GiteaUnavailable))
         url = _push_url(remote, info.full_name)
         pushed = repo.push(url, branch, remote.auth(), secret=remote.token())
         if pushed.returncode != 0:
-            return PushResult(sha=sha, branch=branch, remote_display=url, pushed=False,
-                              error=_push_failure(pushed, info.full_name, branch, remote))
+            error, retry = _push_failure(pushed, info.full_name, branch, remote)
+            return PushResult(sha=sha, branch=branch, remote_display=url, pushed=False, error=error,
+                              retry=retry)
         owner, name = info.owner, info.name
         for topic in place.topics:
             try:
@@ -310,23 +315,24 @@ def _target_branch(client: GiteaClient, info: RepoInfo, recorded: str) -> str:
     return info.default_branch
 
 
-def _push_failure(result, where: str, branch: str, remote: Remote) -> str:
+def _push_failure(result, where: str, branch: str, remote: Remote) -> tuple[str, bool]:
+    """Why git's push failed, in a sentence, and whether trying again later may help."""
     from vmd.repository import tail
 
     text = tail(result, remote.token())
     if "non-fast-forward" in text or "fetch first" in text or "[rejected]" in text:
         return (f"The push to {where} was refused: its branch {branch} holds commits this "
                 f"session did not start from. Nothing was overwritten; the work is committed in "
-                f"vmd's repository. git said: {text}")
+                f"vmd's repository. git said: {text}"), False
     if re.search(r"\b30[12378]\b", text) or "redirect" in text.lower():
         return (f"The push to {where} failed: Gitea's git endpoint answered with a redirect, and "
                 "vmd does not follow git redirects (the token would go along). Check the "
-                f"repository's name and GITEA_URL in Gitea. git said: {text}")
+                f"repository's name and GITEA_URL in Gitea. git said: {text}"), False
     if "Authentication failed" in text or re.search(r"\b40[13]\b", text):
         return (f"The push to {where} failed: Gitea's git endpoint refused the token. Check "
                 "that it is valid and has the write:repository scope (Gitea → Settings → "
-                f"Applications). git said: {text}")
-    return f"The push to {where} failed: {text}"
+                f"Applications). git said: {text}"), False
+    return f"The push to {where} failed: {text}", True
 
 
 def _client(remote: Remote) -> GiteaClient:

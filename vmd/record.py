@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from vmd import disk
+
 REDACTED = "[redacted]"
 # Argument and result keys whose values are file bodies: summarised, never stored.
 BODY_KEYS = {"content", "png_base64", "markdown"}
@@ -84,7 +86,12 @@ def now_iso() -> str:
 
 
 class Record:
-    """Appends events to one session's record; safe to share between threads."""
+    """Appends events to one session's record; safe to share between threads.
+
+    A full disk does not raise: the event is kept in memory (`unwritten`, in order, written
+    first by the next append or `flush()` once there is room again) and `full` says what
+    happened in a sentence, which the session turns into the end of the session. Any other
+    error raises as before."""
 
     def __init__(self, session_dir: Path, redactor: Redactor | None = None):
         self.dir = Path(session_dir)
@@ -92,13 +99,45 @@ class Record:
         self.path = self.dir / "record.jsonl"
         self.redactor = redactor or Redactor()
         self._lock = threading.Lock()
+        self.unwritten: list[dict] = []
+        self.full: str | None = None  # the first full-disk sentence, once one happened
 
     def append(self, kind: str, **fields: Any) -> dict:
         event = {"time": now_iso(), "kind": kind, **self.redactor.value(fields)}
-        line = json.dumps(event, ensure_ascii=False, default=str)
-        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        with self._lock:
+            self.unwritten.append(event)
+            try:
+                self._write_unwritten()
+            except OSError:
+                self.unwritten.pop()  # not a full disk: raise as before, keep no copy
+                raise
         return event
+
+    def flush(self) -> bool:
+        """Writes what a full disk held back; True when nothing is left in memory."""
+        with self._lock:
+            self._write_unwritten()
+            return not self.unwritten
+
+    def events(self) -> list[dict]:
+        """Every event: those on disk, then those still held in memory."""
+        events = read_record(self.path) if self.path.exists() else []
+        with self._lock:
+            return events + list(self.unwritten)
+
+    def _write_unwritten(self) -> None:
+        if not self.unwritten:
+            return
+        data = "".join(json.dumps(e, ensure_ascii=False, default=str) + "\n" for e in self.unwritten)
+        try:
+            disk.append(self.path, data.encode("utf-8"))
+        except OSError as exc:
+            if not disk.full(exc):
+                raise
+            if self.full is None:
+                self.full = disk.sentence(f"vmd could not write the session's record {self.path}", exc)
+            return
+        self.unwritten.clear()
 
     def verb(self, verb: str, args: dict, *, result: dict | None = None, error: str | None = None,
              duration: float = 0.0, **extra: Any) -> dict:

@@ -48,8 +48,10 @@ def _fence(text: str) -> str:
     return f"{fence}text\n{text.rstrip()}\n{fence}"
 
 
-def build_report(record_path: str | Path) -> Report:
-    events = read_record(record_path)
+def build_report(record_path: str | Path, events: list[dict] | None = None) -> Report:
+    """The report of the record at `record_path`; `events`: the record's events when the
+    caller has them (a full disk may hold some back in memory, vmd/record.py)."""
+    events = read_record(record_path) if events is None else events
     opened = next((e for e in events if e["kind"] == "session" and e.get("event") == "open"), {})
     args = opened.get("args") or {}
     session_id = opened.get("session_id") or Path(record_path).parent.name
@@ -61,6 +63,8 @@ def build_report(record_path: str | Path) -> Report:
     notes = [e for e in events if e["kind"] == "note"]
     machine = [e for e in events if e["kind"] == "machine"]
     cancelled = any(e.get("verb") == "session_cancel" and "error" not in e for e in verbs)
+    ended_by_vmd = next((e for e in events if e["kind"] == "session" and e.get("event") == "ended_by_vmd"), None)
+    push_end = next((e for e in reversed(events) if e["kind"] == "push"), None)
 
     attempts = [e for e in events if e["kind"] == "verification"]
     checkpoints = {e.get("task"): e for e in events if e["kind"] == "checkpoint" and e.get("commit")}
@@ -97,8 +101,12 @@ def build_report(record_path: str | Path) -> Report:
                      f" — whether it needs the work could not be checked: {baseline.get('error')}")
         md.append(line + ".")
     else:
-        why = "the session was cancelled" if cancelled else "the agent never finished with a verification"
+        why = ("the session was cancelled" if cancelled else
+               "vmd ended the session before the agent finished with a verification" if ended_by_vmd else
+               "the agent never finished with a verification")
         md.append(f"**Outcome: ⚠️ not verified** — {why}; nothing here is confirmed by vmd.")
+    if ended_by_vmd:
+        md += ["", f"vmd closed the session: {ended_by_vmd.get('reason')}."]
     meta = [f"OS `{args.get('os', '?')}`"]
     if args.get("project"):
         meta.append(f"project `{(args.get('owner') or 'local')}/{args['project']}`")
@@ -152,17 +160,31 @@ def build_report(record_path: str | Path) -> Report:
         md.append(close.get("text") or "Nothing was committed.")
     else:
         line = f"Commit `{close['commit'][:12]}`"
-        if close.get("branch"):
-            line += f" on `{close['branch']}`"
+        later = push_end if push_end and not close.get("pushed") else None
+        branch = close.get("branch") or (later or {}).get("branch")
+        if branch:
+            line += f" on `{branch}`"
         if close.get("pushed"):
             if close.get("web_url"):
                 line += f" — [{close['web_url']}]({close['web_url']})"
             else:
                 line += f", pushed to `{close.get('remote')}` (a local repository: no Gitea configured)"
+        elif later and later.get("state") == "pushed":
+            where = later.get("web_url")
+            line += (f" — pushed later, at {_when(later)}, after {_count(later.get('attempts') or 0, 'try')}"
+                     + (f": [{where}]({where})" if where else f", to `{later.get('remote')}`")
+                     + f". At close Gitea could not take it: {close.get('push_error')}")
+        elif later and later.get("state") == "failed":
+            line += (f" — **not pushed**: vmd gave up after {_count(later.get('attempts') or 0, 'try')}: "
+                     f"{later.get('error')} The commit is kept in vmd's repository.")
+        elif close.get("push_pending"):
+            until = ((close.get("push") or {}).get("retry_until")) or "its retry limit"
+            line += (f" — **not yet pushed**: {close.get('push_error')} vmd retries the push in the "
+                     f"background until {until}; the commit is kept in vmd's repository meanwhile.")
         else:
             line += f" — **not pushed**: {close.get('push_error')}"
         md.append(line)
-        for warning in close.get("warnings") or []:
+        for warning in close.get("warnings") or (later or {}).get("warnings") or []:
             md.append(f"- {warning}")
     if close and close.get("left_out"):
         md += ["", "Left out of the commit (still in the project folder):", ""]
@@ -187,6 +209,15 @@ def build_report(record_path: str | Path) -> Report:
     for e in machine:
         if e.get("event") == "failed":
             md.append(f"The machine failed: {e.get('error')}")
+        elif e.get("event") == "stopped":
+            text = e.get("text") or "the session ended before the machine was ready"
+            md.append(f"{text[:1].upper()}{text[1:]}.")
+        elif e.get("event") == "gone":
+            md.append(f"The machine was gone when vmd took the session up again: {e.get('error')}")
+        elif e.get("event") == "destroy_failed":
+            md.append(f"vmd could not destroy the machine: {e.get('error')}")
+    if close and close.get("machine") and close["machine"].startswith(("not destroyed", "still being")):
+        md.append(f"At close the machine was {close['machine']}.")
     if first:
         md.append(f"Started {first.isoformat(timespec='seconds')}" +
                   (f", last event {last.isoformat(timespec='seconds')}." if last else "."))
@@ -202,4 +233,11 @@ def build_report(record_path: str | Path) -> Report:
 
 
 def _count(n: int, noun: str) -> str:
+    if noun.endswith("y") and n != 1:
+        return f"{n} {noun[:-1]}ies"
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _when(event: dict) -> str:
+    when = _time(event)
+    return when.isoformat(timespec="seconds") if when else "a later time"

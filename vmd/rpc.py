@@ -29,6 +29,7 @@ from vmd.config import VmdConfig
 from vmd.errors import (
     BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION, PARSE_ERROR, VerbError,
 )
+from vmd.lifecycle import Lifecycle
 from vmd.machine_port import MachineFactory
 from vmd.project_store import ProjectStore
 from vmd.session import Session, Sessions
@@ -99,6 +100,21 @@ class Connection:
         self.session: Session | None = None
         self._write_lock = threading.Lock()
 
+    def bind(self, session: Session) -> None:
+        """This connection now acts on `session`; the session counts it among its clients
+        (vmd/lifecycle.py closes a session whose clients all went and did not come back)."""
+        if session is self.session:
+            return
+        if self.session is not None:
+            self.session.client_left()
+        self.session = session
+        session.client_joined()
+
+    def unbind(self) -> None:
+        if self.session is not None:
+            session, self.session = self.session, None
+            session.client_left()
+
     def send(self, message: dict) -> None:
         try:
             data = encode(message)
@@ -142,6 +158,7 @@ class Connection:
                 self.sock.close()
             except OSError:
                 pass
+            self.unbind()
 
     def handle_line(self, line: bytes) -> dict:
         """The reply to one request line; never raises."""
@@ -183,7 +200,7 @@ class Connection:
                 self.session.record.verb(verb, raw_params, error=message, code=INVALID_PARAMS)
             raise VerbError(message, INVALID_PARAMS) from None
         if verb == "session_open":
-            self.session = self.server.sessions.open(params)
+            self.bind(self.server.sessions.open(params))
             s = self.session.s
             share = bool(s.project_dir)
             return {"session_id": s.id, "os": s.os, "project": s.project, "project_share": share,
@@ -191,7 +208,7 @@ class Connection:
                     "text": f"Session {s.id} is open; the {s.os} machine boots in the background. "
                             f"Storage: {s.storage}. Plan first with plan_tasks."}
         if verb == "session_attach":
-            self.session = self.server.sessions.attach(params.session_id)
+            self.bind(self.server.sessions.attach(params.session_id))
             s = self.session.s
             return {"session_id": s.id, "state": s.state,
                     "text": f"Attached to session {s.id} ({s.state}).\n{self.session.tasks.render()}"}
@@ -293,6 +310,8 @@ class VmdServer:
                  store: ProjectStore | None = None):
         self.config = config
         self.sessions = Sessions(config, machines, store)
+        # Adoption at start, the reaper, the push retries: vmd owns every session's end.
+        self.lifecycle = Lifecycle(self.sessions, config)
         self._sock: socket.socket | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -326,6 +345,7 @@ class VmdServer:
         if self._sock is None:
             self.bind()
         assert self._sock is not None
+        self.lifecycle.start()  # once: start() may have done it already
         self._sock.settimeout(0.5)
         while not self._stopping.is_set():
             try:
@@ -367,16 +387,19 @@ class VmdServer:
                 self._connections.discard(client)
 
     def start(self) -> "VmdServer":
-        """Serve in a background thread (tests, embedding); returns once listening."""
+        """Serve in a background thread (tests, embedding); returns once listening, with
+        the state dir's sessions adopted."""
         self.bind()
+        self.lifecycle.start()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True, name="vmd-server")
         self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop listening and drop connections; machines keep running (session_attach
-        re-binds them in the next vmd)."""
+        re-binds them in the next vmd, which adopts them at its start)."""
         self._stopping.set()
+        self.lifecycle.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._sock is not None:

@@ -1,6 +1,9 @@
 """The end: finish (refused while a task is open or before any command ran; vmd re-runs
 the named check itself and compares it with the baseline, vmd/verification.py) and
-session_close (commit, push, destroy the machine)."""
+session_close (commit, push, destroy the machine, also one still booting). vmd closes a
+session on its own account through the same `close(session, reason=…)`
+(vmd/lifecycle.py); a push that fails for a reason that may pass is retried later
+(vmd/push_retry.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vmd import disk
 from vmd import verbs as V
 from vmd.errors import sentence
 from vmd.handlers.output import output_sink
@@ -103,16 +107,32 @@ def session_close(session: Session, p, notify) -> dict:
     return close(session)
 
 
-def close(session: Session) -> dict:
-    with session.lock:
-        if session.s.close is not None:
-            return {**session.s.close, "text": "already closed. " + session.s.close["text"]}
+def close(session: Session, reason: str | None = None) -> dict:
+    """Commit the project folder, push it, destroy the machine (whatever its boot is
+    doing), and keep the result in session.json and the record. `reason`: vmd ends the
+    session itself (its client went away, a restart found its machine gone, a full
+    disk), in words for the report. One close runs at a time; a second answers "already
+    closed"."""
+    with session.closing:
+        with session.lock:
+            if session.s.close is not None:
+                return {**session.s.close, "text": "already closed. " + session.s.close["text"]}
+            session.ending.set()  # a boot in progress stops at its next step
+        return _close(session, reason)
+
+
+def _close(session: Session, reason: str | None) -> dict:
+    from vmd.push_retry import after_close, pending_text
+
     started = time.monotonic()
+    if reason:
+        session.record.append("session", event="ended_by_vmd", reason=reason)
     commit = web_url = None
     push: dict = {}
     files: list[str] = []
     error = None
     left_out: list[str] = []
+    push_state = None
     if session.s.project_dir:
         project_dir = Path(session.s.project_dir)
         owner, project = session.s.owner, session.s.project or ""
@@ -121,34 +141,58 @@ def close(session: Session) -> dict:
                 committed = session.store.commit(project_dir, owner, project, _commit_message(session),
                                                  allow_empty=True)
             commit, left_out = committed["sha"], committed["left_out"]
-            files = session.store.changed_files(owner, project, session.s.base_commit)
-            push = session.store.push(owner, project, session.s.task, session.s.branch, session.s.outcome)
-            web_url = push.get("web_url")
-            error = push.get("error")
         except Exception as exc:
             error = sentence(exc, "committing the project folder failed")
-    destroyed = _destroy_machine(session)
+            if disk.full(exc, by_text=True):
+                error = disk.sentence("vmd could not commit the project folder", exc)
+        if error is None:
+            try:
+                files = session.store.changed_files(owner, project, session.s.base_commit)
+            except Exception as exc:  # the list is for the report; the commit stands
+                session.record.append("close", event="files_unknown", error=sentence(exc, "git diff failed"))
+            try:
+                push = session.store.push(owner, project, session.s.task, session.s.branch, session.s.outcome)
+            except Exception as exc:
+                push = {"pushed": False, "retry": True, "error": sentence(exc, "the push failed")}
+            web_url = push.get("web_url")
+            error = push.get("error")
+            if commit is not None or push.get("sha"):
+                gitea = session.store.remote(owner, project).uses_gitea
+                push_state = after_close(push, session.config, gitea)
+    destroyed, machine = session.stop_machine()
     if not session.s.project_dir:
-        text = "Closed. This session had no project folder: nothing was committed."
+        body = "This session had no project folder: nothing was committed."
     elif commit is None and not error:
-        text = "Closed. The project folder was empty: nothing to commit."
+        body = "The project folder was empty: nothing to commit."
     elif push.get("pushed"):
         where = web_url or push.get("remote_display")
-        text = f"Closed. Committed {commit[:10]} and pushed it to {where}."
+        body = f"Committed {commit[:10]} and pushed it to {where}."
+    elif push_state is not None and push_state.state == "pending":
+        body = f"Committed {commit[:10] if commit else 'nothing new'}; not yet pushed: {error} {pending_text(push_state)}"
     else:
-        text = f"Closed. Committed {commit[:10] if commit else 'nothing'}; NOT pushed: {error}"
+        body = f"Committed {commit[:10] if commit else 'nothing'}; NOT pushed: {error}"
     if left_out:
-        text += (f" Left out of the commit ({len(left_out)}): "
+        body += (f" Left out of the commit ({len(left_out)}): "
                  + " ".join(left_out[:10]) + (" …" if len(left_out) > 10 else ""))
+    if session.boot_stopped:
+        body += (" The session ended before the machine was ready; "
+                 + ("vmd destroyed what it had started." if destroyed else "no machine had been started yet."))
+    elif machine.startswith(("not destroyed", "still being created")):
+        body += f" The machine was {machine}."
+    text = (f"vmd closed the session: {reason}. " if reason else "Closed. ") + body
     closed = {"closed": True, "commit": commit, "web_url": web_url, "branch": push.get("branch"),
               "remote": push.get("remote_display"), "pushed": bool(push.get("pushed")),
               "push_error": error, "warnings": push.get("warnings") or [], "files": files,
-              "machine_destroyed": destroyed, "left_out": left_out, "text": text}
+              "machine_destroyed": destroyed, "machine": machine, "left_out": left_out,
+              "ended_by": "vmd" if reason else "client", "reason": reason,
+              "push": push_state.view() if push_state else None, "text": text}
     with session.lock:
+        session.s.push = push_state
         session.s.close = closed
         session.s.state = "closed"
         session.save()
-    session.record.append("close", **closed, duration=round(time.monotonic() - started, 3))
+    session.record.append("close", **closed, push_pending=bool(push_state and push_state.state == "pending"),
+                          duration=round(time.monotonic() - started, 3))
     return closed
 
 
@@ -165,28 +209,6 @@ def _commit_message(session: Session) -> str:
     else:
         body += ["", "Not verified by vmd: the session did not finish."]
     return title + "\n\n" + "\n".join(body)
-
-
-def _destroy_machine(session: Session) -> bool:
-    machine = session.machine
-    if machine is None and session.s.machine_created and session.boot_error is None and not session.boot_done.is_set():
-        session.boot_done.wait(30)  # a machine being defined right now; its thread destroys it
-        machine = session.machine
-    if machine is None and session.s.machine_created:
-        try:
-            machine = session.machines.attach(session.spec())
-        except Exception:
-            return False
-    if machine is None:
-        return False
-    try:
-        machine.destroy()
-        return True
-    except Exception as exc:
-        session.record.append("machine", event="destroy_failed", error=sentence(exc, "destroy failed"))
-        return False
-    finally:
-        session.machine = None
 
 
 HANDLERS = {

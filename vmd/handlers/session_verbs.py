@@ -70,7 +70,15 @@ def status(session: Session) -> dict:
     if s.outcome:
         parts.append(f"verification exit {s.outcome['exit_code']}"
                      f" ({'passed' if s.outcome['passed'] else 'failed'})")
+    push = s.push.view() if s.push else None
+    if push:
+        parts.append({"pending": f"push pending ({push['attempts']} tries so far)",
+                      "pushed": "pushed", "failed": "push failed"}[push["state"]])
+    detached = session.detached_for()
     return {"session_id": s.id, "state": s.state, "planned": session.tasks.planned,
+            "push": push, "clients": session.clients,
+            "detached_s": None if detached is None else round(detached, 1),
+            "ended_by": (s.close or {}).get("ended_by"), "reason": (s.close or {}).get("reason"),
             "tasks": session.tasks.render(), "status_line": " · ".join(parts),
             "question": s.question if s.state == "question" else "",
             "unfreeze_request": s.unfreeze_request if s.state == "unfreeze" else "",
@@ -144,7 +152,7 @@ def note(session: Session, p: V.Note, notify) -> dict:
 
 
 def report(session: Session, p, notify) -> dict:
-    built = build_report(session.record.path)
+    built = build_report(session.record.path, events=session.record.events())
     return {"markdown": built.markdown, "outcome": built.outcome}
 
 
