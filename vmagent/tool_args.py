@@ -219,6 +219,14 @@ class EmptyArgs(Args):
     pass
 
 
+class ScreenshotArgs(Args):
+    text: bool = Field(
+        default=False,
+        description="true to also get the screen read as text: each window with its place, and "
+        "the words on screen with the point to click each (takes a second or two longer).",
+    )
+
+
 class AskUserArgs(Args):
     question: str = Field(
         min_length=1,

@@ -9,7 +9,19 @@ from typing import Any, Iterable
 
 from vmagent.client import VmdError, VmdUnavailable
 from vmagent.tool_parsing import _tool_name, _unknown_tool_text, parse_arguments
-from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TOOLS, TOOLS
+from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS
+
+# The first line a model that cannot see images reads of a screenshot.
+SCREEN_AS_TEXT = ("NOTE: the model you run on cannot see images, so this screenshot is not shown "
+                  "to you; this is the screen read as text instead (the guest's windows, and the "
+                  "words OCR found on screen).")
+# ... and what it reads when vmd gave no text (a vmd older than the `text` param).
+SCREEN_UNSEEN = (
+    "NOTE: the model you run on cannot see images, so this screenshot was not shown to you. "
+    "Learn the screen's state from the shell instead: window titles (e.g. `xdotool search --name . "
+    "getwindowname %@` or `wmctrl -l`; on Windows `Get-Process | Where-Object MainWindowTitle | "
+    "Select MainWindowTitle`), the program's output and log files."
+)
 
 
 @dataclass
@@ -17,6 +29,10 @@ class ToolOutcome:
     """What one tool call gave: the text (and image) for the model, and for the loop
     whether it worked and whether the session stops here."""
     text: str
+    # The screenshot, for the live preview, and for the model only when it sees images:
+    # `call(..., sees_images=False)` keeps it here for the preview and puts the screen
+    # read as text in `text`; the loop attaches it to the model's message only when
+    # the model sees images.
     image_b64: str | None = None
     verb: str = ""
     ok: bool = True
@@ -26,10 +42,13 @@ class ToolOutcome:
     state: str | None = None
 
 
-def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = None) -> ToolOutcome:
+def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = None,
+         sees_images: bool = True) -> ToolOutcome:
     """Run one tool call against vmd and format the result for the model.
 
     `offered`: the tool names offered this turn; a call to any other gets an error text.
+    `sees_images`: False for a model without vision: the screen tools are asked for the
+    screen read as text, and that text is what the model reads.
     Raises only VmdUnavailable.
     """
     verb = _tool_name(name)
@@ -43,12 +62,17 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
         parsed = parse_arguments(verb, arguments)
         if not parsed.ok:
             return ToolOutcome(_join(["ERROR: " + parsed.error, *parsed.notes]), verb=verb, ok=False)
+        params = dict(parsed.params)
+        if not sees_images and verb in SCREEN_TEXT_TOOLS:
+            params["text"] = True  # OCR only for the model that needs it: it takes a second
         try:
-            result = vmd.call(verb, **parsed.params)
+            result = vmd.call(verb, **params)
         except VmdError as exc:
             return ToolOutcome(_join([f"ERROR: {exc.message or exc}", *parsed.notes]),
                                verb=verb, ok=False)
-        outcome = _outcome(verb, parsed.params, result)
+        outcome = _outcome(verb, params, result)
+        if not sees_images and outcome.image_b64:
+            outcome.text = _screen_unseen(outcome)
         if parsed.notes:
             outcome.text = _join([outcome.text, *parsed.notes])
         return outcome
@@ -69,6 +93,14 @@ def _not_offered_text(verb: str, offered: list[str]) -> str:
         return (f"{verb} is not available yet: it becomes available once the task list is written "
                 f"(call plan_tasks) and the machine is up, which the next message will say. {available}")
     return f"{verb} is not available at this point. {available}"
+
+
+def _screen_unseen(outcome: ToolOutcome) -> str:
+    """What a model that cannot see images reads of a verb that answered with a picture."""
+    screen_text = (outcome.result or {}).get("screen_text")
+    if isinstance(screen_text, str) and screen_text.strip():
+        return _join([SCREEN_AS_TEXT, screen_text])
+    return _join([outcome.text, SCREEN_UNSEEN])
 
 
 def _join(parts: Iterable[str]) -> str:
@@ -168,11 +200,13 @@ def _format_list_dir(params: dict, r: dict) -> ToolOutcome:
 
 def _format_screenshot(params: dict, r: dict) -> ToolOutcome:
     image = r.get("png_base64") or None
-    if image is None:
+    screen_text = r.get("screen_text") if isinstance(r.get("screen_text"), str) else ""
+    if image is None and not screen_text:
         return ToolOutcome(_format_text(params, r).text, ok=False)
     size = f"{r.get('width')}x{r.get('height')}" if r.get("width") else "the screen"
     return ToolOutcome(
-        f"screenshot of {size}; click, move and scroll take pixel coordinates in this image.",
+        _join([f"screenshot of {size}; click, move and scroll take pixel coordinates in this image.",
+               screen_text]),
         image_b64=image,
     )
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vmagent.tool_args import (
-    AddTaskArgs, Args, AskUserArgs, ClickArgs, EditFileArgs, EmptyArgs, FinishArgs, GitCommitArgs, KeyArgs, LaunchAppArgs, ListDirArgs, MoveArgs, OsFamily, Phase, PlanTasksArgs, ReadFileArgs, RequestUnfreezeArgs, RunArgs, ScrollArgs, TypeArgs, UpdateTaskArgs, WaitArgs, WriteFileArgs,
+    AddTaskArgs, Args, AskUserArgs, ClickArgs, EditFileArgs, EmptyArgs, FinishArgs, GitCommitArgs, KeyArgs, LaunchAppArgs, ListDirArgs, MoveArgs, OsFamily, Phase, PlanTasksArgs, ReadFileArgs, RequestUnfreezeArgs, RunArgs, ScreenshotArgs, ScrollArgs, TypeArgs, UpdateTaskArgs, WaitArgs, WriteFileArgs,
 )
 
 
@@ -121,9 +121,10 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "committed and pushed at the end anyway; use this to mark a working milestone.",
          primary="message", aliases={"msg": "message", "commit_message": "message",
                                      "text": "message"}),
-    Tool("screenshot", EmptyArgs,
-         "Capture the screen. You get the image; click, move and scroll take pixel "
-         "coordinates in this image."),
+    Tool("screenshot", ScreenshotArgs,
+         "Capture the screen. You get the image (a model that cannot see images gets the "
+         "screen read as text instead: the windows and the words on screen, each with a point "
+         "to click); click, move and scroll take pixel coordinates in this image."),
     Tool("click", ClickArgs,
          "Click at a point of the last screenshot (pixels). Take a screenshot first; take "
          "another afterwards to see what happened.",
@@ -184,6 +185,9 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
 
 PLANNING_TOOLS = ("plan_tasks", "add_task", "update_task", "ask_user")
 SCREEN_TOOLS = ("screenshot", "click", "move", "type", "key", "scroll", "launch_app", "wait")
+# The tools that answer with a picture of the screen and can answer with the screen read
+# as text (their `text` param): a model that cannot see images is given the text.
+SCREEN_TEXT_TOOLS = ("screenshot",)
 _WORKING_BEFORE_SCREEN = (
     "plan_tasks", "add_task", "update_task", "run", "read_file", "write_file", "append_file",
     "edit_file", "list_dir", "git_commit",

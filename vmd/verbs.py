@@ -81,7 +81,7 @@ class Empty(Params):
     """session_status -> {session_id, state, planned, tasks, status_line, question,
     unfreeze_request, cancelled, steps, machine, outcome}
     session_cancel -> {cancelled: True, text}; session_close -> {closed, commit, web_url, text}
-    report -> {markdown, outcome}; screenshot -> {width, height, scale, path, png_base64, text}
+    report -> {markdown, outcome}
     check_internet -> {online, text}; reboot_vm -> {seconds, text}"""
 
 
@@ -159,6 +159,14 @@ class GitCommit(Params):
 
 # --- screen ----------------------------------------------------------------------------
 # Coordinates are in screenshot space: the image the agent was shown.
+
+class Screenshot(Params):
+    """-> {width, height, scale, path, png_base64, text}, and with text=True also
+    screen_text: the screen read as text for a model that cannot see images (the windows
+    with their places, the words on screen with their centres, in screenshot pixels;
+    vmd/screen_text.py), at most a few thousand characters."""
+    text: bool = False
+
 
 class Click(Params):
     x: int
@@ -258,7 +266,7 @@ VERBS: dict[str, type[Params]] = {
     "edit_file": EditFile,
     "list_dir": ListDir,
     "git_commit": GitCommit,
-    "screenshot": Empty,
+    "screenshot": Screenshot,
     "click": Click,
     "move": Move,
     "type": TypeText,

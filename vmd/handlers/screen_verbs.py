@@ -8,17 +8,24 @@ import time
 from typing import TYPE_CHECKING
 
 from vmd import verbs as V
+from vmd.screen_text import read_screen
 
 if TYPE_CHECKING:
     from vmd.session import Session
 
 
-def screenshot(session: Session, p, notify) -> dict:
-    shot = session.guest().screenshot()
+def screenshot(session: Session, p: V.Screenshot, notify) -> dict:
+    machine = session.guest()
+    shot = machine.screenshot()
     path = session.record.save_screenshot(shot["png"])
-    return {"width": shot["width"], "height": shot["height"], "scale": shot["scale"], "path": path,
-            "png_base64": base64.b64encode(shot["png"]).decode(),
-            "text": f"screenshot {shot['width']}x{shot['height']} (coordinates are in these pixels)."}
+    text = f"screenshot {shot['width']}x{shot['height']} (coordinates are in these pixels)."
+    result = {"width": shot["width"], "height": shot["height"], "scale": shot["scale"], "path": path,
+              "png_base64": base64.b64encode(shot["png"]).decode(), "text": text}
+    if p.text:  # OCR costs a second or more: only when asked
+        result["screen_text"] = read_screen(shot["png"], shot["width"], shot["height"], shot["scale"],
+                                            machine.os_family, machine.run)
+        result["text"] = text + " The screen read as text is in screen_text."
+    return result
 
 
 def click(session: Session, p: V.Click, notify) -> dict:
