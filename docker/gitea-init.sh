@@ -1,10 +1,21 @@
 #!/bin/sh
 # One-shot: create the admin user (once) and an API token for vmd (once), idempotently.
-# Runs as the gitea user against the data volume of the running gitea service.
+# Starts as root: the token's volume is new and root's, so root makes the token's folder
+# the gitea user's; the gitea commands then run as that user (Gitea refuses root), against
+# the data volume of the running gitea service.
 set -eu
 : "${GITEA_ADMIN_USER:?}" "${GITEA_ADMIN_PASSWORD:?}" "${GITEA_ADMIN_EMAIL:?}" "${GITEA_TOKEN_FILE:?}"
+: "${GITEA_TOKEN_SCOPES:=write:repository,write:organization,read:user}"
 CONFIG=/data/gitea/conf/app.ini
-gitea_cli() { gitea --config "$CONFIG" --work-path /data/gitea "$@"; }
+GITEA_USER=${GITEA_USER:-git}
+command -v su-exec >/dev/null || { echo "gitea-init: su-exec is missing from this gitea image; use the gitea/gitea image the compose file names" >&2; exit 1; }
+as_gitea() { su-exec "$GITEA_USER" "$@"; }
+gitea_cli() { as_gitea gitea --config "$CONFIG" --work-path /data/gitea "$@"; }
+
+token_dir=$(dirname "$GITEA_TOKEN_FILE")
+mkdir -p "$token_dir"
+chown "$GITEA_USER" "$token_dir"
+chmod 0700 "$token_dir"
 
 if gitea_cli admin user list --admin | awk 'NR > 1 {print $2}' | grep -qx "$GITEA_ADMIN_USER"; then
     echo "gitea-init: admin $GITEA_ADMIN_USER exists"
@@ -18,8 +29,10 @@ if [ -s "$GITEA_TOKEN_FILE" ]; then
     echo "gitea-init: token already written"
     exit 0
 fi
-umask 077
-gitea_cli admin user generate-access-token --username "$GITEA_ADMIN_USER" \
-    --token-name "vmd-$(date +%s)" --scopes all --raw > "$GITEA_TOKEN_FILE.tmp"
-mv "$GITEA_TOKEN_FILE.tmp" "$GITEA_TOKEN_FILE"
-echo "gitea-init: token written for vmd"
+# The scopes vmd uses and `vmd doctor` checks: read:user (who it is), write:repository
+# (create and push), write:organization (the service's organisation for people's
+# projects). Add write:admin only with GITEA_CREATE_USERS.
+as_gitea sh -c 'umask 077; gitea --config "$1" --work-path /data/gitea admin user generate-access-token \
+    --username "$2" --token-name "vmd-$(date +%s)" --scopes "$3" --raw > "$4.tmp" && mv "$4.tmp" "$4"' \
+    sh "$CONFIG" "$GITEA_ADMIN_USER" "$GITEA_TOKEN_SCOPES" "$GITEA_TOKEN_FILE"
+echo "gitea-init: token written for vmd (scopes $GITEA_TOKEN_SCOPES)"

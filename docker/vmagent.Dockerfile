@@ -1,20 +1,26 @@
 # vmagent: the job service and its workers. No privileges: it reaches machines only
-# through vmd's socket.
-FROM python:3.11-slim
-RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git \
+# through vmd's socket, as uid/gid 1001 (vmd's entrypoint gives the socket that group).
+# BASE: see docker/vmd.Dockerfile.
+ARG BASE=debian:12-slim
+FROM ${BASE}
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        python3 python3-venv git ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml ./
 COPY vmagent ./vmagent
 COPY vmd ./vmd
+COPY configs ./configs
+COPY docker/openwebui-provision.py /app/docker/openwebui-provision.py
 # libvirt-python is a dependency of the vmd half of the package; the service never
-# imports it, so it is left out here (it needs libvirt headers to build).
-RUN pip install --no-cache-dir --no-deps . \
-    && pip install --no-cache-dir "pydantic>=2.6" "httpx>=0.27" "ollama>=0.4" "json-repair>=0.30" \
-        "fastapi>=0.110" "uvicorn>=0.29" "PyYAML>=6" "Pillow>=10"
-RUN useradd --create-home --uid 1001 vmagent && mkdir -p /var/lib/vmagent/service \
-    && chown vmagent /var/lib/vmagent/service
+# imports it (nor does `python -m vmd.doctor --check socket --check ollama`, its health
+# check), so it is left out here (it needs libvirt headers to build).
+RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+    && /opt/venv/bin/pip install --no-cache-dir "pydantic>=2.6" "httpx>=0.27" "ollama>=0.5.2" \
+        "json-repair>=0.30" "fastapi>=0.110" "uvicorn>=0.29" "PyYAML>=6" "Pillow>=10"
+RUN groupadd --gid 1001 vmagent && useradd --create-home --uid 1001 --gid 1001 vmagent \
+    && mkdir -p /var/lib/vmagent/service && chown vmagent:vmagent /var/lib/vmagent/service
 USER vmagent
-ENV VMAGENT_PROMPTS=/app/configs/agent
+ENV PATH=/opt/venv/bin:$PATH VMAGENT_PROMPTS=/app/configs/agent
 EXPOSE 8700
 CMD ["python", "-m", "vmagent.service", "--host", "0.0.0.0", "--port", "8700"]

@@ -20,10 +20,11 @@ say() { printf '\n== %s\n' "$*"; }
 say "system packages"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
+# tesseract: vmd reads the screen as text for a model that cannot see images (vmd/screen_text.py).
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
-    chromium xvfb xdotool ca-certificates >/dev/null
+    chromium xvfb xdotool ca-certificates tesseract-ocr tesseract-ocr-eng >/dev/null
 
 say "libvirt"
 # QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the
@@ -58,6 +59,15 @@ say "python environment (.venv)"
 if [ -n "${CI:-}" ] || [ "${1:-}" = "--tests" ]; then
     say "Open WebUI for the tests (its own environment, cached)"
     .venv/bin/python -m tests.openwebui_harness install
+    # The compose stack test (tests/test_compose_stack.py) brings docker-compose.yml up
+    # with Docker from Debian; no systemd runs on CI machines, so dockerd is started here.
+    say "Docker for the compose stack test"
+    apt-get install -y -q --no-install-recommends docker.io docker-compose >/dev/null
+    if ! docker info >/dev/null 2>&1; then
+        (setsid dockerd >/var/log/dockerd.log 2>&1 &)
+        for _ in $(seq 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+        docker info >/dev/null 2>&1 || { echo "dockerd did not start: see /var/log/dockerd.log" >&2; exit 1; }
+    fi
 fi
 
 say "guest image"

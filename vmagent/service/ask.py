@@ -79,8 +79,15 @@ def project_history(config: ServiceConfig, job: dict, question: str) -> str:
         repo = repository_path(config.vmd_state_dir, job["owner"], job["project"])
     except ValueError:  # a name vmd would refuse (a job stored before names were checked)
         return ""
-    if not (repo / "HEAD").is_file():
-        return ""
+    try:
+        if not (repo / "HEAD").is_file():
+            return ""
+    except PermissionError:
+        # vmd keeps repos/<owner>/ to its own user (0700); a service running as another
+        # user (the compose setup's uid 1001) answers from the record alone and says so.
+        return (f"(vmd's repository of this project, {repo}, is not readable by the job service's "
+                f"user (uid {os.getuid()}), so the project's history is not part of this answer: run the "
+                "service as vmd's user, or let vmd give the service's group read access to repos/.)")
     commands = [["log", "--stat", "-n", "10", "--format=commit %h %ad %s", "--date=iso"]]
     for name in project_files_in(question):
         commands.append(["log", "-p", "-n", "3", "--format=commit %h %s", "--", name])
