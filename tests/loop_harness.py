@@ -32,8 +32,9 @@ def is_summary_request(body: dict) -> bool:
 
 
 def agent_config(server: OllamaScriptServer, **overrides: Any) -> AgentConfig:
+    # vmd_reconnect_s: a test whose vmd goes away for good should not wait the default 180 s.
     values = dict(ollama_host=server.url, model="qwen3:32b", retries=0, retry_backoff_s=0.0,
-                  request_timeout_s=20)
+                  request_timeout_s=20, vmd_reconnect_s=5)
     values.update(overrides)
     return AgentConfig(**values)
 

@@ -8,6 +8,9 @@ the wire: NDJSON streaming of /api/chat, /api/show capabilities, /api/tags, /api
         ...
         server.chat_requests[-1]["options"]["num_ctx"]
 
+`go_away(seconds)` stops listening (connections are refused, as when Ollama stops) and
+comes back on the same port after that long; `stop()` then `start()` does it by hand.
+
 A script is a list of turns; each is a `Turn`, a str (plain text reply), a dict of Turn
 fields, or a callable `(request_json) -> Turn | str | dict` that answers based on what
 was sent. Each /api/chat request consumes one turn.
@@ -102,6 +105,9 @@ class OllamaScriptServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._url = ""
+        self._port = 0  # kept across stop() so that start() comes back on the same port
+        self._comeback: threading.Timer | None = None
+        self._lifecycle = threading.RLock()
 
     # --- controls for tests -----------------------------------------------------------
 
@@ -114,6 +120,25 @@ class OllamaScriptServer:
         """The next /api/chat request plays its turn but the connection drops after `after_chunks` chunks."""
         with self._lock:
             self._drops.append(after_chunks)
+
+    def go_away(self, seconds: float | None = None) -> None:
+        """Stop listening now: new connections are refused, as when Ollama stops (a reply
+        being streamed goes on unless its turn drops it). With `seconds`, start again on
+        the same port after that long. Safe to call from a callable script turn."""
+        self.stop()
+        if seconds is not None:
+            with self._lifecycle:
+                timer = threading.Timer(seconds, lambda: self._come_back(timer))
+                timer.daemon = True
+                self._comeback = timer
+                timer.start()
+
+    def _come_back(self, timer: threading.Timer) -> None:
+        with self._lifecycle:
+            if self._comeback is not timer:  # stopped for good meanwhile
+                return
+            self._comeback = None
+            self.start()
 
     def add(self, *turns: Any) -> None:
         with self._lock:
@@ -144,19 +169,31 @@ class OllamaScriptServer:
         class Handler(_Handler):
             script_server = server
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        host, port = self._httpd.server_address[:2]
-        self._url = f"http://{host}:{port}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="ollama-script", daemon=True)
-        self._thread.start()
+        with self._lifecycle:
+            if self._httpd is not None:
+                return self
+            self._httpd = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+            self._httpd.daemon_threads = True
+            host, port = self._httpd.server_address[:2]
+            self._port = port
+            self._url = f"http://{host}:{port}"
+            self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="ollama-script", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
+        with self._lifecycle:
+            if self._comeback is not None:
+                self._comeback.cancel()
+                self._comeback = None
+            if self._httpd is not None:
+                self._httpd.shutdown()
+                self._httpd.server_close()
+                self._httpd = None
+
+    @property
+    def listening(self) -> bool:
+        return self._httpd is not None
 
     # --- playing the script -----------------------------------------------------------
 

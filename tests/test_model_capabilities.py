@@ -7,7 +7,8 @@ from tests.loop_harness import agent_config, running_vmd
 from tests.ollama_server import start_ollama, unused_port
 from vmagent.config import AgentConfig
 from vmagent.job import Events, Job, JobSpec
-from vmagent.loop import SCREEN_UNSEEN, _call_tool, run_job
+from vmagent.loop import _call_tool, run_job
+from vmagent.tool_results import SCREEN_UNSEEN
 
 PNG_B64 = "iVBORw0KGgo="
 
@@ -37,17 +38,25 @@ def test_an_unreachable_model_ends_the_job_before_a_session_opens(tmp_path):
 
 
 class ScreenOnly:
-    """A vmd that answers only a screenshot."""
+    """A vmd that answers only a screenshot; with `reads_text`, the screen as text when asked."""
+
+    def __init__(self, reads_text: bool = False):
+        self.reads_text = reads_text
+        self.asked: list[dict] = []
 
     def call(self, verb, **params):
         assert verb == "screenshot"
-        return {"png_base64": PNG_B64, "width": 1024, "height": 768}
+        self.asked.append(params)
+        result = {"png_base64": PNG_B64, "width": 1024, "height": 768}
+        if self.reads_text and params.get("text"):
+            result["screen_text"] = 'Window "Save" at (300, 200) 400x200:\n- "OK" at (420, 360)'
+        return result
 
 
-def screenshot_message(tmp_path, sees_images: bool) -> dict:
+def screenshot_message(tmp_path, sees_images: bool, vmd: ScreenOnly | None = None) -> dict:
     job = Job(spec=JobSpec(task="t"), transcript_path=tmp_path / "t.json")
     shown: list[dict] = []
-    _call_tool(job, ScreenOnly(), "screenshot", {}, ["screenshot"], AgentConfig(), Events(shown.append),
+    _call_tool(job, vmd or ScreenOnly(), "screenshot", {}, ["screenshot"], AgentConfig(), Events(shown.append),
                sees_images=sees_images)
     assert any(e.get("type") == "screenshot" for e in shown), "the person watching sees it either way"
     return job.messages[-1]
@@ -62,3 +71,15 @@ def test_a_text_only_model_is_told_it_cannot_see_and_how_to_read_the_screen(tmp_
     message = screenshot_message(tmp_path, sees_images=False)
     assert "images" not in message
     assert "cannot see images" in message["content"] and "window titles" in message["content"]
+
+
+def test_a_text_only_model_reads_the_screen_as_text_with_points_to_click(tmp_path):
+    vmd = ScreenOnly(reads_text=True)
+    message = screenshot_message(tmp_path, sees_images=False, vmd=vmd)
+    assert vmd.asked == [{"text": True}], "the loop asks vmd for the screen as text"
+    assert "images" not in message
+    assert '"OK" at (420, 360)' in message["content"] and "cannot see images" in message["content"]
+    # A model with vision is not made to wait for OCR.
+    seeing = ScreenOnly(reads_text=True)
+    screenshot_message(tmp_path, sees_images=True, vmd=seeing)
+    assert seeing.asked == [{}]

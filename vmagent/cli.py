@@ -7,7 +7,13 @@ Exit codes of `run`:
   2  the job could not start (usage, configuration, a missing prompt.md, vmd not reachable);
   3  done, passed but not proven: the check passed, but it also passed on the project as
      it was before the session (or vmd could not run it there), so it does not show the
-     work was done.
+     work was done;
+  130 a second Ctrl-C: the terminal was given back at once, and the session left for vmd
+     to close.
+
+The first Ctrl-C cancels the job: vmd hears of it at once, what is in flight is broken
+off after a short grace (cancel_grace_s), the session closes (commit, push, the machine
+destroyed) and the report is printed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE, EXIT_NOT_PROVEN = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT
+
+
+class LeftToVmd(Exception):
+    """A second Ctrl-C: stop waiting for the job; vmd is left to close its session."""
 
 
 class TerminalView:
@@ -84,6 +95,9 @@ def _run(args: argparse.Namespace) -> int:
     view._line(f"· transcript: {transcript}")
     try:
         outcome = _run_until_done(loop, spec, view, cancel, transcript, config, socket_path)
+    except LeftToVmd as left:
+        view._line(f"· {left}")
+        return EXIT_INTERRUPTED
     finally:
         cancel.set()
     print(outcome.report, flush=True)
@@ -103,21 +117,57 @@ def exit_code(outcome) -> int:
 
 def _run_until_done(loop, spec, view, cancel, transcript, config, socket_path):
     """Runs the job in a thread so that Ctrl-C cancels it (the loop closes the session
-    and reports) instead of killing it mid-turn."""
+    and reports) instead of killing it mid-turn. A second Ctrl-C raises LeftToVmd."""
     result: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: result.setdefault("outcome", loop.run_job(
-        spec, on_event=view, cancel=cancel, transcript_path=transcript, config=config,
-        vmd_socket=socket_path)), name="vmagent-job", daemon=True)
-    worker.start()
-    while worker.is_alive():
+    session: dict[str, str] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("type") == "session" and event.get("session_id"):
+            session["id"] = str(event["session_id"])
+        view(event)
+
+    finished = threading.Event()
+
+    def job() -> None:
         try:
-            worker.join(0.5)
+            result["outcome"] = loop.run_job(spec, on_event=on_event, cancel=cancel, transcript_path=transcript,
+                                             config=config, vmd_socket=socket_path)
+        finally:
+            finished.set()
+
+    threading.Thread(target=job, name="vmagent-job", daemon=True).start()
+    # An Event, not Thread.join: in CPython 3.11 a join that Ctrl-C interrupts can leave
+    # the thread marked as ended while it still runs (seen in tests/test_reconnect.py).
+    while not finished.is_set():
+        try:
+            finished.wait(0.5)
         except KeyboardInterrupt:
             if cancel.is_set():
-                raise
-            view._line("· cancelling: the session closes and reports (Ctrl-C again to abandon it)")
+                which = f"session {session['id']}" if session.get("id") else "the session"
+                raise LeftToVmd(f"stopped waiting: {which} is left for vmd to close (commit and push); "
+                                "no report here.") from None
+            view._line("· cancelling: the session closes (commit, push) and its report follows; "
+                       "Ctrl-C again leaves it for vmd to close")
             cancel.set()
+            if session.get("id"):
+                threading.Thread(target=cancel_in_vmd, args=(socket_path, session["id"]),
+                                 name="vmagent-cancel", daemon=True).start()
     return result["outcome"]
+
+
+def cancel_in_vmd(socket_path: str, session_id: str) -> None:
+    """session_cancel on a connection of its own, so vmd hears of the cancel at once: the
+    session refuses further machine verbs while the loop, blocked in a long `run` (which
+    session_cancel does not stop) or in the model's answer, is broken off after its grace.
+    The loop cancels and closes the session in its `_end` all the same."""
+    from vmagent.client import Vmd, VmdError, VmdUnavailable
+
+    try:
+        with Vmd(socket_path, timeout=10) as vmd:
+            vmd.call("session_attach", session_id=session_id)
+            vmd.call("session_cancel")
+    except (VmdUnavailable, VmdError, OSError, ValueError):
+        pass  # vmd is away or refuses: the loop's own cancel at its end still comes
 
 
 def _serve(argv: list[str]) -> int:

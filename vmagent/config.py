@@ -44,12 +44,20 @@ class AgentConfig(BaseModel):
     # Seconds Ollama may stay silent (before the first chunk or between chunks). A long
     # prompt on a busy GPU takes minutes to evaluate before the first token.
     request_timeout_s: float = Field(600, gt=0)
-    # Tries after the first one, only for connection errors and 5xx before anything was
-    # streamed. Covers an Ollama restart or a model reload; more only delays the report.
-    retries: int = Field(3, ge=0)
-    # Wait before retry n is retry_backoff_s * 2**(n-1): 2, 4, 8 s lets a restarted
-    # Ollama come back without stretching a dead one into minutes.
+    # Tries after the first one at most, for a server that is away (connection refused or
+    # reset, a stream cut before it was done), busy (429) or failing (5xx), made only while
+    # nothing of the reply was shown. model_retry_s ends them first with the defaults; this
+    # caps the count (0: no retries, as the tests' scripted servers want).
+    retries: int = Field(20, ge=0)
+    # Wait before retry n is retry_backoff_s * 2**(n-1), at most 30 s: 2, 4, 8 s lets a
+    # restarted Ollama come back quickly, and a long outage is not hammered.
     retry_backoff_s: float = Field(2.0, ge=0)
+    # Seconds a request is asked again after its first failure, within the job's deadline:
+    # an Ollama restart, or a runner reloading a 32B model after a crash, takes a minute or
+    # two. Past it the job ends failed with its report. The first contact (the model's
+    # capabilities, before a session opens) gives up after 3 retries instead: a server that
+    # is not there at the start is a setting to fix.
+    model_retry_s: float = Field(180, ge=0)
 
     # --- compaction ----------------------------------------------------------------
     # Compact when the estimated prompt passes this fraction of num_ctx. The rest is
@@ -92,6 +100,17 @@ class AgentConfig(BaseModel):
     # Seconds between looks at the screen for the live preview (VMAGENT_SCREEN_WATCH_S);
     # 0 or less turns it off. A look is a screenshot, ~45 ms of the guest's time.
     screen_watch_s: float = 5.0
+    # How long the loop waits for vmd to come back when the connection to it is lost (a
+    # vmd restart: systemd has it back in seconds, re-binding the guest takes a few more).
+    # The session is re-attached and the work goes on; a call in flight is answered to the
+    # model as interrupted, never run again. Past it the job ends failed, and vmd closes the
+    # session itself once it is back.
+    vmd_reconnect_s: float = Field(180, ge=0)
+    # What is in flight when a job is cancelled (a command in the guest, the model's
+    # answer) gets this long to end by itself, so a quick step's work is kept whole; then
+    # it is broken off and the session closes (vmd destroys the machine, which ends the
+    # command). A person pressing Ctrl-C or stop expects seconds, not the rest of a build.
+    cancel_grace_s: float = Field(3.0, ge=0)
 
     @field_validator("ollama_host")
     @classmethod

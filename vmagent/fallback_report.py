@@ -5,16 +5,18 @@ not verified."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Iterable
 
 from vmagent import tools
-from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmagent.client import Outage as VmdOutage
+from vmagent.client import SessionLink, Vmd, VmdError, VmdUnavailable
 from vmagent.job import Ending, Job, Verification
+from vmagent.llm import Outage as ModelOutage
 
 log = logging.getLogger(__name__)
 
 
-def vmd_report(vmd: Vmd) -> tuple[str | None, Verification]:
+def vmd_report(vmd: Vmd | SessionLink) -> tuple[str | None, Verification]:
     try:
         result = vmd.call("report")
     except (VmdUnavailable, VmdError) as exc:
@@ -44,6 +46,40 @@ def verification_of(outcome: dict) -> Verification:
     if status == "failed":
         return Verification(passed=False, proven=None, attempts=attempts)
     return Verification(passed=None, proven=None, attempts=attempts)
+
+
+def outage_notes(vmd_outages: Iterable[VmdOutage], model_outages: Iterable[ModelOutage]) -> list[str]:
+    """The report's lines on vmd and the model server going away and coming back. An
+    outage that ended the job is said by the ending's own reason."""
+    notes = []
+    back = [o for o in vmd_outages if o.back]
+    if back:
+        lost = sum(1 for o in back if o.lost)
+        line = (f"vmd went away {_times(len(back))} ({_seconds(o.seconds for o in back)}); the loop waited, "
+                "re-attached to the session and went on.")
+        if lost:
+            many = lost != 1
+            line += (f" {lost} tool call{'s' if many else ''} in flight lost {'their results' if many else 'its result'}"
+                     f" and {'were' if many else 'was'} answered to the model as interrupted, never run again.")
+        notes.append(line)
+    answered = [o for o in model_outages if o.back]
+    if answered:
+        causes = sorted({o.cause for o in answered})
+        notes.append(f"The model server failed {_times(len(answered))} and answered again "
+                     f"({_seconds(o.seconds for o in answered)}; {'; '.join(causes)[:400]}); the same request, "
+                     "from the last complete message, was sent again until it did.")
+    return notes
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def _seconds(values: Iterable[float]) -> str:
+    values = list(values)
+    if len(values) == 1:
+        return f"{values[0]:.0f} s"
+    return f"{sum(values):.0f} s in all, the longest {max(values):.0f} s"
 
 
 def loop_notes(job: Job) -> str:

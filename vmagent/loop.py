@@ -13,6 +13,11 @@ Every way out ends in `_end`: unless the session waits for a person, vmd closes 
 (commit + push) and the report is vmd's, built from its record, with the loop's notes
 on why it ended (vmagent/fallback_report.py). Nothing the model says decides the outcome.
 The job's state, its transcript on disk and the event feed are in vmagent/job.py.
+
+Faults on the way are ridden out, within bounds: a vmd restart through the session's
+`SessionLink` (vmagent/client.py: wait, re-attach, a tool call in flight answered as
+interrupted), a model server that goes away through `LLM.chat`'s retries (the same
+request again). A cancel reaches what is in flight after `cancel_grace_s` (`BreakOff`).
 """
 
 from __future__ import annotations
@@ -27,12 +32,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vmagent import tools
-from vmagent.client import Vmd, VmdError, VmdUnavailable, default_socket
+from vmagent.client import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
 from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
-from vmagent.fallback_report import local_report, loop_notes, vmd_report
+from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
-from vmagent.llm import LLM, OllamaError, Reply, drop_old_images
+from vmagent.llm import LLM, ModelCancelled, OllamaError, Reply, drop_old_images, only_latest_thinking
 from vmagent.prompts import PromptMissing, load_prompts
 from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
 
@@ -40,15 +45,17 @@ log = logging.getLogger(__name__)
 
 # vmd's error code for "the machine is not up" (vmd/session.py NOT_READY).
 NOT_READY = -32003
-# What a screenshot's result says to a model that cannot see images.
-SCREEN_UNSEEN = (
-    "NOTE: the model you run on cannot see images, so this screenshot was not shown to you. "
-    "Learn the screen's state from the shell instead: window titles (e.g. `xdotool search --name . "
-    "getwindowname %@` or `wmctrl -l`; on Windows `Get-Process | Where-Object MainWindowTitle | "
-    "Select MainWindowTitle`), the program's output and log files."
-)
 # session_ready is asked in slices so that a cancel is seen while the guest boots.
 READY_SLICE_S = 30.0
+# What the model reads for a tool call whose result vmd lost when it restarted. It is not
+# run again: a command may have run in part, in full or not at all, and only a look at
+# its effects tells which.
+RESULT_LOST_RUN = ("INTERRUPTED: the command's result was lost when vmd restarted (vmd was away {seconds:.0f} s); "
+                   "it may have run in part, in full or not at all. Check its effects before running it again.")
+RESULT_LOST = ("INTERRUPTED: the result of {verb} was lost when vmd restarted (vmd was away {seconds:.0f} s); it "
+               "may or may not have taken effect. Check its effects before calling it again.")
+# How often the cancel watcher looks whether the job was cancelled.
+CANCEL_POLL_S = 0.2
 
 
 # --- the public entry points ----------------------------------------------------------
@@ -84,6 +91,7 @@ def run_job(
     except (VmdUnavailable, VmdError) as exc:
         return _end_without_session(job, events, f"vmd could not open a session: {exc}")
     job.session_id = opened.get("session_id") or vmd.session_id
+    link = _link(vmd, config, events, cancel)
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
     job.messages = [
@@ -91,7 +99,7 @@ def run_job(
         {"role": "user", "content": _opening_message(spec, opened)},
     ]
     job.save()
-    return _work(job, vmd, config, events, cancel, llm)
+    return _work(job, link, config, events, cancel, llm)
 
 
 def resume_job(
@@ -118,46 +126,117 @@ def resume_job(
         return _end_without_session(job, events, "The job cannot be resumed: its transcript names no session.")
     job.state, job.question = "running", None
     vmd = Vmd(vmd_socket or default_socket(), on_notify=events.from_vmd)
+    vmd.session_id = job.session_id  # what a lost connection re-attaches
+    link = SessionLink(vmd, stop=cancel)  # waits for nothing until the config says how long
     try:
         config = _config_for(job.spec, config)
-        vmd.call("session_attach", session_id=job.session_id)
+        link = _link(vmd, config, events, cancel)
+        link.call("session_attach", session_id=job.session_id)
         if cancel.is_set():  # cancelled while it waited: close it without waking the model
-            return _end(job, vmd, Ending("cancelled", "Cancelled while the session waited for a person."), events)
-        resumed = vmd.call("session_resume", answer=answer or "", approved=approved)
+            return _end(job, link, Ending("cancelled", "Cancelled while the session waited for a person."), events)
+        resumed = _resume(link, answer, approved)
     except ConfigError as exc:
-        return _end(job, vmd, Ending("failed", f"The job could not resume: {exc}"), events)
+        return _end(job, link, Ending("failed", f"The job could not resume: {exc}"), events)
     except (VmdUnavailable, VmdError) as exc:
-        return _end(job, vmd, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
+        return _end(job, link, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": "resumed with the person's answer"})
     job.messages.append({"role": "user", "content": resumed.get("text") or _answer_text(answer, approved)})
     job.save()
-    return _work(job, vmd, config, events, cancel)
+    return _work(job, link, config, events, cancel)
+
+
+def _link(vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event) -> SessionLink:
+    """The session's connection as the loop uses it: it rides out a vmd restart for up to
+    vmd_reconnect_s, and says so in the event feed."""
+    return SessionLink(vmd, wait_s=config.vmd_reconnect_s, stop=cancel,
+                       on_status=lambda text: events.emit({"type": "status", "text": text}))
+
+
+def _resume(link: SessionLink, answer: str | None, approved: bool | None) -> dict:
+    """session_resume; when vmd restarted while it was in flight, the session's state says
+    whether it took effect (a second one would be refused: nothing waits any more)."""
+    try:
+        return link.call("session_resume", answer=answer or "", approved=approved)
+    except ResultLost:
+        if link.call("session_status").get("state") in ("question", "unfreeze"):
+            return link.call("session_resume", answer=answer or "", approved=approved)
+        return {}
 
 
 # --- the loop -------------------------------------------------------------------------
 
 
-def _work(job: Job, vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event,
+def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cancel: threading.Event,
           llm: LLM | None = None) -> Outcome:
     llm = llm or LLM(config)
+    llm.on_wait = lambda text: events.emit({"type": "status", "text": text})
     compactor = Compactor(config, llm)
+    breaker = BreakOff(cancel, config.cancel_grace_s, vmd, llm)
     try:
         ending = None
         while ending is None:
             ending = _turn(job, vmd, llm, compactor, config, events, cancel)
             job.save()
-    except VmdUnavailable as exc:
-        ending = Ending("failed", f"vmd went away during the session: {exc}")
+    except VmdGone as exc:
+        ending = Ending("failed", _vmd_gone(exc))
+    except (VmdUnavailable, ModelCancelled) as exc:
+        # With the job cancelled, this is the call the cancel broke off.
+        ending = cancelled(cancel) or Ending("failed", f"vmd went away during the session: {exc}")
     except OllamaError as exc:
         ending = Ending("failed", f"The model could not answer: {exc}")
     except Exception as exc:  # a bug in the loop must still end in a report
         log.error("the loop failed:\n%s", traceback.format_exc())
         ending = Ending("failed", f"The agent loop stopped on an internal error: {type(exc).__name__}: {exc}")
-    return _end(job, vmd, ending, events)
+    finally:
+        broke_off = breaker.stop()
+    if broke_off and ending.state == "cancelled":
+        ending = Ending("cancelled", f"{ending.reason} What was in flight (a command in the guest or the model's "
+                                     f"answer) was broken off after {config.cancel_grace_s:g} s; closing the "
+                                     "session destroys the machine, which ends a command still running.")
+    return _end(job, vmd, ending, events, llm)
 
 
-def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfig,
+class BreakOff:
+    """Once the job is cancelled, what is in flight gets `grace` seconds to end by itself;
+    then the vmd call is broken off (the link's connection shut down) and the model's
+    answer abandoned, so the loop reaches `_end` and the session closes promptly. Stopped
+    before `_end`, whose calls are never broken off."""
+
+    def __init__(self, cancel: threading.Event, grace: float, link: SessionLink, llm: LLM):
+        self.cancel, self.grace, self.link, self.llm = cancel, grace, link, llm
+        self.finished = threading.Event()
+        self.fired = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name="cancel-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self.cancel.wait(CANCEL_POLL_S):
+            if self.finished.is_set():
+                return
+        if self.finished.wait(self.grace):
+            return
+        with self._lock:
+            if self.finished.is_set():
+                return
+            self.fired = True
+            self.llm.abandon()
+            self.link.abort()
+
+    def stop(self) -> bool:
+        """The loop is done: nothing is broken off from now on. Whether something was."""
+        with self._lock:
+            self.finished.set()
+            return self.fired
+
+
+def _vmd_gone(exc: VmdGone) -> str:
+    return (f"{str(exc).rstrip('.')}; the loop stopped waiting. vmd closes the session itself (commit and "
+            "push) once it is back; the session's record stays in vmd's state dir.")
+
+
+def _turn(job: Job, vmd: SessionLink, llm: LLM, compactor: Compactor, config: AgentConfig,
           events: Events, cancel: threading.Event) -> Ending | None:
     """One turn: guards, the hand-over when due, one model call, its tool calls."""
     ending = cancelled(cancel) or past_deadline(job, config) or at_step_cap(job, config)
@@ -182,7 +261,7 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
     if compacted:
         events.emit({"type": "status", "text": "compacted the conversation to stay within the model's context"})
 
-    reply = llm.chat(job.messages, tools=schemas)
+    reply = llm.chat(job.messages, tools=schemas, retry_until=_deadline_at(job, config))
     job.steps += 1
     compactor.observe(job.messages, schemas, reply)
     if reply.thinking.strip():
@@ -196,7 +275,9 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
     job.guards.prose_streak = 0
     if reply.content.strip():
         _note(vmd, job.steps, reply.content.strip())
-    job.messages.append(reply.as_message())
+    # The thinking goes back with the tool calls while their results are answered, as
+    # Ollama's tool-calling docs say; only the newest is kept (llm.only_latest_thinking).
+    job.messages = only_latest_thinking(job.messages + [reply.as_message(with_thinking=True)])
 
     sees_images = llm.sees_images()
     for call in reply.tool_calls:
@@ -210,7 +291,7 @@ def _turn(job: Job, vmd: Vmd, llm: LLM, compactor: Compactor, config: AgentConfi
     return None
 
 
-def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str],
+def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: list[str],
                config: AgentConfig, events: Events, notice: str = "",
                sees_images: bool = True) -> tools.ToolOutcome:
     """Run one tool call and put its result in the history, capped, with any notice."""
@@ -224,15 +305,19 @@ def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str]
     if verb == "finish" and params and params.get("verification"):
         job.verification = params["verification"].get("command")
 
-    outcome = tools.call(vmd, name, arguments, offered=offered)
+    try:
+        # A model without vision gets the screen read as text (vmagent/tool_results.py).
+        outcome = tools.call(vmd, name, arguments, offered=offered, sees_images=sees_images)
+    except ResultLost as lost:
+        # vmd restarted while this call was in flight and the session is re-attached.
+        template = RESULT_LOST_RUN if verb == "run" else RESULT_LOST
+        outcome = tools.ToolOutcome(template.format(verb=verb or name, seconds=lost.seconds), verb=verb, ok=False)
 
     text = outcome.text
     if verb == "run" and outcome.ok and outcome.result:
         text += repeat_notice(job, params or {}, outcome.result, config)
     if notice:
         text = f"{notice}\n\n{text}"
-    if outcome.image_b64 and not sees_images:
-        text += "\n\n" + SCREEN_UNSEEN
     message: dict[str, Any] = {"role": "tool", "tool_name": verb or str(name),
                                "content": cap_tool_result(text, config.tool_result_cap_chars)}
     if outcome.image_b64:
@@ -246,7 +331,7 @@ def _call_tool(job: Job, vmd: Vmd, name: str, arguments: Any, offered: list[str]
     return outcome
 
 
-def _hand_over_machine(job: Job, vmd: Vmd, config: AgentConfig, events: Events,
+def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: Events,
                        cancel: threading.Event) -> Ending | None:
     """Phase two: wait for the guest, tell the agent what it has, offer every tool."""
     events.emit({"type": "status", "text": "plan made; waiting for the machine"})
@@ -276,25 +361,31 @@ def _hand_over_machine(job: Job, vmd: Vmd, config: AgentConfig, events: Events,
     return None
 
 
-def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
-    """The one way out. Closes the session unless it waits for a person, then reports."""
+def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: LLM | None = None) -> Outcome:
+    """The one way out. Closes the session unless it waits for a person, then reports.
+
+    Its calls go through the link: a vmd that restarts right now is waited for, unless
+    the loop already gave up on it (then one try each) or the job was cancelled."""
     reason_at = len(job.notes)
     job.notes.append(ending.reason)
+    job.notes += outage_notes(vmd.outages, llm.outages if llm is not None else [])
     question = None
-    vmd, vmd_error = _reconnected(vmd, job)
-    if vmd is not None and ending.state in ("question", "unfreeze"):
-        try:
+    reachable, vmd_error = bool(job.session_id), None if job.session_id else "no session was opened"
+    try:
+        if reachable and ending.state in ("question", "unfreeze"):
             status = vmd.call("session_status")
             question = status.get("question") if ending.state == "question" else status.get("unfreeze_request")
-        except (VmdUnavailable, VmdError) as exc:
-            vmd_error = str(exc)
-    elif vmd is not None:
-        if ending.state == "cancelled":
-            _quietly(vmd, "session_cancel")
-        closed = _quietly(vmd, "session_close")
-        if closed is None:
-            job.notes.append("vmd could not close the session (commit and push); see its log.")
-    report, verification = vmd_report(vmd) if vmd is not None else (None, Verification())
+        elif reachable:
+            if ending.state == "cancelled":
+                _quietly(vmd, "session_cancel")
+            closed = _quietly(vmd, "session_close")
+            if closed is None:
+                job.notes.append("vmd could not close the session (commit and push); see its log.")
+    except VmdUnavailable as exc:
+        reachable, vmd_error = False, str(exc)
+    except VmdError as exc:
+        vmd_error = str(exc)
+    report, verification = vmd_report(vmd) if reachable else (None, Verification())
     if ending.state == "done" and verification.passed is False:
         # vmd takes a finish whose check keeps failing only to end the session as failed.
         runs = verification.attempts
@@ -315,8 +406,7 @@ def _end(job: Job, vmd: Vmd, ending: Ending, events: Events) -> Outcome:
         state_event["question"] = question
     events.emit(state_event)
     events.emit({"type": "done", "outcome": outcome.model_dump()})
-    if vmd is not None:
-        vmd.close()
+    vmd.close()
     return outcome
 
 
@@ -503,31 +593,23 @@ def _show_status(job: Job, status: dict, events: Events) -> None:
         events.emit({"type": "status", "text": line})
 
 
-def _note(vmd: Vmd, turn: int, text: str) -> None:
+def _deadline_at(job: Job, config: AgentConfig) -> float:
+    """The job's deadline on time.monotonic()'s clock: a model that is away is not waited
+    for past it."""
+    return time.monotonic() + max(0.0, config.deadline_s - job.active_seconds())
+
+
+def _note(vmd: SessionLink, turn: int, text: str) -> None:
     try:
         vmd.call("note", turn=turn, text=text[:4000])
     except VmdError as exc:  # the record misses a line; the work goes on
         log.warning("vmd refused a note: %s", exc)
 
 
-def _quietly(vmd: Vmd, verb: str) -> dict | None:
+def _quietly(vmd: SessionLink, verb: str) -> dict | None:
+    """One of `_end`'s calls; vmd's refusal is logged, vmd gone (VmdUnavailable) is raised."""
     try:
         return vmd.call(verb)
-    except (VmdUnavailable, VmdError) as exc:
+    except VmdError as exc:
         log.warning("%s failed: %s", verb, exc)
         return None
-
-
-def _reconnected(vmd: Vmd, job: Job) -> tuple[Vmd | None, str | None]:
-    """The connection bound to the job's session, re-attached if it was lost; None if vmd is gone."""
-    if not job.session_id:
-        return None, "no session was opened"
-    if vmd._sock is not None and vmd.session_id == job.session_id:
-        return vmd, None
-    fresh = Vmd(vmd.socket_path, on_notify=vmd.on_notify)
-    try:
-        fresh.call("session_attach", session_id=job.session_id)
-        return fresh, None
-    except (VmdUnavailable, VmdError) as exc:
-        fresh.close()
-        return None, str(exc)

@@ -3,8 +3,10 @@
 Reads DIR/job.json ({"spec": {...}, "mode": "run" | "resume", "answer", "approved",
 "cancel", "vmd_socket"}), runs the turn loop (a fresh job, or the resume of one that asked
 a question), and writes every event as one NDJSON frame on stdout, flushed at once. The
-transcript lives at DIR/transcript.json. SIGTERM sets the cancel event: the loop ends
-with a report. Whatever happens, the last frame is {"type": "done", "outcome": {...}}.
+transcript lives at DIR/transcript.json. SIGTERM sets the cancel event: the loop breaks
+off what is in flight after cancel_grace_s and ends with a report. A vmd restart is
+ridden out by the loop (and by the screen watcher). Whatever happens, the last frame is
+{"type": "done", "outcome": {...}}.
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ class ScreenWatcher:
                         seen = vmd.call("peek")
                     except VmdError:
                         continue  # closed, or not up yet: try again next tick
+                    except VmdUnavailable:
+                        # vmd restarts: the next look opens a fresh connection and re-attaches
+                        # it first (vmagent/client.py); the loop waits for vmd in the meantime.
+                        continue
                     picture = seen.get("png_base64")
                     if not seen.get("available") or not picture or picture == last:
                         continue
