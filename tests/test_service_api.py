@@ -436,6 +436,44 @@ def test_real_worker_runs_a_job_to_a_verified_report(tmp_path):
             _stop_workers(svc)
 
 
+def test_a_push_gitea_could_not_take_shows_pending_in_the_job_then_pushed_when_vmd_retried_it(tmp_path):
+    from tests.loop_harness import Vmd as VmdHandle
+    from tests.test_session_lifecycle import free_port, gitea_config, gitea_head, gitea_on
+    from tests.vmd_fakes import LocalMachines
+    from vmd.rpc import VmdServer
+
+    port = free_port()  # Gitea is down at close: nothing listens here yet
+    config = gitea_config(tmp_path, port)
+    machines = LocalMachines()
+    server_vmd = VmdServer(config, machines).start()
+    vmd = VmdHandle(server_vmd, machines, config)
+    try:
+        with start_ollama(finish_script()) as server:
+            svc = real_service(tmp_path, vmd, server).start()
+            try:
+                alice = svc.client()
+                job = start(alice, "write hello.py that prints hello", project="hello")
+                done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=60)
+                assert done["state"] == "done", done["report"]
+                assert done["push"]["state"] == "pending" and done["push"]["sha"], done["push"]
+                assert "not yet pushed" in done["report"]
+                with gitea_on(tmp_path, port) as gitea:
+                    deadline = time.monotonic() + 60
+                    while True:
+                        seen = alice.get(f"/jobs/{job['id']}").json()
+                        if seen["push"]["state"] == "pushed" or time.monotonic() > deadline:
+                            break
+                        time.sleep(1)
+                    assert seen["push"]["state"] == "pushed", seen["push"]
+                    assert seen["push"]["pushed_at"] and seen["push"]["attempts"] >= 2
+                    assert gitea_head(gitea, "alice", "hello") == done["push"]["sha"]
+            finally:
+                svc.stop()
+                _stop_workers(svc)
+    finally:
+        server_vmd.stop()
+
+
 def test_real_worker_a_check_that_proves_nothing_shows_as_passed_not_proven(tmp_path):
     from tests.test_loop import work_done_script
 

@@ -54,6 +54,10 @@ class Outcome(BaseModel):
     verification_passed: bool | None  # verification.passed, kept for older readers
     verification: Verification = Field(default_factory=Verification)
     steps: int
+    # vmd's push at close ({state: pending|pushed|failed, attempts, sha, web_url, pushed_at,
+    # next_try, retry_until, error}); None without a close or a remote. A pending push is
+    # retried by vmd after the job ended, and the job service asks vmd how it went.
+    push: dict | None = None
 
 
 @dataclass

@@ -370,6 +370,7 @@ def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: LLM | 
     job.notes.append(ending.reason)
     job.notes += outage_notes(vmd.outages, llm.outages if llm is not None else [])
     question = None
+    push = None
     reachable, vmd_error = bool(job.session_id), None if job.session_id else "no session was opened"
     try:
         if reachable and ending.state in ("question", "unfreeze"):
@@ -381,6 +382,8 @@ def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: LLM | 
             closed = _quietly(vmd, "session_close")
             if closed is None:
                 job.notes.append("vmd could not close the session (commit and push); see its log.")
+            elif isinstance(closed.get("push"), dict):
+                push = closed["push"]
     except VmdUnavailable as exc:
         reachable, vmd_error = False, str(exc)
     except VmdError as exc:
@@ -400,7 +403,8 @@ def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: LLM | 
     job.state, job.question = ending.state, question
     save_quietly(job)
     outcome = Outcome(state=ending.state, report=report, session_id=job.session_id, question=question,
-                      verification_passed=verification.passed, verification=verification, steps=job.steps)
+                      verification_passed=verification.passed, verification=verification, steps=job.steps,
+                      push=push)
     state_event: Event = {"type": "state", "state": ending.state}
     if question:
         state_event["question"] = question

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -40,7 +41,11 @@ from .config import ServiceConfig
 from .gate import BodyGate
 from .preview import render_preview
 from .store import FINAL_STATES, RESTING_STATES, Store
-from .workers import WorkerPool
+from .workers import WorkerPool, push_status
+
+# How often the service asks vmd about a push it still retries (per job): a watcher polls
+# the job every second or two, and vmd's retries are minutes apart.
+PUSH_CHECK_S = 15.0
 
 # A job that holds its Open WebUI chat: one that runs, waits in the queue, or waits for a person.
 UNFINISHED_STATES = ("queued", "running", "needs_input", "needs_approval")
@@ -102,6 +107,20 @@ class VerificationView(BaseModel):
     attempts: int
 
 
+class PushView(BaseModel):
+    """vmd's push of the job's commit to Gitea. `pending`: Gitea could not take it at close
+    and vmd retries it (`next_try`, until `retry_until`); `pushed` (`pushed_at`: when it
+    landed, later than the job's end when it was retried); `failed`: refused or given up."""
+    state: str
+    attempts: int = 0
+    sha: str | None = None
+    web_url: str | None = None
+    pushed_at: str | None = None
+    next_try: str | None = None
+    retry_until: str | None = None
+    error: str | None = None
+
+
 class JobView(BaseModel):
     id: str
     owner: str
@@ -117,6 +136,7 @@ class JobView(BaseModel):
     session_id: str | None
     verification_passed: bool | None  # verification.passed, kept for older clients
     verification: VerificationView
+    push: PushView | None  # None: nothing to push (no project, no Gitea) or not closed yet
     steps: int
     status_line: str
     tasks: str
@@ -216,6 +236,30 @@ def create_app(config: ServiceConfig) -> FastAPI:
     def base_url(request: Request) -> str:
         return (config.public_url or str(request.base_url)).rstrip("/")
 
+    push_checked: dict[str, float] = {}
+
+    def push_of(job: dict) -> PushView | None:
+        """The job's push as last known; a pending one is asked of vmd again (throttled),
+        so the owner sees when a push retried after the job's end lands."""
+        try:
+            push = json.loads(job.get("push_json") or "null")
+        except ValueError:
+            push = None
+        if not isinstance(push, dict):
+            return None
+        now = time.monotonic()
+        if push.get("state") == "pending" and job.get("session_id") and \
+                now - push_checked.get(job["id"], -PUSH_CHECK_S) >= PUSH_CHECK_S:
+            push_checked[job["id"]] = now
+            fresh = push_status(config.vmd_socket, job["session_id"])
+            if fresh is not None and fresh != push:
+                store.update_job(job["id"], push_json=json.dumps(fresh))
+                push = fresh
+        try:
+            return PushView.model_validate(push)
+        except ValueError:
+            return None
+
     def view(job: dict, request: Request) -> dict:
         token = sign_preview(job, config.preview_ttl_s)
         return JobView(
@@ -226,6 +270,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             verification=VerificationView(passed=_flag(job["verification_passed"]),
                                           proven=_flag(job["verification_proven"]),
                                           attempts=job["verification_attempts"] or 0),
+            push=push_of(job),
             tasks=job["tasks_text"], preview_ready=bool(job["preview_ready"]),
             preview_url=f"{base_url(request)}/jobs/{job['id']}/preview?token={token}",
         ).model_dump()

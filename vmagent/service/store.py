@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     preview_secret TEXT NOT NULL,
     worker_pid INTEGER,
     frames_offset INTEGER NOT NULL DEFAULT 0,
+    push_json TEXT,
     created REAL NOT NULL,
     updated REAL NOT NULL,
     ended REAL
@@ -65,7 +66,7 @@ _COLUMNS = (
     "question", "report", "session_id", "verification_passed", "verification_proven",
     "verification_attempts", "steps", "status_line", "tasks_text", "preview_ready",
     "screenshot_seq", "preview_secret", "worker_pid", "frames_offset", "created", "updated",
-    "ended",
+    "ended", "push_json",
 )
 # Columns added after the first release, added to an older database: (name, SQL type,
 # the value its rows get, as SQL over their other columns; None leaves the default).
@@ -76,6 +77,8 @@ _ADDED_COLUMNS = (
     # vmd then ran the check once, at the finish it accepted.
     ("verification_attempts", "INTEGER NOT NULL DEFAULT 0",
      "CASE WHEN verification_passed IS NULL THEN 0 ELSE 1 END"),
+    # vmd's push at close, as JSON; jobs from before it was kept have none.
+    ("push_json", "TEXT", None),
 )
 
 
@@ -122,7 +125,7 @@ class Store:
             "verification_attempts": 0, "steps": 0, "status_line": "queued",
             "tasks_text": "", "preview_ready": 0, "screenshot_seq": 0,
             "preview_secret": secrets.token_hex(32), "worker_pid": None, "frames_offset": 0,
-            "created": now, "updated": now, "ended": None,
+            "created": now, "updated": now, "ended": None, "push_json": None,
         }
         with self._lock:
             self._db.execute(

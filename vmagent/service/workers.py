@@ -392,6 +392,8 @@ class WorkerPool:
         }
         if outcome.get("session_id"):
             fields["session_id"] = outcome["session_id"]
+        if isinstance(outcome.get("push"), dict):
+            fields["push_json"] = json.dumps(outcome["push"])
         self.store.set_state(job_id, state, **fields)
 
     def _fail_without_report(self, worker: _Worker, why: str, state: str = "failed") -> None:
@@ -436,6 +438,22 @@ def close_session(vmd_socket: str | None, session_id: str) -> str | None:
             return vmd.call("report").get("markdown")
     except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
         log.warning("could not close vmd session %s after its worker died: %s", session_id, exc)
+        return None
+
+
+def push_status(vmd_socket: str | None, session_id: str) -> dict | None:
+    """Where vmd's push of a closed session stands now ({state, attempts, pushed_at, ...}),
+    or None when vmd cannot say: vmd retries a push Gitea could not take after the job
+    ended, and the job's owner asks the service, not vmd."""
+    from vmagent.client import Vmd, VmdError, VmdUnavailable
+
+    try:
+        with Vmd(vmd_socket, timeout=10) as vmd:
+            vmd.call("session_attach", session_id=session_id)
+            push = vmd.call("session_status").get("push")
+            return push if isinstance(push, dict) else None
+    except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
+        log.info("could not ask vmd about the push of session %s: %s", session_id, exc)
         return None
 
 
