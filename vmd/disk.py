@@ -16,7 +16,9 @@ from pathlib import Path
 
 # What a host that ran out of space answers, as an errno and as git and other tools print it.
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
+# What host tools print for a full disk: the C library's ENOSPC and EDQUOT texts, and git
+# fast-import's own "write error. Out of diskspace" (git 2.39).
+FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "Out of diskspace")
 
 
 def full(exc: BaseException | None, by_text: bool = False) -> bool:

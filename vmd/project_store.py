@@ -40,6 +40,11 @@ class ProjectStore:
         return commit_project(project_dir, self.remote(owner, project), message, limits,
                               allow_empty=allow_empty).model_dump()
 
+    def last_commit(self, owner: str, project: str) -> str | None:
+        """The head of vmd's repository for the project: what stays committed when a
+        commit now fails."""
+        return self.remote(owner, project).repository().head()
+
     def changed_files(self, owner: str, project: str, base: str | None) -> list[str]:
         from vmd.publish import changed_files
         return changed_files(self.remote(owner, project), base)

@@ -182,7 +182,11 @@ class Repository:
             err = errors.read()[-4000:]
             errors.close()
         if proc.returncode != 0:
-            raise RepositoryError(f"git fast-import failed: {err.decode(errors='replace').strip()[-600:]}")
+            self._clean_failed_import()
+            # Its crash-report line names a file just removed: the cause is the rest.
+            said = [line for line in err.decode(errors="replace").strip().splitlines()
+                    if "dumping crash report" not in line]
+            raise RepositoryError(f"git fast-import failed: {' '.join(said)[-600:]}")
         pending = self.resolve(PENDING_REF)
         assert pending
         try:
@@ -192,6 +196,15 @@ class Repository:
             return pending, True
         finally:
             self.git("update-ref", "-d", PENDING_REF, check=False)
+
+    def _clean_failed_import(self) -> None:
+        """What a fast-import that died leaves (its crash report, a half-written pack): the
+        branch never moved, so nothing refers to them, and on a full disk they hold space."""
+        for junk in [*self.path.glob("fast_import_crash_*"), *(self.path / "objects" / "pack").glob("tmp_pack_*")]:
+            try:
+                junk.unlink()
+            except OSError:
+                pass
 
     def _tree(self, sha: str) -> str:
         return self.git("rev-parse", f"{sha}^{{tree}}").stdout.decode().strip()

@@ -421,8 +421,10 @@ class Session:
         from vmd.handlers.end_verbs import close
         reason = self.disk_full or "the host's disk is full"
         closed = close(self, reason=reason)
+        # The close's text starts with the reason again; the agent reads it once.
+        body = closed["text"].removeprefix(f"vmd closed the session: {reason}. ")
         return VerbError(f"{reason}. vmd ended the session, as nothing more of it could be kept: "
-                         f"{closed['text']} What was committed stays committed. Free space on the host, "
+                         f"{body} What was committed stays committed. Free space on the host, "
                          "then open a new session to carry on.")
 
     def _track_waiting(self) -> None:

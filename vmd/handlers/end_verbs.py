@@ -131,6 +131,7 @@ def _close(session: Session, reason: str | None) -> dict:
     push: dict = {}
     files: list[str] = []
     error = None
+    commit_failed = False
     left_out: list[str] = []
     push_state = None
     if session.s.project_dir:
@@ -142,6 +143,7 @@ def _close(session: Session, reason: str | None) -> dict:
                                                  allow_empty=True)
             commit, left_out = committed["sha"], committed["left_out"]
         except Exception as exc:
+            commit_failed = True
             error = sentence(exc, "committing the project folder failed")
             if disk.full(exc, by_text=True):
                 error = disk.sentence("vmd could not commit the project folder", exc)
@@ -162,6 +164,14 @@ def _close(session: Session, reason: str | None) -> dict:
     destroyed, machine = session.stop_machine()
     if not session.s.project_dir:
         body = "This session had no project folder: nothing was committed."
+    elif commit_failed:
+        try:
+            kept = session.store.last_commit(owner, project)
+        except Exception:
+            kept = None
+        body = (f"The project folder could not be committed now: {error}. "
+                + (f"What was committed before stays: {kept[:10]} in vmd's repository (not pushed now)."
+                   if kept else "Nothing had been committed before."))
     elif commit is None and not error:
         body = "The project folder was empty: nothing to commit."
     elif push.get("pushed"):
