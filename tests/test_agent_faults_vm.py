@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.guests import clean_up_domains
 from tests.loop_harness import call, calls, tool_results
 from tests.ollama_server import Turn, start_ollama
-from tests.test_openwebui_vm import VmdProcess, _clean_up_domains
+from tests.test_openwebui_vm import VmdProcess
 from tests.test_reconnect import Terminal
 
 pytestmark = pytest.mark.vm
@@ -101,7 +102,7 @@ def test_vmd_killed_during_a_long_run_and_back_3_s_later_the_job_finishes_verifi
         if term is not None:
             term.kill()
         vmd.stop()
-        _clean_up_domains(conn, str(tmp_path))
+        clean_up_domains(conn, str(tmp_path))
         conn.close()
 
 
@@ -138,7 +139,7 @@ def test_ctrl_c_on_vmagent_run_closes_the_session_on_a_real_guest(tmp_path, debi
         if term is not None:
             term.kill()
         vmd.stop()
-        _clean_up_domains(conn, str(tmp_path))
+        clean_up_domains(conn, str(tmp_path))
         conn.close()
 
 
@@ -172,5 +173,5 @@ def test_the_model_server_down_mid_reply_then_back_the_job_finishes_verified(tmp
         if term is not None:
             term.kill()
         vmd.stop()
-        _clean_up_domains(conn, str(tmp_path))
+        clean_up_domains(conn, str(tmp_path))
         conn.close()

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_vmd_faults_vm import clean_up_domains, domains_of, libvirt_conn, vmd_process, wait_for  # noqa: F401
+from tests.guests import clean_up_domains, domains_of, wait_for
+from tests.test_vmd_faults_vm import libvirt_conn, vmd_process  # noqa: F401 (fixtures)
 from vmagent.client import Vmd, VmdError
 
 pytestmark = pytest.mark.vm

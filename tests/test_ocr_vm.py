@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
@@ -72,15 +73,7 @@ def _clean_up_domains(marker: str) -> None:
 
     conn = libvirt.open("qemu:///system")
     try:
-        for domain in conn.listAllDomains():
-            try:
-                if not domain.name().startswith("vmagent-") or marker not in domain.XMLDesc(0):
-                    continue
-                if domain.isActive():
-                    domain.destroy()
-                domain.undefine()
-            except libvirt.libvirtError:
-                pass
+        clean_up_domains(conn, marker)
     finally:
         conn.close()
 

@@ -262,7 +262,8 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
 
     from tests.loop_harness import call, calls
     from tests.service_harness import REAL_WORKER, real_worker_env
-    from tests.test_openwebui_vm import VmdProcess, _clean_up_domains
+    from tests.guests import clean_up_domains
+    from tests.test_openwebui_vm import VmdProcess
     from tests.test_service_api import _stop_workers
 
     check = f"grep -qx '{GREETING}' /mnt/project/greeting.txt"
@@ -333,5 +334,5 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
             _stop_workers(svc)
         vmd.stop()
         gitea_cm.__exit__(None, None, None)
-        _clean_up_domains(conn, str(tmp_path))
+        clean_up_domains(conn, str(tmp_path))
         conn.close()

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.guests import clean_up_domains
 from tests.loop_harness import call, calls, user_texts
 from tests.ollama_server import start_ollama
 from tests.service_harness import REAL_WORKER, SERVICE, ServiceProcess, real_worker_env
@@ -113,19 +114,6 @@ class VmdProcess:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _clean_up_domains(conn, marker: str) -> None:
-    """A failed test must not leave a guest running: destroy the ones made under tmp_path."""
-    import libvirt
-
-    for domain in conn.listAllDomains():
-        try:
-            if not domain.name().startswith("vmagent-") or marker not in domain.XMLDesc(0):
-                continue
-            if domain.isActive():
-                domain.destroy()
-            domain.undefine()
-        except libvirt.libvirtError:
-            pass
 
 
 def render_preview(tmp_path, embed: str) -> None:
@@ -261,5 +249,5 @@ def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp
             svc.stop()
             _stop_workers(svc)
         vmd.stop()
-        _clean_up_domains(conn, str(tmp_path))
+        clean_up_domains(conn, str(tmp_path))
         conn.close()

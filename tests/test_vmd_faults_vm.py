@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.guests import clean_up_domains, domains_of, wait_for
 from tests.test_session_lifecycle import TOKEN, free_port, gitea_head, gitea_on
 from tests.vmd_fakes import short_socket_dir
 from vmagent.client import Vmd
@@ -106,45 +107,6 @@ def libvirt_conn(debian_image):
     conn = libvirt.open("qemu:///system")
     yield conn
     conn.close()
-
-
-def domains_of(conn, marker: str) -> list[str]:
-    """This test's domains (defined or running): those whose files lie under `marker`."""
-    import libvirt
-
-    names = []
-    for domain in conn.listAllDomains():
-        try:
-            if domain.name().startswith("vmagent-") and marker in domain.XMLDesc(0):
-                names.append(domain.name())
-        except libvirt.libvirtError:
-            continue  # undefined while we looked
-    return names
-
-
-def clean_up_domains(conn, marker: str) -> None:
-    """A failed test must not leave a guest running: destroy the ones made under `marker`."""
-    import libvirt
-
-    for domain in conn.listAllDomains():
-        try:
-            if not domain.name().startswith("vmagent-") or marker not in domain.XMLDesc(0):
-                continue
-            if domain.isActive():
-                domain.destroy()
-            domain.undefine()
-        except libvirt.libvirtError:
-            pass
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
 
 
 @pytest.fixture
