@@ -182,8 +182,12 @@ def test_the_stack_comes_up_runs_a_job_on_a_real_guest_and_pushes(stack):
     assert not domains.stdout.strip(), domains.stdout
     assert not qemu_pids(vmd_id)
 
-    # the job service answers a question about the job (from its record; vmd's repository
-    # is vmd's user's alone, and the answer's sources say what it was given)
+    # the job service (uid 1001) may read the project's history in vmd's repository
+    # (VMD_REPOS_GROUP), and answers a question about the job from it and the record
+    history = compose("exec", "-T", "vmagent", "git", "-c", "safe.directory=*", "--git-dir",
+                      "/var/lib/vmagent/state/repos/ci/compose-demo.git", "log", "--format=%s", check=False)
+    assert history.returncode == 0 and history.stdout.strip(), history.stdout + history.stderr
     answer = service.post(f"/jobs/{job['id']}/ask", json={"question": "What changed in hello.py?"},
                           timeout=120)
-    assert answer.status_code == 200 and "report" in answer.json()["sources"], answer.text
+    assert answer.status_code == 200, answer.text
+    assert {"report", "git"} <= set(answer.json()["sources"]), answer.text

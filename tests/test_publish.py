@@ -1094,3 +1094,39 @@ def test_a_link_named_gitmodules_does_not_break_the_next_restore(tmp_path):
     reopened = prepare_project(project, remote)
     assert "could not be checked out" not in reopened.text
     assert (project / "a.txt").read_text() == "a\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a folder's group needs root")
+def test_the_repos_group_may_read_the_history_and_nobody_else(tmp_path):
+    # The compose setup's job service runs as uid/gid 1001 and reads history for /ask:
+    # VMD_REPOS_GROUP gives its group read access to repos/<owner>/, and no other user.
+    import pwd
+    import subprocess as sp
+
+    from vmd.config import VmdConfig
+    from vmd.publish import remote_for
+
+    from tests.conftest import make_traversable
+
+    nobody = pwd.getpwnam("nobody")
+    config = VmdConfig.load(env={}, state_dir=tmp_path / "state", repos_group=str(nobody.pw_gid))
+    make_traversable(tmp_path)  # pytest's own folders are 0700: the other user must pass them
+    (tmp_path / "state").mkdir(mode=0o755)
+    remote = remote_for(config, "alice", "calc")
+    write(tmp_path / "p", "a.txt", "history\n")
+    sha = commit_project(tmp_path / "p", remote, "first").sha
+    owner_dir = remote.repo_path.parent
+    assert os.stat(owner_dir).st_gid == nobody.pw_gid and (os.stat(owner_dir).st_mode & 0o777) == 0o750
+    (tmp_path / "state" / "repos").chmod(0o755)
+
+    def log_as(uid: int, gid: int) -> sp.CompletedProcess:
+        return sp.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "git",
+                       "-c", "safe.directory=*", "--git-dir", str(remote.repo_path), "log", "--format=%H"],
+                      capture_output=True, text=True, env={"PATH": os.environ["PATH"], "HOME": "/"})
+
+    assert log_as(65000, nobody.pw_gid).stdout.strip() == sha  # the readers' group reads it
+    assert log_as(65000, 65000).returncode != 0  # another user does not
+    # Without the setting the folder is vmd's alone again, also for a repository made before.
+    commit_project(tmp_path / "p", remote_for(VmdConfig.load(env={}, state_dir=tmp_path / "state"), "alice",
+                                              "calc"), "second", allow_empty=True)
+    assert (os.stat(owner_dir).st_mode & 0o777) == 0o700

@@ -33,6 +33,7 @@ ENV_FIELDS = {
     "GITEA_CREATE_USERS": "gitea_create_users",
     "GITEA_PRIVATE": "gitea_private",
     "VMD_SHARE_USER": "share_user",
+    "VMD_REPOS_GROUP": "repos_group",
     "VMD_MAX_FAILED_VERIFICATIONS": "max_failed_verifications",
     "VMD_COMMIT_MAX_FILE_MIB": "commit_max_file_mib",
     "VMD_COMMIT_MAX_TOTAL_MIB": "commit_max_total_mib",
@@ -106,6 +107,11 @@ class VmdConfig(BaseModel):
     # project share stores the guest's owners and modes as metadata on files it owns: a
     # guest's root can then make neither root-owned nor setuid files on the host.
     share_user: str = "libvirt-qemu"
+    # vmd's repositories are its own (0700). A job service running as another user (the
+    # compose setup's uid/gid 1001) reads a project's history for /ask; naming its group
+    # (a name or a gid) gives that group read access to repos/<owner>/ (0750). Empty: vmd's
+    # user only. The guest never reaches repos/ either way.
+    repos_group: str = ""
     # What one commit takes from the project folder. 100 MiB is where GitHub refuses a
     # file and far past any source file; a larger one (a build output, a disk image) is
     # left out with a note in the report instead of failing the close.

@@ -65,6 +65,8 @@ class Remote(BaseModel):
     state_dir: Path
     # A push of a large project over a slow link is the longest git call here.
     git_timeout_s: float = 300.0
+    # The group given read access to vmd's repository folders (VmdConfig.repos_group); None: none.
+    repos_gid: int | None = None
     # API calls: tries in all and the first backoff; see GiteaClient.
     gitea_retries: int = 4
     gitea_backoff_s: float = 0.5
@@ -100,7 +102,7 @@ class Remote(BaseModel):
         return V.repository_path(self.state_dir, self.owner, self.project)
 
     def repository(self) -> Repository:
-        return Repository(self.repo_path, timeout_s=self.git_timeout_s)
+        return Repository(self.repo_path, timeout_s=self.git_timeout_s, readers_gid=self.repos_gid)
 
     def token(self) -> str:
         return self.gitea_token.get_secret_value() if self.gitea_token else ""
@@ -127,7 +129,23 @@ def remote_for(config, owner: str, project: str, description: str = "") -> Remot
     return Remote(owner=owner, project=project, description=description[:250],
                   gitea_url=config.gitea_url or None,
                   gitea_token=config.gitea_token if token else None,
-                  state_dir=config.state_dir, people=OwnerPolicy.from_config(config))
+                  state_dir=config.state_dir, people=OwnerPolicy.from_config(config),
+                  repos_gid=group_id(config.repos_group))
+
+
+def group_id(group: str) -> int | None:
+    """A group name or number as a gid; None for none. An unknown name is a setting to fix,
+    said when the first repository is written."""
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"VMD_REPOS_GROUP names the group {group!r}, which this host does not have: "
+                         "give a group name that exists or a numeric gid.") from None
 
 
 class Prepared(BaseModel):

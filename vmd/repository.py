@@ -66,9 +66,11 @@ def git_env(config: dict[str, str] | None = None, extra: dict[str, str] | None =
 
 
 class Repository:
-    def __init__(self, path: Path, timeout_s: float = 300.0):
+    def __init__(self, path: Path, timeout_s: float = 300.0, readers_gid: int | None = None):
         self.path = Path(path)
         self.timeout_s = timeout_s
+        # A group that may read the owner's repositories (the job service's, for /ask).
+        self.readers_gid = readers_gid
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -91,16 +93,24 @@ class Repository:
         return (self.path / "HEAD").is_file()
 
     def ensure(self) -> None:
-        if self.exists():
-            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.path.parent, 0o700)
-        tmp = Path(tempfile.mkdtemp(prefix=".init-", dir=self.path.parent))
-        subprocess.run(["git", "init", "-q", "--bare", "-b", BRANCH, str(tmp)], check=True,
-                       env=git_env(), capture_output=True, timeout=60)
-        # Sample hooks are never run (hooksPath is off) but need not sit there either.
-        shutil.rmtree(tmp / "hooks", ignore_errors=True)
-        os.replace(tmp, self.path)
+        # vmd's alone, or also its readers' group (never other users): set on every use, so
+        # that a changed setting reaches repositories made before it.
+        if self.readers_gid is None:
+            os.chmod(self.path.parent, 0o700)
+        else:
+            os.chown(self.path.parent, -1, self.readers_gid)
+            os.chmod(self.path.parent, 0o750)
+        if not self.exists():
+            tmp = Path(tempfile.mkdtemp(prefix=".init-", dir=self.path.parent))
+            subprocess.run(["git", "init", "-q", "--bare", "-b", BRANCH, str(tmp)], check=True,
+                           env=git_env(), capture_output=True, timeout=60)
+            # Sample hooks are never run (hooksPath is off) but need not sit there either.
+            shutil.rmtree(tmp / "hooks", ignore_errors=True)
+            os.replace(tmp, self.path)
+        # mkdtemp made it 0700; the owner's folder above is the gate (0700 or 0750).
+        if self.readers_gid is not None:
+            os.chmod(self.path, 0o755)
 
     def resolve(self, ref: str) -> str | None:
         result = self.git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False)

@@ -87,7 +87,7 @@ def project_history(config: ServiceConfig, job: dict, question: str) -> str:
         # user (the compose setup's uid 1001) answers from the record alone and says so.
         return (f"(vmd's repository of this project, {repo}, is not readable by the job service's "
                 f"user (uid {os.getuid()}), so the project's history is not part of this answer: run the "
-                "service as vmd's user, or let vmd give the service's group read access to repos/.)")
+                "service as vmd's user, or set VMD_REPOS_GROUP on vmd to the service's group.)")
     commands = [["log", "--stat", "-n", "10", "--format=commit %h %ad %s", "--date=iso"]]
     for name in project_files_in(question):
         commands.append(["log", "-p", "-n", "3", "--format=commit %h %s", "--", name])
