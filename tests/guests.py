@@ -37,12 +37,13 @@ def clean_up_domains(conn, marker: str) -> None:
             pass
 
 
-def wait_for(predicate, timeout: float, what: str):
-    """The predicate's first true value within `timeout` s, else an AssertionError naming `what`."""
+def wait_for(predicate, timeout: float = 15, what: str = "the condition", poll: float = 0.5):
+    """The predicate's first true value within `timeout` s, else an AssertionError naming `what`.
+    `poll`: half a second suits a guest; tests with stand-in machines look more often."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(poll)
     raise AssertionError(f"{what} did not happen within {timeout:.0f} s")

@@ -17,7 +17,7 @@ import pytest
 from tests.guests import clean_up_domains
 from tests.loop_harness import call, calls, tool_results
 from tests.ollama_server import Turn, start_ollama
-from tests.test_openwebui_vm import VmdProcess
+from tests.vmd_process import VmdProcess
 from tests.test_reconnect import Terminal
 
 pytestmark = pytest.mark.vm

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls, running_vmd
 from tests.ollama_server import start_ollama
 from vmagent.loop import JobSpec, run_job
@@ -126,16 +127,7 @@ def test_a_real_guest_destroyed_through_libvirt_mid_session_still_reports(tmp_pa
         names = [d.name() for d in conn.listAllDomains()]
     finally:
         server.stop()
-        for domain in conn.listAllDomains():
-            if domain.name().startswith("vmagent-s-") and str(tmp_path) in domain.XMLDesc(0):
-                try:
-                    domain.destroy()
-                except libvirt.libvirtError:
-                    pass
-                try:
-                    domain.undefine()
-                except libvirt.libvirtError:
-                    pass
+        clean_up_domains(conn, str(tmp_path))
         conn.close()
 
     assert destroyed_at, "the script never reached the destroying turn"

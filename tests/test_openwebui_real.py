@@ -263,7 +263,7 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
     from tests.loop_harness import call, calls
     from tests.service_harness import REAL_WORKER, real_worker_env
     from tests.guests import clean_up_domains
-    from tests.test_openwebui_vm import VmdProcess
+    from tests.vmd_process import VmdProcess
     from tests.test_service_api import _stop_workers
 
     check = f"grep -qx '{GREETING}' /mnt/project/greeting.txt"
@@ -284,7 +284,7 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
     gitea_cm = start_gitea(tmp_path / "gitea", gitea_token, user="vmagent-bot", default_branch="trunk")
     gitea = gitea_cm.__enter__()
     vmd = VmdProcess(tmp_path, debian_image.dir.parent,
-                     env={"GITEA_URL": gitea.url, "GITEA_TOKEN": gitea_token, "GITEA_ORG": "acme-agents"}).start()
+                     GITEA_URL=gitea.url, GITEA_TOKEN=gitea_token, GITEA_ORG="acme-agents").start()
     svc = None
     started = time.monotonic()
     try:

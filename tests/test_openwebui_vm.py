@@ -16,14 +16,9 @@ vmd re-runs itself.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -32,11 +27,10 @@ from tests.loop_harness import call, calls, user_texts
 from tests.ollama_server import start_ollama
 from tests.service_harness import REAL_WORKER, SERVICE, ServiceProcess, real_worker_env
 from tests.test_openwebui_tool import USER, call as tool_call, jobs_of, load_tool
-from tests.vmd_fakes import short_socket_dir
+from tests.vmd_process import VmdProcess
 
 pytestmark = pytest.mark.vm
 
-ROOT = Path(__file__).resolve().parent.parent
 CHAT = "chat-vm"
 PROJECT = "greeting"
 QUESTION = "Which greeting should greet.txt hold?"
@@ -67,53 +61,6 @@ SCRIPT = [
     call("finish", {"summary": "greet.txt holds the greeting the person chose",
                     "verification": {"command": CHECK, "expect_exit": 0}}),
 ]
-
-
-class VmdProcess:
-    """`vmd serve` as its own process, so that stopping it is a real restart."""
-
-    def __init__(self, work: Path, images_dir: Path, env: dict[str, str] | None = None):
-        self.extra_env = dict(env or {})  # e.g. GITEA_URL, GITEA_TOKEN: vmd's own settings
-        self.socket = short_socket_dir() / "vmd.sock"
-        self.state = work / "state"
-        self.log_path = work / "vmd.log"
-        self.images_dir = images_dir
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "VmdProcess":
-        env = {**os.environ, "VMD_BOOT_TIMEOUT_S": "900", "VMD_VERIFY_TIMEOUT_S": "300"}
-        for name in ("VMD_CONFIG", "GITEA_URL", "GITEA_TOKEN", "VMD_STATE_DIR", "VMD_SOCKET"):
-            env.pop(name, None)
-        env.update(self.extra_env)
-        with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vmd.cli", "serve", "--socket", str(self.socket),
-                 "--state-dir", str(self.state), "--images-dir", str(self.images_dir)],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not self.socket.exists():
-            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "vmd serve did not listen within 30 s"
-            time.sleep(0.1)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def record(self, session_id: str) -> list[dict]:
-        path = self.state / "sessions" / session_id / "record.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 
 
 def render_preview(tmp_path, embed: str) -> None:

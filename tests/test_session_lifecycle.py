@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import guests
 from tests.gitea_server import FakeGitea, _Handler
 from tests.vmd_fakes import LocalMachines, make_config
 from vmagent.client import Vmd, VmdError
@@ -29,14 +31,8 @@ TOKEN = "lifecycle-token-0123456789abcdef"
 FAST = dict(reaper_interval_s=0.1)
 
 
-def wait_for(predicate, timeout: float = 15, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not come within {timeout} s")
+# The stand-in machines answer at once: look often.
+wait_for = functools.partial(guests.wait_for, poll=0.05)
 
 
 def state_of(config, sid: str) -> dict:
