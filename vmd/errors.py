@@ -1,25 +1,16 @@
 """Every error code vmd answers with, and `VerbError`, the one way a verb fails.
 
-JSON-RPC reserves -32768..-32000; the standard codes come first, vmd's own after.
-A refusal (a rule of the session says no) is REFUSED with a message that starts with
-"REFUSED:"; `finish` refuses in its result instead (accepted false), see vmd/verbs.py.
+The codes themselves are in the contract, vmd/verbs.py.
 """
 
 from __future__ import annotations
 
-# JSON-RPC's standard codes.
-PARSE_ERROR = -32700  # the line is not JSON (or not UTF-8, or nested too deep)
-INVALID_REQUEST = -32600  # JSON, but not a request object
-METHOD_NOT_FOUND = -32601  # an unknown verb
-INVALID_PARAMS = -32602  # params that do not fit the verb's model, or a task that does not exist
-INTERNAL_ERROR = -32603  # a bug in vmd; the connection stays up
-
-# vmd's own codes.
-FAILED = -32000  # the verb ran and failed (a guest error, a git error)
-REFUSED = -32001  # a rule of the session refuses the verb now; the message says why
-NO_SESSION = -32002  # the connection has no session bound
-NOT_READY = -32003  # the machine is not up (still booting, or it failed)
-BUSY = -32004  # vmd serves its connection limit already; retry later
+# The codes are part of the contract (vmd/verbs.py); they are named here too so that
+# vmd's modules keep importing them from the errors module.
+from vmd.verbs import (  # noqa: F401  (re-exported)
+    BUSY, FAILED, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION,
+    NOT_READY, PARSE_ERROR, REFUSED, REFUSED_PREFIX,
+)
 
 
 class VerbError(Exception):

@@ -15,6 +15,27 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 TaskStatus = Literal["pending", "in_progress", "done", "blocked"]
 MouseButton = Literal["left", "right", "middle"]
+# A session's state, as session_status and session_attach report it.
+SessionStateName = Literal["booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed"]
+# The states in which a session waits for a person (session_resume wakes it).
+WAITING_STATES: tuple[str, ...] = ("question", "unfreeze")
+
+
+# --- error codes ----------------------------------------------------------------------
+# JSON-RPC reserves -32768..-32000; the standard codes come first, vmd's own after.
+# Every refusal (a rule of the session says no) is an error with code REFUSED whose
+# message starts with REFUSED_PREFIX; nothing refuses inside a result.
+PARSE_ERROR = -32700  # the line is not JSON (or not UTF-8, or nested too deep)
+INVALID_REQUEST = -32600  # JSON, but not a request object
+METHOD_NOT_FOUND = -32601  # an unknown verb
+INVALID_PARAMS = -32602  # params that do not fit the verb's model, or a task that does not exist
+INTERNAL_ERROR = -32603  # a bug in vmd; the connection stays up
+FAILED = -32000  # the verb ran and failed (a guest error, a git error)
+REFUSED = -32001  # a rule of the session refuses the verb now; the message says why
+NO_SESSION = -32002  # the connection has no session bound
+NOT_READY = -32003  # the machine is not up (still booting, or it failed)
+BUSY = -32004  # vmd serves its connection limit already; retry later
+REFUSED_PREFIX = "REFUSED:"
 
 
 # --- names ------------------------------------------------------------------------------
