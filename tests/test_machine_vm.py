@@ -9,9 +9,11 @@ from __future__ import annotations
 import io
 import os
 import socket
+import statistics
 import string
 import subprocess
 import textwrap
+import threading
 import time
 import uuid
 
@@ -21,8 +23,9 @@ from PIL import Image as PILImage, ImageStat
 
 from tests.conftest import make_traversable
 
-from vmd.guest import GuestError
+from vmd.guest import GuestError, LinuxGuest
 from vmd.machine import Machine
+from vmd.runner_link import RUNNER_PATH
 from vmd.screen import ScreenError
 
 pytestmark = pytest.mark.vm
@@ -103,6 +106,95 @@ def test_a_timeout_kills_the_whole_process_tree_promptly(booted):
     assert elapsed < 15, f"a 5 s timeout took {elapsed:.1f} s to return"
     left = machine.guest.run("pgrep -a sleep || true").stdout
     assert "sleep 60" not in left, f"processes outlived their timeout: {left}"
+
+
+def test_run_goes_through_the_runner_kept_in_the_guest(booted):
+    machine, _, _ = booted
+    guest = machine.guest
+    runs, execs = guest.runner_runs, guest.exec_runs
+    assert guest.run("true").exit_code == 0
+    assert guest.runner_runs == runs + 1 and guest.exec_runs == execs and guest.runner_off is None
+    link = guest.runners.idle[-1]
+    listed = guest.run(f"pgrep -f -- {RUNNER_PATH}").stdout.split()
+    assert str(link.pid) in listed, f"the runner {link.pid} is not among {listed}"
+    assert guest.run("kill -SEGV $$").exit_code == 139  # 128 + signal, as bash reported it
+
+
+def test_a_timeout_through_the_runner_kills_the_daemons_it_started(booted):
+    machine, _, _ = booted
+    guest = machine.guest
+    runs, execs = guest.runner_runs, guest.exec_runs
+    command = ("setsid bash -c 'echo $$ > /tmp/daemon.pid; exec sleep 611' & "
+               "sudo -n -E setsid bash -c 'echo $$ > /tmp/root-daemon.pid; exec sleep 612' & "
+               "sleep 613")
+    result = guest.run(command, timeout=5)
+    assert result.timed_out and result.exit_code == 124 and "timeout" in result.stderr
+    assert result.duration < 15
+    assert guest.runner_runs == runs + 1 and guest.exec_runs == execs  # the runner killed them itself
+    left = guest.run("for f in /tmp/daemon.pid /tmp/root-daemon.pid; do p=$(cat $f); "
+                     "test -d /proc/$p && echo alive:$p; done; pgrep -a sleep; true").stdout
+    assert "alive" not in left and "sleep 61" not in left, f"processes outlived their timeout: {left}"
+
+
+def test_two_commands_at_once_on_one_guest_both_come_back(booted):
+    guest = booted[0].guest
+    results = {}
+
+    def work(name, seconds):
+        results[name] = guest.run(f"sleep {seconds}; echo {name}", timeout=60)
+
+    def both(seconds) -> float:
+        threads = [threading.Thread(target=work, args=(name, seconds)) for name in ("alpha", "beta")]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results["alpha"].stdout == "alpha\n" and results["beta"].stdout == "beta\n"
+        return time.monotonic() - started
+
+    both(0)  # the first pair may start a second runner (python3's start under TCG)
+    assert both(3) < 5.8, "the two commands ran one after the other"
+
+
+def test_a_runner_killed_mid_command_loses_that_result_only(booted):
+    guest = booted[0].guest
+    with pytest.raises(GuestError, match="result is lost and vmd did not run it again"):
+        guest.run("echo once >> /tmp/lost-count; kill -9 $PPID; sleep 30", timeout=60)
+    assert guest.run("cat /tmp/lost-count").stdout == "once\n"  # a fresh runner; the command ran once
+    assert "sleep 30" not in guest.run("pgrep -a sleep; true").stdout  # what it left was killed
+
+
+def test_the_exec_path_still_works_when_forced(booted):
+    machine, _, _ = booted
+    guest = LinuxGuest(machine.ssh, machine.image.project_path, use_runner=False)
+    result = guest.run("pwd; echo oops >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "/mnt/project\n", "oops\n")
+    timed = guest.run("setsid sleep 621 & sleep 622", timeout=3)
+    assert timed.timed_out and "sleep 62" not in guest.run("pgrep -a sleep; true").stdout
+    assert guest.exec_runs == 3 and guest.runner_runs == 0
+
+
+def test_run_through_the_runner_is_far_quicker_than_a_fresh_ssh(booted):
+    machine, _, _ = booted
+    image = machine.image
+    ssh = ["ssh", "-q", "-i", str(image.path("ssh_key")), "-p", str(machine.ssh_port),
+           "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+           "-o", "BatchMode=yes", f"{image.user}@127.0.0.1", "true"]
+    runs = machine.guest.runner_runs
+    machine.guest.run("true")
+    runner, fresh = [], []
+    for _ in range(20):  # alternating, so that the host's load hits both alike
+        t = time.perf_counter()
+        assert machine.guest.run("true").exit_code == 0
+        runner.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        subprocess.run(ssh, check=True, timeout=60)
+        fresh.append(time.perf_counter() - t)
+    assert machine.guest.runner_runs == runs + 21
+    r, f = statistics.median(runner), statistics.median(fresh)
+    print(f"run('true') median: runner {r * 1000:.0f} ms, fresh ssh {f * 1000:.0f} ms, {f / r:.1f}x")
+    assert r * 5 <= f, f"the runner ({r * 1000:.0f} ms) is not 5x below a fresh ssh ({f * 1000:.0f} ms)"
 
 
 def test_a_file_written_in_the_project_is_on_the_host_at_once(booted):

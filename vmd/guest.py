@@ -1,12 +1,15 @@
 """A guest that runs commands and moves files: one small interface, one class per OS.
 
 Callers (the session, the tests, the benchmark) use `Guest` and never learn whether it
-is Linux over SSH or, later, Windows over SSH with PowerShell. Every error a person or
-the model will read is a `GuestError` with a sentence that says what to do.
+is Linux over SSH or, later, Windows over SSH with PowerShell. The verbs whose command
+differs by OS (launch_app, check_internet, run_baseline) are in vmd/guest_verbs.py, one
+class per OS mixed into that OS's guest. Every error a person or the model will read is
+a `GuestError` with a sentence that says what to do.
 """
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import select
 import shlex
@@ -21,6 +24,12 @@ from typing import Callable
 
 import paramiko
 from pydantic import BaseModel
+
+from vmd.guest_verbs import LinuxVerbs
+from vmd.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
+                             SshRunnerLauncher)
+
+log = logging.getLogger("vmd.guest")
 
 OutputCallback = Callable[[str, str], None]  # (stream, line)
 
@@ -87,6 +96,17 @@ class Guest(ABC):
                 "once. Read the file again and quote a longer, unique passage."
             )
         self.write_file(path, text.replace(old, new, 1))
+
+    # The verbs whose command differs by OS (vmd/guest_verbs.py).
+
+    @abstractmethod
+    def launch_app(self, path: str, args: list[str]) -> str: ...
+
+    @abstractmethod
+    def check_internet(self, host: str) -> tuple[bool, str]: ...
+
+    @abstractmethod
+    def run_baseline(self, command: str, archive: bytes, timeout: float) -> CommandResult: ...
 
     @abstractmethod
     def close(self) -> None: ...
@@ -192,6 +212,11 @@ class SshConnection:
                 self._sftp = paramiko.SFTPClient.from_transport(transport)
             return self._sftp
 
+    def active(self) -> bool:
+        """The transport is up (without connecting when it is not)."""
+        transport = self._transport
+        return transport is not None and transport.is_active()
+
     def close(self) -> None:
         with self._lock:
             if self._sftp is not None:
@@ -201,12 +226,30 @@ class SshConnection:
             self._sftp = self._transport = None
 
 
-class LinuxGuest(Guest):
-    os_family = "linux"
+class LinuxGuest(LinuxVerbs, Guest):
+    """A Linux guest over SSH. Commands go through a runner kept in the guest
+    (vmd/guest_runner.py, vmd/runner_link.py): one `bash -c` per command. Where the runner
+    cannot start (no python3, an upload refused), each command is its own SSH exec of
+    `timeout … bash -c`, the path it replaced; `use_runner = False` forces that path."""
 
-    def __init__(self, ssh: SshConnection, project_path: str = "/mnt/project"):
+    os_family = "linux"
+    use_runner = True
+
+    def __init__(self, ssh: SshConnection, project_path: str = "/mnt/project", *,
+                 use_runner: bool | None = None, runners: RunnerPool | None = None):
         self.ssh = ssh
         self.project_path = project_path
+        if use_runner is not None:
+            self.use_runner = use_runner
+        self.runners = runners if runners is not None else RunnerPool(SshRunnerLauncher(ssh))
+        self.runner_off: str | None = None  # why this guest's commands go through exec instead
+        self.runner_runs = 0  # commands the runner ran (tests, the benchmark)
+        self.exec_runs = 0  # commands exec'd one channel each
+        self._count_lock = threading.Lock()  # the counters and runner_off
+
+    @property
+    def user(self) -> str:
+        return self.ssh.user
 
     # --- shell ---------------------------------------------------------------------
 
@@ -214,50 +257,40 @@ class LinuxGuest(Guest):
             on_output: OutputCallback | None = None) -> CommandResult:
         marker = uuid.uuid4().hex
         cwd = self.resolve(cwd) if cwd else self.project_path
-        # `timeout` signals the command's whole process group (not when exec'd as the SSH
-        # session leader: measured, the group kill then never came), and the marker in the
-        # environment finds anything that escaped the group (setsid, daemons) so that
-        # nothing outlives its time.
-        wrapped = (
-            f"cd {shlex.quote(cwd)} 2>/dev/null || cd ~; "
-            f"export VMD_RUN={marker}; "
-            f"timeout -k 3 {max(1, int(round(timeout)))} bash -c {shlex.quote(command)} </dev/null"
-        )
+        seconds = max(1, int(round(timeout)))
         started = time.monotonic()
-        channel = self.ssh.transport().open_session(timeout=30)
-        out, err = _CappedStream(), _CappedStream()
-        out_lines, err_lines = _LineSplitter("stdout", on_output), _LineSplitter("stderr", on_output)
-        timed_out = False
+        deadline = started + timeout + 10  # the guest's own timeout fires first
+        caps = {"stdout": _CappedStream(), "stderr": _CappedStream()}
+        splitters = {"stdout": _LineSplitter("stdout", on_output), "stderr": _LineSplitter("stderr", on_output)}
+
+        def sink(stream: str, data: bytes) -> None:
+            caps[stream].add(data)
+            splitters[stream].feed(data)
+
+        killed = False  # everything marked is killed already (by the runner)
         try:
-            channel.exec_command(wrapped)
-            deadline = started + timeout + 10  # the guest's own timeout fires first
-            while True:
-                if channel.recv_ready():
-                    data = channel.recv(65536)
-                    out.add(data)
-                    out_lines.feed(data)
-                    continue
-                if channel.recv_stderr_ready():
-                    data = channel.recv_stderr(65536)
-                    err.add(data)
-                    err_lines.feed(data)
-                    continue
-                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                    break
-                if time.monotonic() > deadline:
+            outcome = self._run_in_runner(command, cwd, seconds, marker, sink, deadline)
+            if outcome is not None:
+                exit_code, timed_out = outcome
+                killed = timed_out
+            else:
+                exit_code, timed_out = self._run_exec(command, cwd, seconds, marker, sink, deadline)
+                if exit_code == 124 and time.monotonic() - started >= timeout - 0.5:
                     timed_out = True
-                    break
-                select.select([channel], [], [], 0.2)
-            exit_code = channel.recv_exit_status() if not timed_out else 124
+        except RunnerDeadline:
+            exit_code, timed_out = 124, True
+        except RunnerLost as exc:
+            self._kill_marked(marker)
+            raise GuestError(
+                f"{exc}. The command's result is lost and vmd did not run it again; look at what it "
+                "changed before you run it again.") from None
         finally:
-            out_lines.flush()
-            err_lines.flush()
-            channel.close()
-        if exit_code == 124 and time.monotonic() - started >= timeout - 0.5:
-            timed_out = True
-        if timed_out:
+            for splitter in splitters.values():
+                splitter.flush()
+        if timed_out and not killed:
             self._kill_marked(marker)
         duration = time.monotonic() - started
+        out, err = caps["stdout"], caps["stderr"]
         stderr = err.text()
         if timed_out:
             stderr += (f"\n[vmd: the command ran past its {timeout:g} s timeout and was killed with "
@@ -265,6 +298,71 @@ class LinuxGuest(Guest):
         return CommandResult(exit_code=exit_code, stdout=out.text(), stderr=stderr,
                              duration=round(duration, 3), truncated=bool(out.dropped or err.dropped),
                              timed_out=timed_out)
+
+    def _run_in_runner(self, command: str, cwd: str, seconds: int, marker: str, sink,
+                       deadline: float) -> tuple[int, bool] | None:
+        """(exit code, timed out) from a runner, or None when no runner could take the
+        command (it was not sent): then the exec path runs it."""
+        if not self.use_runner or self.runner_off is not None:
+            return None
+        for _ in range(3):
+            try:
+                link = self.runners.acquire()
+            except RunnerUnavailable as exc:
+                # A dropped connection is no fault of the runner: the next command tries again.
+                if exc.permanent and self.ssh.active():
+                    with self._count_lock:
+                        first, self.runner_off = self.runner_off is None, self.runner_off or str(exc)
+                    if first:
+                        log.warning("the command runner cannot start in the guest at %s:%s (%s); every "
+                                    "command there now goes through its own SSH exec, which is slower",
+                                    self.ssh.host, self.ssh.port, exc)
+                return None
+            try:
+                outcome = link.run(command, cwd, seconds, marker, sink, deadline)
+            except RunnerNotSent:
+                continue  # it never reached the runner: another one may take it
+            finally:
+                self.runners.release(link)
+            with self._count_lock:
+                self.runner_runs += 1
+            return outcome
+        return None
+
+    def _run_exec(self, command: str, cwd: str, seconds: int, marker: str, sink,
+                  deadline: float) -> tuple[int, bool]:
+        """The fallback: one SSH exec of `timeout … bash -c` per command."""
+        # `timeout` signals the command's whole process group (not when exec'd as the SSH
+        # session leader: measured, the group kill then never came), and the marker in the
+        # environment finds anything that escaped the group (setsid, daemons) so that
+        # nothing outlives its time.
+        wrapped = (
+            f"cd {shlex.quote(cwd)} 2>/dev/null || cd ~; "
+            f"export VMD_RUN={marker}; "
+            f"timeout -k 3 {seconds} bash -c {shlex.quote(command)} </dev/null"
+        )
+        channel = self.ssh.transport().open_session(timeout=30)
+        with self._count_lock:
+            self.exec_runs += 1
+        timed_out = False
+        try:
+            channel.exec_command(wrapped)
+            while True:
+                if channel.recv_ready():
+                    sink("stdout", channel.recv(65536))
+                    continue
+                if channel.recv_stderr_ready():
+                    sink("stderr", channel.recv_stderr(65536))
+                    continue
+                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                select.select([channel], [], [], 0.2)
+            return (channel.recv_exit_status() if not timed_out else 124), timed_out
+        finally:
+            channel.close()
 
     def _kill_marked(self, marker: str) -> None:
         # One grep over every process environment: a loop forking a grep per process
@@ -274,7 +372,7 @@ class LinuxGuest(Guest):
         try:
             channel = self.ssh.transport().open_session(timeout=10)
             channel.exec_command(f"sudo -n sh -c {shlex.quote(script)} || sh -c {shlex.quote(script)}")
-            channel.recv_exit_status()
+            channel.status_event.wait(30)  # bounded: a guest going away must not hang the caller
             channel.close()
         except Exception:
             pass
@@ -370,4 +468,5 @@ class LinuxGuest(Guest):
         return self._sftp_call("list_dir", full, listing)
 
     def close(self) -> None:
+        self.runners.close()
         self.ssh.close()

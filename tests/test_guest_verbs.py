@@ -1,0 +1,84 @@
+"""The verbs whose command differs by OS (vmd/guest_verbs.py): the command each OS's
+guest sends, and what comes back of it, on a guest that only records its commands."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmd import verification
+from vmd.errors import VerbError
+from vmd.guest import CommandResult
+from vmd.guest_verbs import LinuxVerbs, WindowsVerbs
+
+
+class _Recording:
+    project_path = "/mnt/project"
+    user = "agent"
+
+    def __init__(self, exit_code: int = 0, stdout: str = "", stderr: str = ""):
+        self.answer = CommandResult(exit_code=exit_code, stdout=stdout, stderr=stderr, duration=0.1)
+        self.commands: list[tuple[str, float]] = []
+        self.files: dict[str, bytes] = {}
+
+    def run(self, command, timeout=300, cwd=None, on_output=None):
+        self.commands.append((command, timeout))
+        return self.answer
+
+    def write_file(self, path, content):
+        self.files[path] = content
+        return len(content)
+
+
+class Linux(_Recording, LinuxVerbs):
+    pass
+
+
+class Windows(_Recording, WindowsVerbs):
+    pass
+
+
+def test_linux_starts_a_program_on_the_desktop_detached():
+    guest = Linux()
+    assert guest.launch_app("xterm", ["-e", "echo hi"]) == "started xterm; take a screenshot to see its window."
+    [(command, timeout)] = guest.commands
+    assert command == "DISPLAY=:0 setsid -f xterm -e 'echo hi' >/tmp/vmagent-launch.log 2>&1 </dev/null"
+    assert timeout == 30
+
+
+def test_a_program_that_does_not_start_is_a_verb_error_with_what_the_guest_said():
+    with pytest.raises(VerbError, match=r"could not start nope: exit 127: bash: nope: command not found"):
+        Linux(exit_code=127, stderr="bash: nope: command not found\n").launch_app("nope", [])
+
+
+def test_windows_starts_a_program_in_the_users_session_through_a_scheduled_task():
+    guest = Windows()
+    guest.launch_app(r"C:\Program Files\app.exe", ["--x"])
+    [(command, _)] = guest.commands
+    assert command == ('schtasks /Create /F /TN vmagent-launch /SC ONCE /ST 00:00 /IT /TR '
+                       '\'"C:\\Program Files\\app.exe" --x\'; schtasks /Run /TN vmagent-launch')
+
+
+def test_the_internet_probe_per_os():
+    linux = Linux(stdout="reachable\n")
+    assert linux.check_internet("probe.internal") == (True, "reachable")
+    assert linux.commands == [("timeout 8 bash -c 'exec 3<>/dev/tcp/probe.internal/80' && echo reachable", 20)]
+    windows = Windows(exit_code=1, stderr="unreachable")
+    assert windows.check_internet("probe.internal") == (False, "unreachable")
+    assert windows.commands == [("try { (Invoke-WebRequest -UseBasicParsing -TimeoutSec 8 "
+                                 "http://probe.internal/ -Method Head).StatusCode } catch { exit 1 }", 20)]
+
+
+def test_linux_runs_the_baseline_check_as_the_guest_user_over_the_project_path():
+    guest = Linux(exit_code=1)
+    run = verification.run_baseline(guest, "pytest -q", 0, b"tar bytes", 60, 100)
+    assert run.exit_code == 1 and run.passed is False and run.error is None
+    [(path, data)] = guest.files.items()
+    assert path.startswith("/tmp/vmd-baseline-") and path.endswith(".tar") and data == b"tar bytes"
+    [(command, timeout)] = guest.commands
+    assert timeout == 60 and f"sudo tar -xf {path}" in command and "mount --bind" in command
+    assert "/mnt/project" in command and "runuser -u agent -- bash -c" in command and "pytest -q" in command
+
+
+def test_windows_cannot_run_a_baseline_and_the_outcome_says_so():
+    run = verification.run_baseline(Windows(), "pytest", 0, b"", 60, 100)
+    assert run.exit_code is None and run.error == "NotImplementedError: a baseline run on windows guests"
