@@ -5,44 +5,61 @@ from __future__ import annotations
 
 import pytest
 
-from vmagent.client import Vmd
+from vmd import verbs as V
+from vmd.errors import REFUSED
 from vmd.machine_port import LibvirtMachines
+from vmd.record import read_record
 from vmd.rpc import VmdServer
-from tests.vmd_fakes import LocalMachines, make_config
+from tests.vmd_fakes import LocalMachines, RpcClient, RpcError, make_config
 
 
 @pytest.fixture
 def session(tmp_path):
     config = make_config(tmp_path)
     server = VmdServer(config, LocalMachines()).start()
-    c = Vmd(config.socket, timeout=60).connect()
+    c = RpcClient(config.socket, timeout=60)
     c.call("session_open", project="gate", task="prove the gate")
+    c.config = config
     yield c
     c.close()
     server.stop()
 
 
-def _gate_sequence(c: Vmd) -> None:
+def refusal(c: RpcClient, **params) -> RpcError:
+    """finish's refusal: an error with code REFUSED whose message starts with REFUSED:."""
+    with pytest.raises(RpcError) as err:
+        c.call("finish", **params)
+    assert err.value.code == REFUSED and err.value.message.startswith(V.REFUSED_PREFIX), err.value.message
+    return err.value
+
+
+def attempt_of(refused: RpcError) -> V.CheckAttempt:
+    """The attempt a refusal after vmd's run of the check carries as its data."""
+    assert refused.data is not None, refused.message
+    return V.FinishRefusalData.model_validate(refused.data).attempt
+
+
+def _gate_sequence(c: RpcClient) -> None:
     c.call("plan_tasks", tasks=["write the check", "run it"])
     c.call("update_task", id=1, status="in_progress")
 
-    refused = c.call("finish", summary="all done", verification={"command": "true"})
-    assert refused["accepted"] is False
-    assert refused["text"].startswith("REFUSED:")
-    assert "1. write the check (in progress)" in refused["text"] and "2. run it (pending)" in refused["text"]
+    refused = refusal(c, summary="all done", verification={"command": "true"})
+    assert "1. write the check (in progress)" in refused.message and "2. run it (pending)" in refused.message
+    assert not refused.has_data  # nothing ran: nothing more to say than the sentence
 
     c.call("update_task", id=1, status="done")
     c.call("update_task", id=2, status="blocked", note="nothing to run it on")
-    refused = c.call("finish", summary="all done", verification={"command": "true"})
-    assert refused["accepted"] is False and refused["text"].startswith("REFUSED:")
-    assert "no command was ever run" in refused["text"]
+    refused = refusal(c, summary="all done", verification={"command": "true"})
+    assert "no command was ever run" in refused.message
 
     c.call("run", command="echo 'echo checking; exit 1' > check.sh")
     # The agent claims success; vmd runs the command, and a failure is work left.
-    refused = c.call("finish", summary="All tests pass, exit 0.",
-                     verification={"command": "bash check.sh", "expect_exit": 0})
-    assert refused["accepted"] is False and refused["text"].startswith("REFUSED: your verification failed")
-    assert "exit 1" in refused["text"] and "checking" in refused["text"]
+    refused = refusal(c, summary="All tests pass, exit 0.", verification={"command": "bash check.sh", "expect_exit": 0})
+    assert refused.message.startswith("REFUSED: your verification failed")
+    assert "exit 1" in refused.message and "checking" in refused.message
+    attempt = attempt_of(refused)
+    assert (attempt.attempt, attempt.command, attempt.exit_code, attempt.passed) == (1, "bash check.sh", 1, False)
+    assert "checking" in attempt.output_tail and attempt.baseline is None
     assert c.call("session_status")["state"] == "ready"  # the session goes on
     assert c.call("report")["outcome"]["status"] == "unverified"
 
@@ -56,6 +73,8 @@ def _gate_sequence(c: Vmd) -> None:
     assert report["outcome"]["status"] == "passed" and report["outcome"]["attempts"] == 2
     assert "verified and proven" in report["markdown"].splitlines()[2]
     assert "Attempts (2)" in report["markdown"]
+    # Three refusals of finish, counted by their code; none is a failure.
+    assert "0 calls failed with an error, 3 refusals" in report["markdown"]
 
 
 def test_finish_is_refused_while_a_task_is_open_and_before_any_run_and_follows_vmd(session):
@@ -70,9 +89,10 @@ def _work_done(c: Vmd) -> None:
 
 def test_a_check_that_needs_no_work_is_refused_once_then_passed_not_proven(session):
     _work_done(session)
-    refused = session.call("finish", summary="done", verification="true")
-    assert refused["accepted"] is False
-    assert "also passes on the project as it was before" in refused["text"]
+    refused = refusal(session, summary="done", verification="true")
+    assert "also passes on the project as it was before" in refused.message
+    attempt = attempt_of(refused)
+    assert attempt.passed is True and attempt.baseline is not None and attempt.baseline.passed is True
     finished = session.call("finish", summary="done", verification="test -d .")
     assert finished["accepted"] is True and finished["outcome"]["passed"] is True
     assert finished["outcome"]["proven"] is False and "NOT proven" in finished["text"]
@@ -84,8 +104,8 @@ def test_a_check_that_needs_no_work_is_refused_once_then_passed_not_proven(sessi
 def test_three_failed_verifications_end_the_session_failed_with_every_attempt(session):
     _work_done(session)
     for attempt in (1, 2):
-        refused = session.call("finish", summary="done", verification=f"echo try {attempt}; exit 3")
-        assert refused["accepted"] is False and "REFUSED" in refused["text"]
+        refused = refusal(session, summary="done", verification=f"echo try {attempt}; exit 3")
+        assert attempt_of(refused).attempt == attempt and f"try {attempt}" in attempt_of(refused).output_tail
     finished = session.call("finish", summary="done", verification="echo try 3; exit 3")
     assert finished["accepted"] is True and finished["outcome"]["passed"] is False
     assert "NOT verified after 3 failed verifications" in finished["text"]
@@ -93,14 +113,22 @@ def test_three_failed_verifications_end_the_session_failed_with_every_attempt(se
     assert report["outcome"]["status"] == "failed" and report["outcome"]["attempts"] == 3
     for attempt in (1, 2, 3):
         assert f"echo try {attempt}; exit 3` → exit 3" in report["markdown"]
+    # What the refused paths keep: every attempt in session.json and the record, and the
+    # refusals in the record as errors with their code.
+    state = session.call("session_status")
+    assert state["outcome"]["attempts"] == 3
+    events = read_record(session.config.sessions_dir / session.session_id / "record.jsonl")
+    assert [e["attempt"] for e in events if e["kind"] == "verification"] == [1, 2, 3]
+    finishes = [e for e in events if e["kind"] == "verb" and e["verb"] == "finish"]
+    assert [e.get("code") for e in finishes] == [REFUSED, REFUSED, None]
+    assert finishes[0]["error"].startswith("REFUSED: your verification failed")
 
 
 def test_a_closed_task_is_a_checkpoint_commit_and_the_close_carries_the_verification(tmp_path):
     import subprocess
-    from vmd import verbs as V
     config = make_config(tmp_path)
     server = VmdServer(config, LocalMachines()).start()
-    c = Vmd(config.socket, timeout=60).connect()
+    c = RpcClient(config.socket, timeout=60)
     try:
         c.call("session_open", project="steps", task="two steps")
         c.call("plan_tasks", tasks=["first file", "second file"])
@@ -131,14 +159,13 @@ def test_finish_without_a_verification_is_refused(session):
     session.call("plan_tasks", tasks=["one"])
     session.call("run", command="true")
     session.call("update_task", id=1, status="done")
-    refused = session.call("finish", summary="trust me")
-    assert refused["accepted"] is False and "verification" in refused["text"]
+    refused = refusal(session, summary="trust me")
+    assert "name the verification" in refused.message and not refused.has_data
 
 
 def test_blocked_needs_a_note(session):
-    from vmagent.client import VmdError
     session.call("plan_tasks", tasks=["one"])
-    with pytest.raises(VmdError) as err:
+    with pytest.raises(RpcError) as err:
         session.call("update_task", id=1, status="blocked")
     assert "note" in err.value.message
 
@@ -147,7 +174,7 @@ def test_blocked_needs_a_note(session):
 def test_finish_gate_on_a_real_guest(tmp_path, debian_image):
     config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=600)
     server = VmdServer(config, LibvirtMachines(config)).start()
-    c = Vmd(config.socket, timeout=900).connect()
+    c = RpcClient(config.socket, timeout=900)
     try:
         c.call("session_open", os="debian", project="gate-vm", task="prove the gate on a guest")
         c.call("session_ready", timeout=600)

@@ -20,7 +20,7 @@ from tests.loop_harness import agent_config, call, calls, running_vmd, tool_resu
 from tests.ollama_server import Turn, start_ollama
 from tests.test_cli import environment
 from tests.test_loop import PLAN, assert_closed_with_report, finish_script, run
-from tests.vmd_fakes import LocalMachine
+from tests.vmd_fakes import LocalGuest
 from vmagent.client import SessionLink, Vmd, VmdGone
 from vmd.rpc import VmdServer
 
@@ -115,7 +115,7 @@ def test_a_run_in_flight_when_vmd_restarts_is_answered_as_interrupted_and_not_ru
                         "verification": {"command": "python3 hello.py | grep -q hello"}}),
     ]
     executed: list[str] = []
-    original = LocalMachine.run
+    original = LocalGuest.run
     with running_vmd(tmp_path) as vmd, Restarts(vmd) as restarts:
         def run_in_guest(self, command, timeout, cwd, on_output):
             executed.append(command)
@@ -123,7 +123,7 @@ def test_a_run_in_flight_when_vmd_restarts_is_answered_as_interrupted_and_not_ru
                 restarts.restart(after_s=2.0)  # vmd dies while the command runs
             return original(self, command, timeout, cwd, on_output)
 
-        monkeypatch.setattr(LocalMachine, "run", run_in_guest)
+        monkeypatch.setattr(LocalGuest, "run", run_in_guest)
         with start_ollama(script) as server:
             events: list[dict] = []
             outcome = run(tmp_path, vmd, server, events=events,

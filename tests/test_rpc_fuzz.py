@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from vmagent.client import Vmd
+from vmagent.client import Vmd, VmdError
 from vmd import rpc
+from vmd.errors import REFUSED
 from vmd.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, make_config
 
@@ -389,7 +390,9 @@ def test_a_lone_surrogate_in_a_note_a_question_or_a_summary_leaves_the_session_u
     assert "this \ufffd" in c.call("session_resume", answer="this \udc00")["text"]
     c.call("update_task", id=1, status="done", note="fine \ud800")
     # `true` proves nothing: refused once, then accepted as passed-not-proven.
-    c.call("finish", summary="all done \udfff\ud800", verification={"command": "true"})
+    with pytest.raises(VmdError) as refused:
+        c.call("finish", summary="all done \udfff\ud800", verification={"command": "true"})
+    assert refused.value.code == REFUSED
     finished = c.call("finish", summary="all done \udfff\ud800", verification={"command": "true"})
     assert finished["accepted"] is True
     assert c.call("session_status")["state"] == "finished"

@@ -22,7 +22,8 @@ from tests.gitea_server import FakeGitea, _Handler
 from tests.vmd_fakes import LocalMachines, make_config
 from vmagent.client import Vmd, VmdError
 from vmd import disk
-from vmd import session as session_module
+from vmd import session_boot
+from vmd.sessions import Sessions
 from vmd.project_store import ProjectStore
 from vmd.record import read_record
 from vmd.rpc import VmdServer
@@ -272,12 +273,12 @@ def test_a_close_before_the_boot_began_says_no_machine_was_started(tmp_path, mon
     from vmd.handlers.end_verbs import close
 
     machines = LocalMachines()
-    sessions = session_module.Sessions(make_config(tmp_path), machines)
+    sessions = Sessions(make_config(tmp_path), machines)
     with monkeypatch.context() as patched:
-        patched.setattr(session_module.Session, "_start_machine", lambda self, attach: None)  # starts late
+        patched.setattr(session_boot, "start_machine", lambda session, attach: None)  # starts late
         session = sessions.open(V.SessionOpen(task="never booted"))
     session.ending.set()
-    session._start_machine(attach=False)  # sees the end before it creates anything
+    session_boot.start_machine(session, attach=False)  # sees the end before it creates anything
     closed = close(session)
     assert closed["machine_destroyed"] is False and closed["machine"] == "never started"
     assert machines.machines == {}
@@ -285,7 +286,7 @@ def test_a_close_before_the_boot_began_says_no_machine_was_started(tmp_path, mon
 
 
 def test_a_create_that_returns_after_the_close_gave_up_waiting_is_destroyed_then(tmp_path, monkeypatch):
-    monkeypatch.setattr(session_module, "BOOT_STOP_WAIT_S", 0.2)
+    monkeypatch.setattr(session_boot, "BOOT_STOP_WAIT_S", 0.2)
     machines = SlowCreate(create_seconds=1.5)
     config = make_config(tmp_path)
     with vmd(config, machines):

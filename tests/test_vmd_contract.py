@@ -12,6 +12,7 @@ import pytest
 from vmagent.client import Vmd, VmdError
 from vmd import verbs as V
 from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
+from vmd.handlers.session_verbs import PEEK_MAX_AGE_S
 from vmd.machine_port import LibvirtMachines
 from vmd.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, make_config
@@ -129,6 +130,8 @@ def test_every_verb_over_the_socket(vmd):
     peek = c.call("peek")  # the preview's look: a PNG, but not a step of the session
     assert peek["available"] and base64.b64decode(peek["png_base64"]).startswith(b"\x89PNG")
     assert c.call("session_status")["steps"] == steps
+    # The agent's look is always of the screen now; the preview's may reuse one a moment old.
+    assert machines.shots[-2:] == [0.0, PEEK_MAX_AGE_S] and 0 < PEEK_MAX_AGE_S <= 2
     c.call("click", x=1, y=2, button="right", double=True)
     c.call("move", x=3, y=4)
     c.call("type", text="hi")
@@ -142,6 +145,7 @@ def test_every_verb_over_the_socket(vmd):
     assert "started" in c.call("launch_app", path="xterm", args=["-e", "true"])["text"]
     assert c.call("wait", seconds=0.01)["seconds"] == 0.01
     assert c.call("check_internet")["online"] is False
+    assert machines.probes == [config.internet_probe], "the probe goes to the configured host"
     assert "seconds" in c.call("reboot_vm")
 
     assert c.call("ask_user", question="which colour?")["state"] == "question"
@@ -156,6 +160,7 @@ def test_every_verb_over_the_socket(vmd):
     assert c.call("request_unfreeze", reason="pip install")["state"] == "unfreeze"
     assert c.call("session_status")["unfreeze_request"] == "pip install"
     assert "approved" in c.call("session_resume", approved=True)["text"]
+    assert machine.egress is True
 
     for task in (1, 2, 3):
         c.call("update_task", id=task, status="done")

@@ -1,19 +1,143 @@
 """A stand-in machine for vmd tests that need no guest: commands run with bash on this
 host, in the session's project folder, which is what the real guest mounts. The fake
-gives no ground to the rules under test: vmd still runs the verification itself."""
+gives no ground to the rules under test: vmd still runs the verification itself.
+
+It has the machine port's shape (vmd/machine_port.py): a `guest` (`LocalGuest`, a
+vmd.guest.Guest), a `screen` (`LocalScreen`, what vmd.screen.Screen offers) and the life
+cycle on `LocalMachine` itself."""
 
 from __future__ import annotations
 
+import io
+import itertools
+import json
 import os
+import shutil
+import socket
 import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
+from vmd.guest import CommandResult, DirEntry, FileChunk, Guest
 from vmd.machine_port import MachineSpec
+from vmd.screen import Shot
+
+# A 1x1 PNG: what the fake screen shows.
+PNG_1X1 = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
+           b"\x90wS\xde\x00\x00\x00\x0cIDATx\x9cc\xf8\xff\xff?\x00\x05\xfe\x02\xfe\xa75\x81\x84"
+           b"\x00\x00\x00\x00IEND\xaeB`\x82")
+
+
+class LocalGuest(Guest):
+    """The guest's shell and files, on this host."""
+
+    os_family = "linux"
+
+    def __init__(self, machine: "LocalMachine"):
+        self.machine = machine
+        self.project_path = machine.project_path
+
+    def _path(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.project_path) / p
+
+    def _bash(self, command: str, cwd, timeout: float, on_output=None) -> CommandResult:
+        started = time.monotonic()
+        proc = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        if on_output:
+            for line in proc.stdout.splitlines():
+                on_output("stdout", line)
+            for line in proc.stderr.splitlines():
+                on_output("stderr", line)
+        return CommandResult(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr,
+                             duration=round(time.monotonic() - started, 3))
+
+    def run(self, command, timeout=300, cwd=None, on_output=None):
+        self.machine.reachable()
+        return self._bash(command, self._path(cwd) if cwd else self.project_path, timeout, on_output)
+
+    def read_file(self, path, offset=0, limit=None):
+        self.machine.reachable()
+        data = self._path(path).read_bytes()
+        chunk = data[offset: offset + limit if limit else None]
+        return FileChunk(content=chunk.decode(), size=len(data), offset=offset,
+                         truncated=offset + len(chunk) < len(data))
+
+    def write_file(self, path, content):
+        self.machine.reachable()
+        p = self._path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content.encode() if isinstance(content, str) else content)
+        return len(content.encode() if isinstance(content, str) else content)
+
+    def append_file(self, path, content):
+        self.machine.reachable()
+        with open(self._path(path), "ab") as fh:
+            fh.write(content.encode() if isinstance(content, str) else content)
+        return len(content.encode() if isinstance(content, str) else content)
+
+    def list_dir(self, path):
+        self.machine.reachable()
+        return [DirEntry(name=e.name, type="dir" if e.is_dir() else "file", size=e.stat().st_size)
+                for e in sorted(self._path(path).iterdir())]
+
+    def launch_app(self, path, args):
+        return f"started {path}."
+
+    def check_internet(self, host):
+        self.machine.factory.probes.append(host)
+        return False, "egress closed"
+
+    def run_baseline(self, command, archive, timeout):
+        """The check in a copy of the baseline (the fake has no mount namespace to show it
+        at the project's own path; the real guest does, see vmd/guest_verbs.py)."""
+        self.machine.reachable()
+        folder = Path(tempfile.mkdtemp(prefix="vmd-fake-baseline-"))
+        try:
+            tarfile.open(fileobj=io.BytesIO(archive)).extractall(folder, filter="data")
+            return self._bash(command, folder, timeout)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self):
+        pass
+
+
+class LocalScreen:
+    """The guest's screen: a 1x1 picture; input is kept in the factory's `input`, and each
+    screenshot's `max_age` in its `shots`."""
+
+    def __init__(self, machine: "LocalMachine"):
+        self.machine = machine
+
+    def screenshot(self, max_age: float = 0.0) -> Shot:
+        self.machine.factory.shots.append(max_age)
+        self.machine.reachable()
+        return Shot(png=PNG_1X1, width=1, height=1, scale=1.0, source_width=1, source_height=1)
+
+    def click(self, x, y, button="left", double=False):
+        self.machine.factory.input.append(("click", x, y, button, double))
+
+    def move(self, x, y):
+        self.machine.factory.input.append(("move", x, y))
+
+    def scroll(self, x, y, amount):
+        self.machine.factory.input.append(("scroll", x, y, amount))
+
+    def type(self, text):
+        self.machine.factory.input.append(("type", text))
+
+    def key(self, keys):
+        if keys == "nonsense":
+            raise ValueError("unknown key name 'nonsense'; use names like ctrl, alt, Return, F4.")
+        self.machine.factory.input.append(("key", keys))
 
 
 class LocalMachine:
+    """The machine's life cycle; its `guest` and `screen` are the two classes above."""
+
     os_family = "linux"
 
     def __init__(self, spec: MachineSpec, factory: "LocalMachines"):
@@ -23,124 +147,28 @@ class LocalMachine:
         self.project_path = str(root)
         self.suspended = False
         self.destroyed = False
+        self.egress = spec.egress
         # Set by a test to play a guest destroyed from outside (or crashed): alive() says
         # so and every machine call fails the way a dropped SSH connection does.
         self.gone = False
+        self.guest = LocalGuest(self)
+        self.screen = LocalScreen(self)
 
     def alive(self) -> bool:
         return not self.gone
 
-    def _reachable(self) -> None:
+    def reachable(self) -> None:
         if self.gone:
             raise ConnectionResetError("the SSH connection to the guest was reset")
         if self.suspended:  # a paused guest does not answer; SSH would time out
             raise TimeoutError("the guest did not answer: it is paused")
 
-    def _path(self, path: str) -> Path:
-        p = Path(path)
-        return p if p.is_absolute() else Path(self.project_path) / p
-
     def ready(self, timeout, desktop=False):
         time.sleep(self.factory.boot_seconds)
-        self._reachable()
+        self.reachable()
         return {"os": "fake linux", "kernel": os.uname().release, "python": "", "git": "",
                 "desktop": desktop, "project_path": self.project_path, "boot_id": "fake",
                 "hostname": "fake"}
-
-    def run(self, command, timeout, cwd, on_output):
-        self._reachable()
-        started = time.monotonic()
-        proc = subprocess.run(["bash", "-c", command], cwd=self._path(cwd) if cwd else self.project_path,
-                              capture_output=True, text=True, timeout=timeout)
-        if on_output:
-            for line in proc.stdout.splitlines():
-                on_output("stdout", line)
-            for line in proc.stderr.splitlines():
-                on_output("stderr", line)
-        return {"exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
-                "duration": round(time.monotonic() - started, 3), "truncated": False, "timed_out": False}
-
-    def read_file(self, path, offset, limit):
-        self._reachable()
-        data = self._path(path).read_bytes()
-        chunk = data[offset: offset + limit if limit else None]
-        return {"content": chunk.decode(), "size": len(data), "offset": offset,
-                "truncated": offset + len(chunk) < len(data)}
-
-    def run_baseline(self, command, archive, timeout):
-        """The check in a copy of the baseline (the fake has no mount namespace to show it
-        at the project's own path; the real guest does, see vmd/verification.py)."""
-        import io
-        import tarfile
-        self._reachable()
-        folder = Path(tempfile.mkdtemp(prefix="vmd-fake-baseline-"))
-        try:
-            tarfile.open(fileobj=io.BytesIO(archive)).extractall(folder, filter="data")
-            started = time.monotonic()
-            proc = subprocess.run(["bash", "-c", command], cwd=folder, capture_output=True, text=True,
-                                  timeout=timeout)
-            return {"exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
-                    "duration": round(time.monotonic() - started, 3), "truncated": False, "timed_out": False}
-        finally:
-            import shutil
-            shutil.rmtree(folder, ignore_errors=True)
-
-    def write_file(self, path, content):
-        self._reachable()
-        p = self._path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content)
-        return len(content.encode())
-
-    def append_file(self, path, content):
-        self._reachable()
-        with open(self._path(path), "a") as fh:
-            fh.write(content)
-        return len(content.encode())
-
-    def edit_file(self, path, old, new):
-        self._reachable()
-        p = self._path(path)
-        text = p.read_text()
-        n = text.count(old)
-        if n != 1:
-            raise ValueError(f"edit_file {path}: `old` matched {n} times; it must match exactly once.")
-        p.write_text(text.replace(old, new))
-
-    def list_dir(self, path):
-        self._reachable()
-        return [{"name": e.name, "type": "dir" if e.is_dir() else "file", "size": e.stat().st_size}
-                for e in sorted(self._path(path).iterdir())]
-
-    def screenshot(self):
-        self._reachable()
-        png = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
-               b"\x90wS\xde\x00\x00\x00\x0cIDATx\x9cc\xf8\xff\xff?\x00\x05\xfe\x02\xfe\xa75\x81\x84"
-               b"\x00\x00\x00\x00IEND\xaeB`\x82")
-        return {"png": png, "width": 1, "height": 1, "scale": 1.0}
-
-    def click(self, x, y, button, double):
-        self.factory.input.append(("click", x, y, button, double))
-
-    def move(self, x, y):
-        self.factory.input.append(("move", x, y))
-
-    def scroll(self, x, y, amount):
-        self.factory.input.append(("scroll", x, y, amount))
-
-    def type(self, text):
-        self.factory.input.append(("type", text))
-
-    def key(self, keys):
-        if keys == "nonsense":
-            raise ValueError("unknown key name 'nonsense'; use names like ctrl, alt, Return, F4.")
-        self.factory.input.append(("key", keys))
-
-    def launch_app(self, path, args):
-        return f"started {path}."
-
-    def check_internet(self):
-        return False, "egress closed"
 
     def reboot(self, timeout):
         return 0.1
@@ -155,6 +183,9 @@ class LocalMachine:
         self.destroyed = True
         self.factory.destroyed.append(self.spec.name)
 
+    def set_egress(self, open_):
+        self.egress = open_
+
 
 class LocalMachines:
     def __init__(self, boot_seconds: float = 0.0, fail: str | None = None, attach_seconds: float = 0.0):
@@ -166,6 +197,8 @@ class LocalMachines:
         self.attached: list[str] = []
         self.destroyed: list[str] = []
         self.input: list[tuple] = []
+        self.shots: list[float] = []  # each screenshot's max_age
+        self.probes: list[str] = []  # the hosts check_internet probed
 
     def create(self, spec):
         if self.fail:
@@ -194,3 +227,55 @@ def make_config(tmp_path: Path, **overrides):
               "images_dir": tmp_path / "images", "boot_timeout_s": 30, "verify_timeout_s": 60}
     values.update(overrides)
     return VmdConfig.load(env={}, **values)
+
+
+class RpcError(Exception):
+    """vmd's error reply, whole: code, message and data (None when vmd sent none)."""
+
+    def __init__(self, code: int, message: str, data: dict | None = None, has_data: bool = False):
+        super().__init__(message)
+        self.code, self.message, self.data, self.has_data = code, message, data, has_data
+
+
+class RpcClient:
+    """vmd's socket spoken as the contract says, with nothing of the agent's client in
+    between: a verb's result, or RpcError with the error's `data` (which the agent's
+    client may not keep). Notifications go to `on_notify`."""
+
+    def __init__(self, socket_path, timeout: float = 60, on_notify=None):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(socket_path))
+        self.reader = self.sock.makefile("rb")
+        self.on_notify = on_notify
+        self.session_id: str | None = None
+        self._ids = itertools.count(1)
+
+    def call(self, method: str, **params) -> dict:
+        request_id = next(self._ids)
+        self.sock.sendall(json.dumps({"id": request_id, "method": method, "params": params}).encode() + b"\n")
+        while True:
+            line = self.reader.readline()
+            assert line.endswith(b"\n"), f"vmd closed the connection during {method}"
+            reply = json.loads(line)
+            if "id" not in reply:
+                if self.on_notify is not None:
+                    self.on_notify(reply["method"], reply.get("params") or {})
+                continue
+            assert reply["id"] == request_id, reply
+            if "error" in reply:
+                err = reply["error"]
+                raise RpcError(err["code"], err["message"], err.get("data"), "data" in err)
+            if method in ("session_open", "session_attach"):
+                self.session_id = reply["result"]["session_id"]
+            return reply["result"]
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+    def __enter__(self) -> "RpcClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # The codes are part of the contract (vmd/verbs.py); they are named here too so that
 # vmd's modules keep importing them from the errors module.
+from vmd import verbs as V
 from vmd.verbs import (  # noqa: F401  (re-exported)
     BUSY, FAILED, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION,
     NOT_READY, PARSE_ERROR, REFUSED, REFUSED_PREFIX,
@@ -14,12 +15,35 @@ from vmd.verbs import (  # noqa: F401  (re-exported)
 
 
 class VerbError(Exception):
-    """A verb that cannot be served; `message` is a sentence the model can act on."""
+    """A verb that cannot be served; `message` is a sentence the model can act on, `data`
+    what a client may read besides it (vmd/rpc.py sends it as the error's `data` member).
 
-    def __init__(self, message: str, code: int = FAILED):
+    A refusal (code REFUSED) always starts with REFUSED_PREFIX: clients and the model tell
+    a rule of the session from a failure by it, so a refusal that lacks it gets it here."""
+
+    def __init__(self, message: str, code: int = FAILED, data: dict | None = None):
+        if code == REFUSED and not message.startswith(REFUSED_PREFIX):
+            message = f"{REFUSED_PREFIX} {message}"
         super().__init__(message)
         self.message = message
         self.code = code
+        self.data = data
+
+
+def refused(message: str, data: dict | None = None) -> VerbError:
+    """The one way a rule of the session says no: an error with code REFUSED."""
+    return VerbError(message, REFUSED, data)
+
+
+def checked_result(verb: str, result: dict) -> dict:
+    """`result` as it is, once it fits `verb`'s result model (vmd/verb_results.py). One
+    that does not is a bug in vmd and fails as one (INTERNAL_ERROR), naming the verb and
+    the field, rather than reaching a client that would read it wrong."""
+    problem = V.result_problem(verb, result)
+    if problem:
+        raise VerbError(f"{problem}. This is a bug in vmd: report it with the call that caused it.",
+                        INTERNAL_ERROR)
+    return result
 
 
 # Errors whose text is already a sentence for the model (vmd's own exception types).

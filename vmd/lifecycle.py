@@ -23,7 +23,10 @@ import time
 
 from vmd.config import VmdConfig
 from vmd.push_retry import PushRetrier
-from vmd.session import WAITING, Session, Sessions, SessionState
+from vmd.session import Session
+from vmd.session_state import SessionState
+from vmd.sessions import Sessions
+from vmd.verbs import WAITING_STATES
 
 log = logging.getLogger("vmd.lifecycle")
 
@@ -121,7 +124,7 @@ class Lifecycle:
         if session.disk_full:
             self.end(session, session.disk_full)
             return
-        if session.s.state in WAITING:
+        if session.s.state in WAITING_STATES:
             since = session.s.waiting_since
             if since is None:  # a session.json of an older vmd: the wait counts from now
                 with session.lock:

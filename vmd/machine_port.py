@@ -1,22 +1,26 @@
 """The machine port: what a session needs of a machine (`SessionMachine`), how one is
-made (`MachineFactory`, from a `MachineSpec`), and the default adapter over libvirt
+made (`MachineFactory`, from a `MachineSpec`), and the default one over libvirt
 (vmd/machine.py: libvirt + SSH + QMP). Tests hand a session another factory
-(tests/vmd_fakes.py); the OS-specific guest commands (launch_app, check_internet) live
-in the adapter, not in the verb handlers.
+(tests/vmd_fakes.py).
+
+A machine is three things: its `guest` (shell and files, and the verbs whose command
+differs by OS: vmd/guest.py `Guest`, one class per OS), its `screen` (screenshots and
+input: vmd/screen.py `Screen`) and its life cycle (the methods below). The verb handlers
+call the guest and the screen directly and make their results from what those return.
 """
 
 from __future__ import annotations
 
-import secrets
-import shlex
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from vmd.config import VmdConfig
-from vmd.errors import VerbError
+
+if TYPE_CHECKING:  # lazily: a session over another factory never imports paramiko or libvirt
+    from vmd.guest import Guest
+    from vmd.screen import Screen
 
 
 @dataclass
@@ -32,29 +36,18 @@ class MachineSpec:
 class SessionMachine(Protocol):
     """What a session needs of a machine; the only door to the guest."""
 
+    guest: Guest
+    screen: Screen
     os_family: str
     project_path: str
 
-    def ready(self, timeout: float, desktop: bool = False) -> dict: ...
-    def run(self, command: str, timeout: float, cwd: str | None,
-            on_output: Callable[[str, str], None] | None) -> dict: ...
-    def read_file(self, path: str, offset: int, limit: int | None) -> dict: ...
-    def write_file(self, path: str, content: str) -> int: ...
-    def append_file(self, path: str, content: str) -> int: ...
-    def edit_file(self, path: str, old: str, new: str) -> None: ...
-    def list_dir(self, path: str) -> list[dict]: ...
-    def screenshot(self) -> dict: ...  # png (bytes), width, height, scale
-    def click(self, x: int, y: int, button: str, double: bool) -> None: ...
-    def move(self, x: int, y: int) -> None: ...
-    def scroll(self, x: int, y: int, amount: int) -> None: ...
-    def type(self, text: str) -> None: ...
-    def key(self, keys: str) -> None: ...
-    def launch_app(self, path: str, args: list[str]) -> str: ...
-    def check_internet(self) -> tuple[bool, str]: ...
-    def reboot(self, timeout: float) -> float: ...
+    def ready(self, timeout: float, desktop: bool = False) -> dict: ...  # the facts (vmd/machine.py Facts)
+    def reboot(self, timeout: float) -> float: ...  # seconds until it answered again
     def suspend(self) -> None: ...
     def resume(self) -> None: ...
     def destroy(self) -> None: ...
+    def alive(self) -> bool: ...
+    def set_egress(self, open_: bool) -> None: ...
 
 
 class MachineFactory(Protocol):
@@ -63,16 +56,22 @@ class MachineFactory(Protocol):
 
 
 class LibvirtMachine:
-    """SessionMachine over vmd.machine.Machine (libvirt + SSH + QMP)."""
+    """SessionMachine over vmd.machine.Machine (libvirt + SSH + QMP). Its guest, screen,
+    reboot, suspend, resume, destroy and set_egress are the Machine's own; only `ready`
+    (the desktop, or a shell-only machine) and `alive` are made here."""
 
-    def __init__(self, machine, image, desktop_wait_s: float = 30.0, internet_probe: str = "example.com"):
+    def __init__(self, machine, image, desktop_wait_s: float = 30.0):
         self.machine = machine
-        self.image = image
+        self.guest: Guest = machine.guest
+        self.screen: Screen = machine.screen
         self.os_family = image.os_family
         self.project_path = image.project_path
-        # vmd/config.py says why: desktop_wait_s, internet_probe.
-        self.desktop_wait_s = desktop_wait_s
-        self.internet_probe = internet_probe
+        self.desktop_wait_s = desktop_wait_s  # vmd/config.py says why
+        self.reboot = machine.reboot
+        self.suspend = machine.suspend
+        self.resume = machine.resume
+        self.destroy = machine.destroy
+        self.set_egress = machine.set_egress
 
     def ready(self, timeout, desktop=False):
         """SSH, and the desktop when the image has one: the machine is handed over with a
@@ -90,96 +89,11 @@ class LibvirtMachine:
             return {**facts.model_dump(), "desktop_problem": str(exc)}
         return facts.model_dump()
 
-    def run(self, command, timeout, cwd, on_output):
-        return self.machine.guest.run(command, timeout=timeout, cwd=cwd, on_output=on_output).model_dump()
-
-    def read_file(self, path, offset, limit):
-        return self.machine.guest.read_file(path, offset, limit).model_dump()
-
-    def run_baseline(self, command, archive, timeout):
-        """The check with the project path showing the baseline (vmd/verification.py)."""
-        from vmd.verification import linux_baseline_command
-        if self.os_family != "linux":
-            raise NotImplementedError(f"a baseline run on {self.os_family} guests")
-        path = f"/tmp/vmd-baseline-{secrets.token_hex(4)}.tar"
-        self.machine.guest.write_file(path, archive)
-        line = linux_baseline_command(command, self.project_path, self.image.user, path)
-        return self.machine.guest.run(line, timeout=timeout).model_dump()
-
-    def write_file(self, path, content):
-        return self.machine.guest.write_file(path, content)
-
-    def append_file(self, path, content):
-        return self.machine.guest.append_file(path, content)
-
-    def edit_file(self, path, old, new):
-        self.machine.guest.edit_file(path, old, new)
-
-    def list_dir(self, path):
-        return [e.model_dump() for e in self.machine.guest.list_dir(path)]
-
-    def screenshot(self):
-        shot = self.machine.screen.screenshot()
-        return {"png": shot.png, "width": shot.width, "height": shot.height, "scale": shot.scale}
-
-    def click(self, x, y, button, double):
-        self.machine.screen.click(x, y, button=button, double=double)
-
-    def move(self, x, y):
-        self.machine.screen.move(x, y)
-
-    def scroll(self, x, y, amount):
-        self.machine.screen.scroll(x, y, amount)
-
-    def type(self, text):
-        self.machine.screen.type(text)
-
-    def key(self, keys):
-        self.machine.screen.key(keys)
-
-    def launch_app(self, path, args):
-        if self.os_family == "windows":
-            # Programs started over SSH land in session 0 and are invisible: start them in
-            # the logged-on user's session through a scheduled task run interactively.
-            line = subprocess.list2cmdline([path, *args])
-            command = (f"schtasks /Create /F /TN vmagent-launch /SC ONCE /ST 00:00 /IT /TR '{line}'; "
-                       "schtasks /Run /TN vmagent-launch")
-        else:
-            command = ("DISPLAY=:0 setsid -f " + " ".join(shlex.quote(a) for a in [path, *args])
-                       + " >/tmp/vmagent-launch.log 2>&1 </dev/null")
-        result = self.machine.guest.run(command, timeout=30)
-        if result.exit_code != 0:
-            raise VerbError(f"could not start {path}: exit {result.exit_code}: "
-                            f"{(result.stderr or result.stdout).strip()[-400:]}")
-        return f"started {path}; take a screenshot to see its window."
-
-    def check_internet(self):
-        host = self.internet_probe
-        if self.os_family == "windows":
-            command = ("try { (Invoke-WebRequest -UseBasicParsing -TimeoutSec 8 "
-                       f"http://{host}/ -Method Head).StatusCode }} catch {{ exit 1 }}")
-        else:
-            command = f"timeout 8 bash -c 'exec 3<>/dev/tcp/{host}/80' && echo reachable"
-        result = self.machine.guest.run(command, timeout=20)
-        return result.exit_code == 0, (result.stdout + result.stderr).strip()[-300:]
-
-    def reboot(self, timeout):
-        return self.machine.reboot(timeout)
-
-    def suspend(self):
-        self.machine.suspend()
-
-    def resume(self):
-        self.machine.resume()
-
-    def destroy(self):
-        self.machine.destroy()
-
     def alive(self) -> bool:
+        # Not Machine.alive() (libvirt's "active"): a domain shutting down or suspended by
+        # its own power management is active but answers nothing, and the session's
+        # "the machine is gone" sentence is what fits it.
         return self.machine.state() in ("running", "paused")
-
-    def set_egress(self, open_: bool) -> None:
-        self.machine.set_egress(open_)
 
 
 class LibvirtMachines:
@@ -193,8 +107,7 @@ class LibvirtMachines:
         return timeout_scale()
 
     def _adapter(self, machine, image) -> LibvirtMachine:
-        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s,
-                              internet_probe=self.config.internet_probe)
+        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s)
 
     def _image(self, spec: MachineSpec):
         from vmd.images import find_image  # lazily: tests without libvirt never import it

@@ -23,7 +23,8 @@ from vmd.config import VmdConfig
 from vmd.errors import sentence
 
 if TYPE_CHECKING:
-    from vmd.session import Session, Sessions
+    from vmd.session import Session
+    from vmd.sessions import Sessions
 
 log = logging.getLogger("vmd.push_retry")
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 from vmd.record import read_record
 from vmd.tasks import TaskList
+from vmd.verbs import POLICY, REFUSED
 
 FILE_VERBS = ("write_file", "append_file", "edit_file")
-UNCOUNTED = ("session_status", "report")
+# Reads of the session, not steps of the work (vmd/verbs.py POLICY).
+UNCOUNTED = tuple(verb for verb, policy in POLICY.items() if not policy.counts_as_step)
 
 
 @dataclass
@@ -195,9 +197,8 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
     md += ["", "## Steps and time", ""]
     first, last = (_time(events[0]), _time(events[-1])) if events else (None, None)
     runs = sum(1 for e in verbs if e.get("verb") == "run" and "error" not in e)
-    failed = sum(1 for e in verbs if "error" in e)
-    refused = sum(1 for e in verbs if str((e.get("result") or {}).get("text", "")).startswith("REFUSED")
-                  or str(e.get("error", "")).startswith("REFUSED"))
+    refused = sum(1 for e in verbs if _refused(e))
+    failed = sum(1 for e in verbs if "error" in e and not _refused(e))
     line = (f"{_count(len(verbs), 'step')} ({_count(runs, 'command')} run, "
             f"{_count(failed, 'call')} failed with an error, {_count(refused, 'refusal')})")
     if first and last:
@@ -230,6 +231,14 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
         md += ["", "## The agent's summary (its own words, not verified)", "", outcome_event["summary"]]
 
     return Report(markdown="\n".join(md) + "\n", outcome=outcome)
+
+
+def _refused(event: dict) -> bool:
+    """A verb a rule of the session refused: its error's code says so. A record of a vmd
+    from before every refusal was an error has finish's refusals as results (accepted: false)."""
+    if "error" in event:
+        return event.get("code") == REFUSED
+    return event.get("verb") == "finish" and (event.get("result") or {}).get("accepted") is False
 
 
 def _count(n: int, noun: str) -> str:

@@ -1,6 +1,8 @@
 """vmd's server: line-delimited JSON-RPC over a Unix socket, one thread per connection.
 
-`{"id", "method", "params"}` -> `{"id", "result"}` or `{"id", "error": {"code", "message"}}`.
+`{"id", "method", "params"}` -> `{"id", "result"}` or `{"id", "error": {"code", "message"}}`
+(with `"data"` in the error when the verb gives more than a sentence: a refused finish
+gives its attempt). Every refusal is an error with code REFUSED.
 A connection binds to one session with session_open or session_attach; every other verb
 acts on it. While `run` works, vmd sends notifications without an id:
 `{"method": "output", "params": {"stream": "stdout", "line": "..."}}`.
@@ -28,11 +30,14 @@ from vmd import verbs as V
 from vmd.config import VmdConfig
 from vmd.errors import (
     BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION, PARSE_ERROR, VerbError,
+    checked_result,
 )
 from vmd.lifecycle import Lifecycle
 from vmd.machine_port import MachineFactory
 from vmd.project_store import ProjectStore
-from vmd.session import Session, Sessions
+from vmd.session import Session
+from vmd.sessions import Sessions
+
 # A request line longer than this is refused: write_file bodies are the largest thing
 # sent, and 64 MiB is far past any source file an agent should write in one call.
 MAX_LINE = 64 * 1024 * 1024
@@ -177,7 +182,7 @@ class Connection:
                 # A closed session leaves vmd's memory; session_attach reads it from disk.
                 self.server.sessions.release(self.session)
         except VerbError as exc:
-            return _error(request_id, exc.code, exc.message)
+            return _error(request_id, exc.code, exc.message, exc.data)
         except Exception as exc:  # a bug in vmd must not take the connection down
             return _error(request_id, INTERNAL_ERROR, f"vmd failed serving {method}: "
                                                       f"{type(exc).__name__}: {exc}")
@@ -202,24 +207,28 @@ class Connection:
         if verb == "session_open":
             self.bind(self.server.sessions.open(params))
             s = self.session.s
-            share = bool(s.project_dir)
-            return {"session_id": s.id, "os": s.os, "project": s.project, "project_share": share,
-                    "storage": s.storage, "state": s.state,
-                    "text": f"Session {s.id} is open; the {s.os} machine boots in the background. "
-                            f"Storage: {s.storage}. Plan first with plan_tasks."}
+            return checked_result(verb, {
+                "session_id": s.id, "os": s.os, "project": s.project, "project_share": bool(s.project_dir),
+                "storage": s.storage, "state": s.state,
+                "text": f"Session {s.id} is open; the {s.os} machine boots in the background. "
+                        f"Storage: {s.storage}. Plan first with plan_tasks."})
         if verb == "session_attach":
             self.bind(self.server.sessions.attach(params.session_id))
             s = self.session.s
-            return {"session_id": s.id, "state": s.state,
-                    "text": f"Attached to session {s.id} ({s.state}).\n{self.session.tasks.render()}"}
+            return checked_result(verb, {
+                "session_id": s.id, "state": s.state,
+                "text": f"Attached to session {s.id} ({s.state}).\n{self.session.tasks.render()}"})
         if self.session is None:
             raise VerbError(f"no session on this connection: call session_open or session_attach before "
                             f"{verb}.", NO_SESSION)
         return self.session.call(verb, params, notify=self.notify)
 
 
-def _error(request_id, code: int, message: str) -> dict:
-    return {"id": request_id, "error": {"code": code, "message": message}}
+def _error(request_id, code: int, message: str, data: dict | None = None) -> dict:
+    error = {"code": code, "message": message}
+    if data is not None:  # JSON-RPC: `data` is absent, not null, when there is none
+        error["data"] = data
+    return {"id": request_id, "error": error}
 
 
 def encode(message: dict) -> bytes:

@@ -54,7 +54,7 @@ def _domain_states(config: VmdConfig, names: list[str]) -> dict[str, str]:
 
 
 def list_sessions(config: VmdConfig, libvirt: bool = True, now: float | None = None) -> list[SessionRow]:
-    from vmd.session import SessionState
+    from vmd.session_state import SessionState
 
     now = time.time() if now is None else now
     rows = []

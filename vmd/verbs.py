@@ -1,9 +1,14 @@
-"""The vmd verb table: one pydantic model per verb's params, and what each returns.
+"""The vmd verb table: one pydantic model per verb's params, what each returns, and when
+a session serves it.
 
 This is the contract between the agent (vmagent, through vmagent/client.py) and the
-supervisor. Params are validated here at the edge; results are plain JSON objects whose
-keys are listed beside each model. Every result that the model will read carries a
-`text` key: a sentence or block the agent can act on as it is.
+supervisor. Params are validated here at the edge (`VERBS`). Results are JSON objects;
+each verb's keys are a model in vmd/verb_results.py (`RESULTS`, re-exported here), which
+vmd checks every answer against before it sends it. Every result that the model will read
+carries a `text` key: a sentence or block the agent can act on as it is. `POLICY` says,
+per verb, when a session serves it (the gate) and whether it is a step.
+
+Pure pydantic and stdlib: the agent imports this module.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
+# The result models are part of this contract: `from vmd.verbs import RunResult` works.
+from vmd.verb_results import *  # noqa: F401,F403
+from vmd.verb_results import RESULTS, SessionStateName, result_problem  # noqa: F401
+
 TaskStatus = Literal["pending", "in_progress", "done", "blocked"]
 MouseButton = Literal["left", "right", "middle"]
-# A session's state, as session_status and session_attach report it.
-SessionStateName = Literal["booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed"]
 # The states in which a session waits for a person (session_resume wakes it).
 WAITING_STATES: tuple[str, ...] = ("question", "unfreeze")
 
@@ -78,7 +85,7 @@ class Params(BaseModel):
 # --- session ---------------------------------------------------------------------------
 
 class SessionOpen(Params):
-    """-> {session_id, os, project, project_share: bool, storage: str, text}"""
+    """-> SessionOpenResult"""
     os: str = "debian"
     project: str | None = None
     owner: str = ""
@@ -88,26 +95,23 @@ class SessionOpen(Params):
 
 
 class SessionAttach(Params):
-    """-> {session_id, state, text}"""
+    """-> SessionAttachResult"""
     session_id: str
 
 
 class SessionReady(Params):
-    """Waits for the guest. -> {ready: True, seconds, facts: {...}, text}"""
+    """Waits for the guest. -> SessionReadyResult"""
     timeout: float = 300
     desktop: bool = False
 
 
 class Empty(Params):
-    """session_status -> {session_id, state, planned, tasks, status_line, question,
-    unfreeze_request, cancelled, steps, machine, outcome}
-    session_cancel -> {cancelled: True, text}; session_close -> {closed, commit, web_url, text}
-    report -> {markdown, outcome}
-    check_internet -> {online, text}; reboot_vm -> {seconds, text}"""
+    """No params: session_status, session_cancel, session_close, peek, report,
+    check_internet, reboot_vm (their results: RESULTS)."""
 
 
 class Note(Params):
-    """-> {ok: True}"""
+    """-> OkResult"""
     turn: int = 0
     text: str
 
@@ -115,7 +119,7 @@ class Note(Params):
 # --- tasks -----------------------------------------------------------------------------
 
 class PlanTasks(Params):
-    """-> {tasks: rendered str, text}"""
+    """-> TasksResult (tasks: the list rendered as text)"""
     tasks: list[str] = Field(min_length=1)
 
     @field_validator("tasks")
@@ -128,12 +132,12 @@ class PlanTasks(Params):
 
 
 class AddTask(Params):
-    """-> {id, tasks, text}"""
+    """-> AddTaskResult"""
     title: str = Field(min_length=1)
 
 
 class UpdateTask(Params):
-    """-> {tasks, text}; blocked needs a note."""
+    """-> TasksResult; blocked needs a note."""
     id: int
     status: TaskStatus
     note: str = ""
@@ -142,39 +146,39 @@ class UpdateTask(Params):
 # --- shell and files -------------------------------------------------------------------
 
 class Run(Params):
-    """-> {exit_code, stdout, stderr, duration, truncated, timed_out, text}"""
+    """-> RunResult"""
     command: str = Field(min_length=1)
     timeout: float = Field(default=300, gt=0, le=7200)
     cwd: str | None = None
 
 
 class ReadFile(Params):
-    """-> {content, size, offset, truncated, text}"""
+    """-> ReadFileResult"""
     path: str
     offset: int = Field(default=0, ge=0)
     limit: int | None = Field(default=None, gt=0)
 
 
 class WriteFile(Params):
-    """write_file and append_file -> {path, bytes, text}"""
+    """write_file and append_file -> WriteFileResult"""
     path: str
     content: str
 
 
 class EditFile(Params):
-    """-> {path, text}; refused unless `old` matches exactly once."""
+    """-> EditFileResult; fails unless `old` matches exactly once."""
     path: str
     old: str = Field(min_length=1)
     new: str
 
 
 class ListDir(Params):
-    """-> {entries: [{name, type, size}], text}"""
+    """-> ListDirResult"""
     path: str = "."
 
 
 class GitCommit(Params):
-    """Host-side commit of the project folder. -> {commit, text}"""
+    """Host-side commit of the project folder. -> GitCommitResult"""
     message: str = Field(min_length=1)
 
 
@@ -182,10 +186,10 @@ class GitCommit(Params):
 # Coordinates are in screenshot space: the image the agent was shown.
 
 class Screenshot(Params):
-    """-> {width, height, scale, path, png_base64, text}, and with text=True also
-    screen_text: the screen read as text for a model that cannot see images (the windows
-    with their places, the words on screen with their centres, in screenshot pixels;
-    vmd/screen_text.py), at most a few thousand characters."""
+    """-> ScreenshotResult; with text=True also screen_text: the screen read as text for a
+    model that cannot see images (the windows with their places, the words on screen with
+    their centres, in screenshot pixels; vmd/screen_text.py), at most a few thousand
+    characters."""
     text: bool = False
 
 
@@ -227,17 +231,17 @@ class Wait(Params):
 # --- people ----------------------------------------------------------------------------
 
 class AskUser(Params):
-    """-> {state: "question", text}"""
+    """-> AskUserResult"""
     question: str = Field(min_length=1)
 
 
 class RequestUnfreeze(Params):
-    """-> {state: "unfreeze", text}"""
+    """-> RequestUnfreezeResult"""
     reason: str = Field(min_length=1)
 
 
 class Answer(Params):
-    """Given by the job service when a person replies. -> {text}"""
+    """Given by the job service when a person replies. -> ResumeResult"""
     answer: str = ""
     # Strict: pydantic would read "yes" or "on" as True, and consent is never parsed from text.
     approved: StrictBool | None = None
@@ -251,7 +255,9 @@ class Verification(Params):
 
 
 class Finish(Params):
-    """-> {accepted: bool, text, outcome: {...}} ; text starts with REFUSED: when refused."""
+    """-> FinishResult when vmd accepts the finish. Every refusal is an error with code
+    REFUSED (tasks still open, no command run, no verification named, a failed check, a
+    check that proves nothing); the last two carry `data` = FinishRefusalData (the attempt)."""
     summary: str = ""
     verification: Verification | None = None
 
@@ -273,7 +279,7 @@ VERBS: dict[str, type[Params]] = {
     "session_close": Empty,
     "session_resume": Answer,
     # A look at the screen for people watching (the preview), not an action of the agent:
-    # never offered to the model, never in the record. -> {available, png_base64, width, height}
+    # never offered to the model, never in the record. -> PeekResult
     "peek": Empty,
     "report": Empty,
     "note": Note,
@@ -302,8 +308,77 @@ VERBS: dict[str, type[Params]] = {
     "finish": Finish,
 }
 
-# Verbs that need a live machine.
-MACHINE_VERBS = {
-    "run", "read_file", "write_file", "append_file", "edit_file", "list_dir", "screenshot",
-    "click", "move", "type", "key", "scroll", "launch_app", "check_internet", "reboot_vm",
+
+
+# --- when a session serves a verb -------------------------------------------------------
+# One row per verb: the gate (vmd/session.py `Session._gate`) and the step count read this
+# table, and nothing else decides. The gate asks in this order: closed, cancelled,
+# waiting for a person, a plan; each refusal has its own sentence, saying what to do.
+
+Rule = Literal["serve", "refuse"]
+# The first phase of the agent that offers the verb to the model as a tool: "planning"
+# (from the start), "working" (once the machine is up), "desktop" (working, on a guest
+# with a desktop); None: not a tool of the model (session verbs, vmd's own reads).
+AgentPhase = Literal["planning", "working", "desktop"]
+
+
+class VerbPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    needs_machine: bool = False  # acts on the guest: an error there may mean the machine is gone
+    needs_plan: bool = False  # refused until plan_tasks made a plan (the machine boots meanwhile)
+    counts_as_step: bool = True  # False: a read of the session, not a step of the work
+    recorded: bool = True  # False: not a verb of the session's record (a watcher's look, binding)
+    when_closed: Rule = "refuse"
+    when_cancelled: Rule = "serve"
+    when_waiting: Rule = "serve"  # while a question or an unfreeze request waits for a person
+    agent_phase: AgentPhase | None = None
+
+
+# A machine verb: needs a live machine and a plan, and waits while the session does not go on.
+_MACHINE = VerbPolicy(needs_machine=True, needs_plan=True, when_cancelled="refuse", when_waiting="refuse",
+                      agent_phase="working")
+_SCREEN = _MACHINE.model_copy(update={"agent_phase": "desktop"})
+# Reads of the session: served whatever its state, never a step.
+_READ = VerbPolicy(counts_as_step=False, when_closed="serve")
+_PLANNING = VerbPolicy(agent_phase="planning")
+
+POLICY: dict[str, VerbPolicy] = {
+    # Served by vmd/rpc.py, which binds the connection: never gated, counted or recorded as verbs.
+    "session_open": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
+    "session_attach": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
+    "session_ready": VerbPolicy(),
+    "session_status": _READ,
+    "session_cancel": VerbPolicy(when_closed="serve"),
+    "session_close": VerbPolicy(when_closed="serve"),
+    "session_resume": VerbPolicy(),  # its own rule: only a waiting session resumes
+    "peek": _READ.model_copy(update={"recorded": False}),
+    "report": _READ,
+    "note": VerbPolicy(when_closed="serve"),  # what the model said, kept even after the close
+    "plan_tasks": _PLANNING,
+    "add_task": _PLANNING,
+    "update_task": _PLANNING,
+    "run": _MACHINE,
+    "read_file": _MACHINE,
+    "write_file": _MACHINE,
+    "append_file": _MACHINE,
+    "edit_file": _MACHINE,
+    "list_dir": _MACHINE,
+    "git_commit": VerbPolicy(agent_phase="working"),  # host side: reads the folder, not the guest
+    "screenshot": _SCREEN,
+    "click": _SCREEN,
+    "move": _SCREEN,
+    "type": _SCREEN,
+    "key": _SCREEN,
+    "scroll": _SCREEN,
+    "launch_app": _SCREEN,
+    "wait": VerbPolicy(agent_phase="desktop"),  # a sleep of vmd's; the guest is not asked
+    "check_internet": _MACHINE,
+    "reboot_vm": _MACHINE.model_copy(update={"agent_phase": None}),
+    "ask_user": VerbPolicy(when_cancelled="refuse", agent_phase="planning"),
+    "request_unfreeze": VerbPolicy(when_cancelled="refuse", agent_phase="working"),
+    "finish": VerbPolicy(when_cancelled="refuse", when_waiting="refuse", agent_phase="working"),
 }
+
+# Verbs that need a live machine.
+MACHINE_VERBS: frozenset[str] = frozenset(verb for verb, policy in POLICY.items() if policy.needs_machine)

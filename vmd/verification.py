@@ -6,9 +6,10 @@ the session opened (the *baseline*: vmd's commit of that moment, or nothing for 
 project). A check that passes there too — `true`, `test -d /mnt/project`, a test file
 that asserts nothing — is reported as passed-not-proven, never as verified.
 
-How the baseline is shown to the command: in a private mount namespace in the guest, a
-copy of the baseline is bind-mounted over the project path, and only the check runs in
-that namespace. Why not swap the host folder: QEMU's 9p server holds the export by its
+How the baseline is shown to the command (on Linux: vmd/guest_verbs.py
+`linux_baseline_command`): in a private mount namespace in the guest, a copy of the
+baseline is bind-mounted over the project path, and only the check runs in that
+namespace. Why not swap the host folder: QEMU's 9p server holds the export by its
 directory, so a swap would have to move the work out of the folder and back, and a vmd
 that died in between would leave the guest looking at the wrong files. This way the
 host folder is never touched (nothing can be lost whatever dies), and every other
@@ -18,40 +19,38 @@ process in the guest keeps seeing the work where it was.
 from __future__ import annotations
 
 import io
-import secrets
-import shlex
 import tarfile
-from typing import Callable
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Callable
 
 from vmd.repository import Repository
+from vmd.verb_results import CheckRunResult
+
+if TYPE_CHECKING:
+    from vmd.guest import CommandResult, Guest
 
 # What the record and the report keep of one run's output.
 OutputSink = Callable[[str, str], None] | None
 
 
-class CheckRun(BaseModel):
-    exit_code: int | None
-    passed: bool
-    timed_out: bool = False
-    duration: float = 0.0
-    output_tail: str = ""
-    error: str | None = None  # the run could not be made at all (the baseline, on some guests)
+# One run of the check is what the contract says it is (vmd/verb_results.py).
+CheckRun = CheckRunResult
 
 
-def _tail(result: dict, chars: int) -> str:
-    out, err = result.get("stdout") or "", result.get("stderr") or ""
+def _tail(result: CommandResult, chars: int) -> str:
+    out, err = result.stdout or "", result.stderr or ""
     text = out + ("\n" if out and err else "") + err
     return text[-chars:]
 
 
-def run_check(machine, command: str, expect_exit: int, cwd: str | None, timeout: float,
+def _checked(result: CommandResult, expect_exit: int, tail_chars: int) -> CheckRun:
+    passed = result.exit_code == expect_exit and not result.timed_out
+    return CheckRun(exit_code=result.exit_code, passed=passed, timed_out=result.timed_out,
+                    duration=result.duration or 0.0, output_tail=_tail(result, tail_chars))
+
+
+def run_check(guest: Guest, command: str, expect_exit: int, cwd: str | None, timeout: float,
               sink: OutputSink, tail_chars: int) -> CheckRun:
-    result = machine.run(command, timeout, cwd, sink)
-    passed = result["exit_code"] == expect_exit and not result.get("timed_out")
-    return CheckRun(exit_code=result["exit_code"], passed=passed, timed_out=bool(result.get("timed_out")),
-                    duration=result.get("duration") or 0.0, output_tail=_tail(result, tail_chars))
+    return _checked(guest.run(command, timeout=timeout, cwd=cwd, on_output=sink), expect_exit, tail_chars)
 
 
 def baseline_archive(repo: Repository, base_commit: str | None) -> bytes:
@@ -65,37 +64,19 @@ def baseline_archive(repo: Repository, base_commit: str | None) -> bytes:
     return buffer.getvalue()
 
 
-def linux_baseline_command(command: str, project_path: str, user: str, archive_path: str) -> str:
-    """A shell line for a Linux guest: unpack the baseline, bind it over the project
-    path in a private mount namespace, run the check there as the guest user."""
-    folder = f"/tmp/vmd-baseline-{secrets.token_hex(4)}"
-    inner = (f"mount --bind {shlex.quote(folder)} {shlex.quote(project_path)} && "
-             f"cd {shlex.quote(project_path)} && exec runuser -u {shlex.quote(user)} -- bash -c "
-             f"{shlex.quote(command)}")
-    return (f"set -o pipefail; sudo mkdir -p {folder} && sudo tar -xf {shlex.quote(archive_path)} -C {folder} "
-            f"&& sudo chown -R {shlex.quote(user)}: {folder} || exit 125; "
-            f"sudo unshare --mount --propagation private -- sh -c {shlex.quote(inner)}; rc=$?; "
-            f"sudo rm -rf {folder} {shlex.quote(archive_path)}; exit $rc")
-
-
-def run_baseline(machine, command: str, expect_exit: int, archive: bytes, timeout: float,
+def run_baseline(guest: Guest, command: str, expect_exit: int, archive: bytes, timeout: float,
                  tail_chars: int) -> CheckRun:
-    """The check against the baseline. A machine that cannot show a baseline (it has no
-    `run_baseline`) gives an error, which the outcome reports as not checked."""
-    runner = getattr(machine, "run_baseline", None)
-    if runner is None:
-        return CheckRun(exit_code=None, passed=False,
-                        error="this machine cannot run a check against the baseline")
+    """The check against the baseline (the guest's `run_baseline`: on Linux,
+    vmd/guest_verbs.py). A guest that cannot show a baseline gives an error, which the
+    outcome reports as not checked."""
     try:
-        result = runner(command, archive, timeout)
+        result = guest.run_baseline(command, archive, timeout)
     except Exception as exc:  # the proof is not checked; the work is not at stake
         return CheckRun(exit_code=None, passed=False, error=f"{type(exc).__name__}: {exc}"[:400])
-    if result["exit_code"] == 125 and "vmd-baseline" in (result.get("stderr") or ""):
+    if result.exit_code == 125 and "vmd-baseline" in (result.stderr or ""):
         return CheckRun(exit_code=None, passed=False, error="the baseline could not be unpacked in the guest: "
                         + _tail(result, 300))
-    passed = result["exit_code"] == expect_exit and not result.get("timed_out")
-    return CheckRun(exit_code=result["exit_code"], passed=passed, timed_out=bool(result.get("timed_out")),
-                    duration=result.get("duration") or 0.0, output_tail=_tail(result, tail_chars))
+    return _checked(result, expect_exit, tail_chars)
 
 
 GOOD_CHECK = ("A good check fails before the work and passes after it: it runs what was built "

@@ -1,5 +1,6 @@
 """The end: finish (refused while a task is open or before any command ran; vmd re-runs
-the named check itself and compares it with the baseline, vmd/verification.py) and
+the named check itself and compares it with the baseline, vmd/verification.py; every
+refusal is a REFUSED error, the two after a run of the check carry the attempt) and
 session_close (commit, push, destroy the machine, also one still booting). vmd closes a
 session on its own account through the same `close(session, reason=…)`
 (vmd/lifecycle.py); a push that fails for a reason that may pass is retried later
@@ -11,9 +12,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vmd import disk
+from vmd import disk, session_boot
 from vmd import verbs as V
-from vmd.errors import sentence
+from vmd.errors import refused, sentence
 from vmd.handlers.output import output_sink
 
 if TYPE_CHECKING:
@@ -24,34 +25,33 @@ def finish(session: Session, p: V.Finish, notify) -> dict:
     open_tasks = session.tasks.open_tasks()
     if open_tasks:
         names = "; ".join(f"{t.id}. {t.title} ({t.status.replace('_', ' ')})" for t in open_tasks)
-        return {"accepted": False, "outcome": session.s.outcome,
-                "text": f"REFUSED: tasks still open: {names}. Finish them and mark each done, or "
-                        "blocked with a note saying why, then call finish again."}
+        raise refused(f"tasks still open: {names}. Finish them and mark each done, or blocked with a "
+                      "note saying why, then call finish again.")
     if session.s.runs == 0:
-        return {"accepted": False, "outcome": session.s.outcome,
-                "text": "REFUSED: no command was ever run in this session. Run the work and its "
-                        "check with `run` first; vmd does not take a finish on the model's word."}
+        raise refused("no command was ever run in this session. Run the work and its check with `run` "
+                      "first; vmd does not take a finish on the model's word.")
     if p.verification is None:
-        return {"accepted": False, "outcome": session.s.outcome,
-                "text": "REFUSED: name the verification: finish(summary, verification={\"command\": "
-                        "\"<a command that proves the work>\", \"expect_exit\": 0}); vmd runs it itself."}
+        raise refused("name the verification: finish(summary, verification={\"command\": \"<a command "
+                      "that proves the work>\", \"expect_exit\": 0}); vmd runs it itself.")
     return _verify_and_finish(session, p, notify)
 
 
 def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
     """vmd runs the check itself. A failure is work left (refused) until the allowed
-    failures are spent; a pass is checked against the baseline (vmd/verification.py)."""
+    failures are spent; a pass is checked against the baseline (vmd/verification.py).
+    A refusal after the run is kept like any attempt (session.json's verifications, the
+    record's "verification" line) and carries it as its data (FinishRefusalData)."""
     from vmd import verification as check
 
-    machine = session.guest()
+    machine = session.ready_machine()
     command, expect = p.verification.command, p.verification.expect_exit
     cwd = session.s.facts.get("project_path") or machine.project_path if session.s.project_dir else None
     tail = session.config.output_tail_chars
-    run = check.run_check(machine, command, expect, cwd, session.verify_timeout, output_sink(notify), tail)
+    run = check.run_check(machine.guest, command, expect, cwd, session.verify_timeout, output_sink(notify), tail)
     baseline = None
     if run.passed:
         archive = check.baseline_archive(_repository(session), session.s.base_commit) if session.s.project_dir else b""
-        baseline = check.run_baseline(machine, command, expect, archive, session.verify_timeout, tail)
+        baseline = check.run_baseline(machine.guest, command, expect, archive, session.verify_timeout, tail)
     attempt = {"attempt": len(session.s.verifications) + 1, "command": command, "expect_exit": expect,
                **run.model_dump(), "baseline": baseline.model_dump() if baseline else None}
     with session.lock:
@@ -61,8 +61,7 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
     failures = sum(1 for v in session.s.verifications if not v["passed"])
     allowed = session.config.max_failed_verifications
     if not run.passed and failures < allowed:
-        return {"accepted": False, "outcome": None, "attempt": attempt,
-                "text": check.failed_text(run, command, expect, failures, allowed)}
+        raise refused(check.failed_text(run, command, expect, failures, allowed), {"attempt": attempt})
     proven = None
     if baseline is not None and baseline.error is None:
         proven = not baseline.passed
@@ -70,8 +69,7 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
             with session.lock:
                 session.s.baseline_refused = True
                 session.save()
-            return {"accepted": False, "outcome": None, "attempt": attempt,
-                    "text": check.not_proven_text(command, baseline)}
+            raise refused(check.not_proven_text(command, baseline), {"attempt": attempt})
     outcome = {"command": command, "cwd": cwd, "expect_exit": expect, "exit_code": run.exit_code,
                "passed": run.passed, "proven": proven if run.passed else None,
                "timed_out": run.timed_out, "duration": run.duration, "output_tail": run.output_tail,
@@ -161,7 +159,7 @@ def _close(session: Session, reason: str | None) -> dict:
             if commit is not None or push.get("sha"):
                 gitea = session.store.remote(owner, project).uses_gitea
                 push_state = after_close(push, session.config, gitea)
-    destroyed, machine = session.stop_machine()
+    destroyed, machine = session_boot.stop_machine(session)
     if not session.s.project_dir:
         body = "This session had no project folder: nothing was committed."
     elif commit_failed:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def _wait_for_person(session: Session, state: str, field: str, value: str) -> None:
     with session.lock:
-        if session.s.state not in ("question", "unfreeze"):
+        if session.s.state not in V.WAITING_STATES:
             session.s.resume_state = session.s.state
         session.s.state = state
         setattr(session.s, field, value)

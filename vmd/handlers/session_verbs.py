@@ -8,11 +8,18 @@ import time
 from typing import TYPE_CHECKING
 
 from vmd import verbs as V
-from vmd.errors import NOT_READY, REFUSED, VerbError
+from vmd.errors import NOT_READY, VerbError, refused
 from vmd.report import build_report
 
 if TYPE_CHECKING:
     from vmd.session import Session
+
+# How old a look the live preview (peek) takes instead of a new screenshot: the agent's
+# own screenshot of a moment ago is shown as it is, not captured and encoded a second
+# time (vmd/screen.py `Screen.screenshot(max_age=...)`). A second is well under the
+# preview's tick (vmagent's screen_watch_s, 5 s by default), so it shows nothing staler
+# than its own pace would. The agent's screenshot verb always takes the screen now.
+PEEK_MAX_AGE_S = 1.0
 
 
 def session_ready(session: Session, p: V.SessionReady, notify) -> dict:
@@ -21,10 +28,9 @@ def session_ready(session: Session, p: V.SessionReady, notify) -> dict:
         raise VerbError(f"the machine is still booting ({time.time() - session.s.created:.0f} s since the "
                         "session opened); call session_ready again — planning verbs work meanwhile.",
                         NOT_READY)
-    machine = session.guest()
+    machine = session.ready_machine()
     if session.needs_ready:
-        raise VerbError("the machine is suspended while the session waits for a person; "
-                        "session_resume wakes it.", REFUSED)
+        raise refused("the machine is suspended while the session waits for a person; session_resume wakes it.")
     facts = session.s.facts
     if p.desktop and not session.desktop_ready:
         left = max(1.0, p.timeout - (time.monotonic() - started))
@@ -58,7 +64,7 @@ def status(session: Session) -> dict:
         machine = f"failed: {session.boot_error}"
     elif s.state == "closed":
         machine = "destroyed"
-    elif s.state in ("question", "unfreeze"):
+    elif s.state in V.WAITING_STATES:
         machine = "suspended"
     elif session.boot_done.is_set() and session.machine is not None:
         machine = "ready" if session.machine_alive() else "destroyed"
@@ -99,9 +105,8 @@ def session_cancel(session: Session, p, notify) -> dict:
 def session_resume(session: Session, p: V.Answer, notify) -> dict:
     with session.lock:
         state = session.s.state
-        if state not in ("question", "unfreeze"):
-            raise VerbError(f"REFUSED: the session is {state}, not waiting for an answer; "
-                            "nothing to resume.", REFUSED)
+        if state not in V.WAITING_STATES:
+            raise refused(f"the session is {state}, not waiting for an answer; nothing to resume.")
     # After a vmd restart the machine is re-attached by a thread that session_attach
     # started; resuming before it is done would skip waking the paused guest.
     session.boot_done.wait(session.boot_timeout)
@@ -141,9 +146,9 @@ def peek(session: Session, p, notify) -> dict:
     if (session.s.state not in ("ready", "finished") or machine is None or not session.boot_done.is_set()
             or session.boot_error):
         return {"available": False, "text": f"no screen to show while the session is {session.s.state}."}
-    shot = machine.screenshot()
-    return {"available": True, "png_base64": base64.b64encode(shot["png"]).decode(),
-            "width": shot["width"], "height": shot["height"], "text": "the screen now."}
+    shot = machine.screen.screenshot(max_age=PEEK_MAX_AGE_S)
+    return {"available": True, "png_base64": base64.b64encode(shot.png).decode(),
+            "width": shot.width, "height": shot.height, "text": "the screen now."}
 
 
 def note(session: Session, p: V.Note, notify) -> dict:

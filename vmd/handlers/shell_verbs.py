@@ -1,4 +1,5 @@
-"""The shell and file verbs: run, read_file, write_file, append_file, edit_file, list_dir,
+"""The shell and file verbs: run, read_file, write_file, append_file, edit_file, list_dir
+(the machine's guest, vmd/guest.py; each result made here from what the guest returns),
 git_commit (a commit built by vmd from the folder's bytes, vmd/publish.py)."""
 
 from __future__ import annotations
@@ -7,57 +8,56 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vmd import verbs as V
-from vmd.errors import REFUSED, VerbError
+from vmd.errors import refused
 from vmd.handlers.output import output_sink
 
 if TYPE_CHECKING:
+    from vmd.guest import CommandResult
     from vmd.session import Session
 
 
 def run(session: Session, p: V.Run, notify) -> dict:
-    machine = session.guest()
-    result = machine.run(p.command, p.timeout, p.cwd, output_sink(notify))
+    result = session.ready_machine().guest.run(p.command, timeout=p.timeout, cwd=p.cwd,
+                                               on_output=output_sink(notify))
     with session.lock:
         session.s.runs += 1
         session.save()
-    return {**{k: result[k] for k in ("exit_code", "stdout", "stderr", "duration", "truncated", "timed_out")},
-            "text": _run_text(result)}
+    return {**result.model_dump(), "text": _run_text(result)}
 
 
 def read_file(session: Session, p: V.ReadFile, notify) -> dict:
-    chunk = session.guest().read_file(p.path, p.offset, p.limit)
-    text = chunk["content"]
-    if chunk.get("truncated"):
-        end = chunk["offset"] + len(chunk["content"].encode())
-        text += f"\n[vmd: showing bytes {chunk['offset']}–{end} of {chunk['size']}; read on with offset={end}]"
-    return {**chunk, "text": text}
+    chunk = session.ready_machine().guest.read_file(p.path, p.offset, p.limit)
+    text = chunk.content
+    if chunk.truncated:
+        end = chunk.offset + len(chunk.content.encode())
+        text += f"\n[vmd: showing bytes {chunk.offset}–{end} of {chunk.size}; read on with offset={end}]"
+    return {**chunk.model_dump(), "text": text}
 
 
 def write_file(session: Session, p: V.WriteFile, notify) -> dict:
-    n = session.guest().write_file(p.path, p.content)
+    n = session.ready_machine().guest.write_file(p.path, p.content)
     return {"path": p.path, "bytes": n, "text": f"wrote {n} bytes to {p.path}."}
 
 
 def append_file(session: Session, p: V.WriteFile, notify) -> dict:
-    n = session.guest().append_file(p.path, p.content)
+    n = session.ready_machine().guest.append_file(p.path, p.content)
     return {"path": p.path, "bytes": n, "text": f"appended {n} bytes to {p.path}."}
 
 
 def edit_file(session: Session, p: V.EditFile, notify) -> dict:
-    session.guest().edit_file(p.path, p.old, p.new)
+    session.ready_machine().guest.edit_file(p.path, p.old, p.new)
     return {"path": p.path, "text": f"edited {p.path}: replaced the one match."}
 
 
 def list_dir(session: Session, p: V.ListDir, notify) -> dict:
-    entries = session.guest().list_dir(p.path)
-    lines = [f"{e['name']}{'/' if e['type'] == 'dir' else ''}  {e.get('size', '')}" for e in entries]
-    return {"entries": entries, "text": "\n".join(lines) or f"{p.path} is empty."}
+    entries = session.ready_machine().guest.list_dir(p.path)
+    lines = [f"{e.name}{'/' if e.type == 'dir' else ''}  {e.size}" for e in entries]
+    return {"entries": [e.model_dump() for e in entries], "text": "\n".join(lines) or f"{p.path} is empty."}
 
 
 def git_commit(session: Session, p: V.GitCommit, notify) -> dict:
     if not session.s.project_dir:
-        raise VerbError("this session has no project folder to commit; open the session with a project.",
-                        REFUSED)
+        raise refused("this session has no project folder to commit; open the session with a project.")
     with session.frozen():
         committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
                                          p.message)
@@ -73,19 +73,18 @@ def git_commit(session: Session, p: V.GitCommit, notify) -> dict:
     return {"commit": sha, "left_out": committed["left_out"], "text": text}
 
 
-def _run_text(result: dict) -> str:
-    head = f"exit code {result['exit_code']} ({result['duration']:.1f} s)"
-    if result.get("timed_out"):
+def _run_text(result: CommandResult) -> str:
+    head = f"exit code {result.exit_code} ({result.duration:.1f} s)"
+    if result.timed_out:
         head += ", TIMED OUT"
-    if result.get("truncated"):
+    if result.truncated:
         head += ", output truncated in the middle"
     parts = [head]
-    if result.get("stdout"):
-        parts.append("--- stdout ---\n" + result["stdout"].rstrip("\n"))
-    if result.get("stderr"):
-        parts.append("--- stderr ---\n" + result["stderr"].rstrip("\n"))
+    if result.stdout:
+        parts.append("--- stdout ---\n" + result.stdout.rstrip("\n"))
+    if result.stderr:
+        parts.append("--- stderr ---\n" + result.stderr.rstrip("\n"))
     return "\n".join(parts)
-
 
 
 HANDLERS = {

@@ -1,0 +1,316 @@
+"""What each verb answers: one pydantic model per result, part of the contract.
+
+vmd/verbs.py re-exports everything here (the agent imports only vmd/verbs.py). vmd checks
+every handler's answer against its model before it sends it (`result_problem`): a key
+missing or of the wrong type is a bug in vmd and answers INTERNAL_ERROR, never a reply
+that only looks right. The answer on the wire is the handler's own dict, unchanged.
+
+Extra keys are allowed (`extra="allow"`), so that adding a key to a result is not a
+breaking change; the keys named here are the ones a client may rely on.
+
+Pure pydantic and stdlib, like vmd/verbs.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = [
+    "SessionStateName", "RESULTS", "result_problem",
+    "Result", "TextResult", "SessionOpenResult", "SessionAttachResult", "SessionReadyResult",
+    "SessionStatusResult", "CancelResult", "CloseResult", "ResumeResult", "PeekResult",
+    "ReportResult", "OkResult", "TasksResult", "AddTaskResult", "RunResult", "ReadFileResult",
+    "WriteFileResult", "EditFileResult", "ListDirEntry", "ListDirResult", "GitCommitResult",
+    "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
+    "RequestUnfreezeResult", "CheckRunResult", "CheckAttempt", "FinishRefusalData", "FinishOutcome",
+    "FinishResult",
+]
+
+# A session's state, as session_status and session_attach report it and session.json keeps it.
+SessionStateName = Literal["booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed"]
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextResult(Result):
+    text: str  # what the model reads, as it is
+
+
+# --- session ---------------------------------------------------------------------------
+
+class SessionOpenResult(TextResult):
+    session_id: str
+    os: str
+    project: str | None
+    project_share: bool  # the session has a project folder (shared with the guest)
+    storage: str  # where the work is kept, in words
+    state: SessionStateName
+
+
+class SessionAttachResult(TextResult):
+    session_id: str
+    state: SessionStateName
+
+
+class SessionReadyResult(TextResult):
+    ready: Literal[True]
+    seconds: float  # how long the boot took
+    facts: dict  # the guest's facts (os, kernel, project_path, desktop, ...)
+
+
+class SessionStatusResult(TextResult):
+    session_id: str
+    state: SessionStateName
+    planned: bool
+    tasks: str  # the task list rendered
+    status_line: str  # the same as text
+    question: str  # the open question while the state is "question", else ""
+    unfreeze_request: str  # the open request while the state is "unfreeze", else ""
+    cancelled: bool
+    steps: int
+    machine: str  # booting | ready | suspended | destroyed | "failed: <why>"
+    outcome: dict | None  # finish's outcome once accepted (FinishOutcome)
+    push: dict | None  # the push at close and its retries (vmd/push_retry.py PushState.view)
+    clients: int  # connections bound to the session
+    detached_s: float | None  # seconds since the last client went; None while one is bound
+    ended_by: Literal["vmd", "client"] | None  # once closed
+    reason: str | None  # why vmd closed it, when vmd did
+
+
+class CancelResult(TextResult):
+    cancelled: Literal[True]
+
+
+class CloseResult(TextResult):
+    """session_close, also when it was closed already (text starts "already closed").
+    A close kept in session.json by an older vmd may lack the later keys: they have defaults."""
+    closed: Literal[True]
+    commit: str | None  # vmd's commit of the project folder; None when nothing was committed
+    web_url: str | None = None
+    branch: str | None = None
+    remote: str | None = None
+    pushed: bool = False
+    push_error: str | None = None
+    warnings: list[str] = []
+    files: list[str] = []  # the files changed since the session opened
+    machine_destroyed: bool = False
+    machine: str = ""  # what became of the machine, in words
+    left_out: list[str] = []  # what the commit left out, and why
+    ended_by: Literal["vmd", "client"] = "client"
+    reason: str | None = None
+    push: dict | None = None  # PushState.view() while vmd retries the push
+
+
+class ResumeResult(TextResult):
+    state: SessionStateName  # where the session went back to
+
+
+class PeekResult(TextResult):
+    available: bool  # False: no screen to show now (the rest is then absent)
+    png_base64: str | None = None
+    width: int | None = None
+    height: int | None = None
+
+
+class ReportResult(Result):
+    """Read by people and the agent's loop, not by the model: no text."""
+    markdown: str
+    outcome: dict  # status, proven, attempts, the check (vmd/report.py)
+
+
+class OkResult(TextResult):
+    """note, click, move, type, key, scroll, launch_app."""
+    ok: Literal[True]
+
+
+# --- tasks -----------------------------------------------------------------------------
+
+class TasksResult(TextResult):
+    """plan_tasks and update_task."""
+    tasks: str  # the task list rendered
+
+
+class AddTaskResult(TasksResult):
+    id: int
+
+
+# --- shell and files -------------------------------------------------------------------
+
+class RunResult(TextResult):
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    truncated: bool  # output cut in the middle
+    timed_out: bool
+
+
+class ReadFileResult(TextResult):
+    content: str
+    size: int  # of the whole file, in bytes
+    offset: int
+    truncated: bool  # more follows: read on from offset + len(content)
+
+
+class WriteFileResult(TextResult):
+    """write_file and append_file."""
+    path: str
+    bytes: int
+
+
+class EditFileResult(TextResult):
+    path: str
+
+
+class ListDirEntry(Result):
+    name: str
+    type: str  # file | dir | link | other
+    size: int
+
+
+class ListDirResult(TextResult):
+    entries: list[ListDirEntry]
+
+
+class GitCommitResult(TextResult):
+    commit: str | None  # None: the folder is empty, nothing to commit
+    left_out: list[str]
+
+
+# --- screen and machine ----------------------------------------------------------------
+
+class ScreenshotResult(TextResult):
+    width: int
+    height: int
+    scale: float  # shown pixels per framebuffer pixel
+    path: str  # the PNG beside the record
+    png_base64: str
+    screen_text: str | None = None  # with text=True
+
+
+class WaitResult(TextResult):
+    seconds: float
+
+
+class CheckInternetResult(TextResult):
+    online: bool
+    detail: str  # the probe's own output, cut
+
+
+class RebootResult(TextResult):
+    seconds: float
+
+
+# --- people ----------------------------------------------------------------------------
+
+class AskUserResult(TextResult):
+    state: Literal["question"]
+
+
+class RequestUnfreezeResult(TextResult):
+    state: Literal["unfreeze"]
+
+
+# --- end -------------------------------------------------------------------------------
+
+class CheckRunResult(Result):
+    """One run of the agent's check by vmd (vmd/verification.py CheckRun)."""
+    exit_code: int | None
+    passed: bool
+    timed_out: bool = False
+    duration: float = 0.0
+    output_tail: str = ""
+    error: str | None = None  # the run could not be made at all
+
+
+class CheckAttempt(CheckRunResult):
+    """One finish's run of the check, and of the same check on the baseline."""
+    attempt: int  # 1 for the first finish that ran a check
+    command: str
+    expect_exit: int
+    baseline: CheckRunResult | None
+
+
+class FinishRefusalData(BaseModel):
+    """The `data` of a finish refused after vmd ran the check (it failed, or it proves
+    nothing): the attempt as vmd ran it."""
+    model_config = ConfigDict(extra="allow")
+    attempt: CheckAttempt
+
+
+class FinishOutcome(Result):
+    command: str
+    cwd: str | None
+    expect_exit: int
+    exit_code: int | None
+    passed: bool
+    proven: bool | None  # None: not passed, or the baseline could not be checked
+    timed_out: bool
+    duration: float
+    output_tail: str
+    baseline: CheckRunResult | None
+    attempts: int
+
+
+class FinishResult(TextResult):
+    """Only an accepted finish is a result; every refusal is a REFUSED error."""
+    accepted: Literal[True]  # kept for clients that read it
+    outcome: FinishOutcome
+
+
+RESULTS: dict[str, type[Result]] = {
+    "session_open": SessionOpenResult,
+    "session_attach": SessionAttachResult,
+    "session_ready": SessionReadyResult,
+    "session_status": SessionStatusResult,
+    "session_cancel": CancelResult,
+    "session_close": CloseResult,
+    "session_resume": ResumeResult,
+    "peek": PeekResult,
+    "report": ReportResult,
+    "note": OkResult,
+    "plan_tasks": TasksResult,
+    "add_task": AddTaskResult,
+    "update_task": TasksResult,
+    "run": RunResult,
+    "read_file": ReadFileResult,
+    "write_file": WriteFileResult,
+    "append_file": WriteFileResult,
+    "edit_file": EditFileResult,
+    "list_dir": ListDirResult,
+    "git_commit": GitCommitResult,
+    "screenshot": ScreenshotResult,
+    "click": OkResult,
+    "move": OkResult,
+    "type": OkResult,
+    "key": OkResult,
+    "scroll": OkResult,
+    "launch_app": OkResult,
+    "wait": WaitResult,
+    "check_internet": CheckInternetResult,
+    "reboot_vm": RebootResult,
+    "ask_user": AskUserResult,
+    "request_unfreeze": RequestUnfreezeResult,
+    "finish": FinishResult,
+}
+
+
+def result_problem(verb: str, result: object) -> str | None:
+    """None when `result` fits `verb`'s result model, else a sentence naming the verb and
+    the fields that do not fit."""
+    model = RESULTS.get(verb)
+    if model is None:
+        return f"vmd has no result model for {verb}"
+    if not isinstance(result, dict):
+        return f"vmd's answer to {verb} is a {type(result).__name__}, not an object ({model.__name__})"
+    try:
+        model.model_validate(result)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'the result'}: {err['msg']}"
+                           for err in exc.errors()[:5])
+        return f"vmd's answer to {verb} does not fit its contract ({model.__name__}): {fields}"
+    return None
