@@ -16,11 +16,12 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from tests.loop_harness import running_vmd
-from tests.vmd_fakes import LocalMachine
+from tests.vmd_fakes import LocalGuest, LocalScreen
 from vmagent import tools
 from vmagent.client import Vmd
 from vmd import screen_text as st
-from vmd.screen import Screen
+from vmd.guest import CommandResult
+from vmd.screen import Screen, Shot
 
 # name -> (left, top, dark background), at 1280x800 like the guest's desktop
 WORDS = {
@@ -100,11 +101,17 @@ def test_the_words_on_screen_are_read_with_points_inside_them(tesseract):
         assert inside(found(words, text).centre, box), (text, found(words, text), box)
 
 
+def ppm_of(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PPM")
+    return buf.getvalue()
+
+
 def test_a_word_point_on_a_scaled_down_screen_clicks_the_word_on_the_framebuffer(tesseract):
     # A 2560x1600 framebuffer shown to the agent at 1280x800, as vmd/screen.py does.
     framebuffer, boxes = render((2560, 1600), factor=2.0)
     screen = Screen(domain=None, size=(1280, 800))
-    screen.grab = lambda: framebuffer
+    screen.grab_raw = lambda: ppm_of(framebuffer)  # what libvirt hands over for QEMU
     shot = screen.screenshot()
     assert (shot.width, shot.height, shot.scale) == (1280, 800, 0.5)
     words = st.read_words(shot.png)
@@ -270,18 +277,18 @@ def test_ocr_noise_is_left_out():
 def test_the_screenshot_verb_reads_the_screen_only_when_asked(tmp_path, monkeypatch, tesseract):
     image, boxes = render()
     png = png_of(image)
-    monkeypatch.setattr(LocalMachine, "screenshot",
-                        lambda self: {"png": png, "width": 1280, "height": 800, "scale": 1.0})
+    monkeypatch.setattr(LocalScreen, "screenshot",
+                        lambda self, max_age=0.0: Shot(png, 1280, 800, 1.0, 1280, 800))
     ran: list[str] = []
-    real_run = LocalMachine.run
+    real_run = LocalGuest.run
 
-    def run(self, command, timeout, cwd, on_output):
+    def run(self, command, timeout=300, cwd=None, on_output=None):
         if command == st.WINDOWS_COMMAND:  # the fake machine is the host: no guest desktop
             ran.append(command)
-            return {"exit_code": 0, "stdout": LISTING, "stderr": ""}
+            return CommandResult(exit_code=0, stdout=LISTING, stderr="", duration=0.1)
         return real_run(self, command, timeout, cwd, on_output)
 
-    monkeypatch.setattr(LocalMachine, "run", run)
+    monkeypatch.setattr(LocalGuest, "run", run)
     with running_vmd(tmp_path) as vmd:
         client = Vmd(vmd.socket, timeout=60).connect()
         client.call("session_open", os="debian", project="screen")
