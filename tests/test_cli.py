@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.loop_harness import call, calls, running_vmd
+from tests.loop_harness import call, running_vmd
 from tests.ollama_server import start_ollama
 from tests.test_loop import finish_script
 from vmagent.cli import exit_code
@@ -109,3 +110,32 @@ def test_run_exits_2_without_prompt_md(tmp_path):
 def test_usage_errors_exit_2(tmp_path):
     assert vmagent("run", "--project", "p", env=environment()).returncode == 2
     assert vmagent("run", "  ", "--project", "p", env=environment()).returncode == 2
+
+
+def test_the_guest_defaults_to_the_default_os_setting(monkeypatch):
+    from tests.vmd_fakes import short_socket_dir
+    from vmagent import cli, loop
+
+    top = short_socket_dir()
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(top / "vmd.sock"))
+    listening.listen(4)
+    for name in [k for k in os.environ if k.startswith(("VMAGENT_", "VMD_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("VMD_SOCKET", str(top / "vmd.sock"))
+    monkeypatch.setenv("VMD_DEFAULT_OS", "ubuntu")
+    asked = []
+
+    def run_job(spec, **_):
+        asked.append(spec.os)
+        return Outcome(state="done", report="report", session_id=None, question=None, verification_passed=True,
+                       verification=Verification(passed=True, proven=True, attempts=1), steps=1)
+
+    monkeypatch.setattr(loop, "run_job", run_job)
+    try:
+        assert cli.main(["run", "anything", "--project", "p"]) == 0
+        assert cli.main(["run", "anything", "--project", "p", "--os", "debian"]) == 0
+    finally:
+        listening.close()
+        shutil.rmtree(top, ignore_errors=True)
+    assert asked == ["ubuntu", "debian"], "VMD_DEFAULT_OS when --os is not given"

@@ -54,3 +54,35 @@ def test_the_boot_wait_and_the_preview_interval_are_settings():
     assert config.boot_wait_s == 900 and config.screen_watch_s == 5
     config = AgentConfig.load(env={"VMAGENT_SCREEN_WATCH_S": "0", "VMAGENT_BOOT_WAIT_S": "120"})
     assert config.screen_watch_s == 0 and config.boot_wait_s == 120
+
+
+def test_the_prompts_directory_is_a_setting_read_from_vmagent_prompts(tmp_path):
+    assert AgentConfig.load(env={}).prompts_dir is None, "the repository's prompts only"
+    assert AgentConfig.load(env={"VMAGENT_PROMPTS": str(tmp_path)}).prompts_dir == tmp_path
+    assert AgentConfig.load(env={"VMAGENT_PROMPTS": "   "}).prompts_dir is None, "blank is not set"
+    both = {"VMAGENT_PROMPTS_DIR": "/long/form", "VMAGENT_PROMPTS": str(tmp_path)}
+    assert AgentConfig.load(env=both).prompts_dir == tmp_path, "the short name wins, like OLLAMA_HOST"
+    path = tmp_path / "agent.toml"
+    path.write_text(f'prompts_dir = "{tmp_path / "from-file"}"\n')
+    assert AgentConfig.load(path, env={}).prompts_dir == tmp_path / "from-file"
+
+
+def test_the_prompts_are_looked_for_in_the_configured_directory_first(tmp_path):
+    from vmagent.prompts import load_prompts
+
+    (tmp_path / "prompt.md").write_text("CONFIGURED RULES\n")
+    config = AgentConfig.load(env={"VMAGENT_PROMPTS": str(tmp_path)})
+    loaded = load_prompts("linux", desktop=False, config=config)
+    assert loaded.system.startswith("CONFIGURED RULES") and loaded.sources[0] == tmp_path / "prompt.md"
+    repo = load_prompts("linux", desktop=False, config=AgentConfig.load(env={}))
+    assert not repo.system.startswith("CONFIGURED RULES"), "without the setting: the repository's"
+
+
+def test_the_default_guest_is_vmds_default_os(tmp_path):
+    assert AgentConfig.load(env={}).default_os == "debian"
+    assert AgentConfig.load(env={"VMD_DEFAULT_OS": "ubuntu"}).default_os == "ubuntu"
+    assert AgentConfig.load(env={"VMAGENT_DEFAULT_OS": "win11"}).default_os == "win11"
+    path = tmp_path / "agent.toml"
+    path.write_text('default_os = ""\n')
+    with pytest.raises(ConfigError, match="default_os"):
+        AgentConfig.load(path, env={})

@@ -40,17 +40,26 @@ def test_libvirtd_that_does_not_answer_says_how_to_start_it(tmp_path):
 
 def test_kvm_is_ok_and_tcg_is_a_warning_that_says_why(monkeypatch):
     monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert doctor.check_accel(lambda: True, env={}).status == "ok"
-    forced = doctor.check_accel(lambda: False, env={"VMD_ACCEL": "qemu"})
-    assert forced.status == "warn" and "VMD_ACCEL=qemu" in forced.text
+    assert doctor.check_accel(lambda: True).status == "ok"
+    forced = doctor.check_accel(lambda: True, setting="qemu")
+    assert forced.status == "warn" and "VMD_ACCEL=qemu" in forced.text, "the setting wins over the probe"
+    kvm = doctor.check_accel(lambda: False, setting="kvm")
+    assert kvm.status == "ok" and "VMD_ACCEL=kvm" in kvm.text
     monkeypatch.setattr(doctor.os.path, "exists", lambda path: False if path == "/dev/kvm" else True)
-    tcg = doctor.check_accel(lambda: False, env={})
+    tcg = doctor.check_accel(lambda: False)
     assert tcg.status == "warn" and "TCG" in tcg.text and "no /dev/kvm" in tcg.text
+
+
+def test_the_accel_check_follows_the_configured_setting(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/usr/bin/{name}")
+    config = VmdConfig.load(env={"VMD_ACCEL": "tcg"})
+    [found] = doctor.run_checks(["accel"], config)
+    assert found.status == "warn" and "VMD_ACCEL=tcg" in found.text
 
 
 def test_no_qemu_is_a_failure(monkeypatch):
     monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
-    found = doctor.check_accel(lambda: True, env={})
+    found = doctor.check_accel(lambda: True)
     assert found.status == "fail" and "apt-get install qemu-system-x86" in found.text
 
 
@@ -262,8 +271,29 @@ def test_ollama_not_answering():
 
 def test_a_check_that_breaks_is_a_failure_not_a_crash(monkeypatch):
     monkeypatch.setattr(doctor, "check_socket", lambda *a: 1 / 0)
-    [found] = doctor.run_checks(["socket"], VmdConfig.load(env={}), env={})
+    [found] = doctor.run_checks(["socket"], VmdConfig.load(env={}))
     assert found.status == "fail" and "ZeroDivisionError" in found.text
+
+
+def test_the_checks_take_their_settings_from_the_config(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(doctor, "check_socket", lambda path, group: seen.update(socket=(path, group)))
+    monkeypatch.setattr(doctor, "check_ollama", lambda url, model: seen.update(ollama=(url, model)))
+    monkeypatch.setattr(doctor, "check_gitea", lambda config: seen.update(token=config.gitea_token.get_secret_value()))
+    token_file = tmp_path / "token"
+    token_file.write_text("from-the-file\n")
+    config = VmdConfig.load(env={"VMD_SOCKET": "/run/x/vmd.sock", "VMD_SOCKET_GROUP": "1001",
+                                 "OLLAMA_HOST": "http://ollama:11434", "VMAGENT_MODEL": "qwen3:8b",
+                                 "GITEA_TOKEN_FILE": str(token_file)})
+    doctor.run_checks(["socket", "ollama", "gitea"], config)
+    assert seen == {"socket": (Path("/run/x/vmd.sock"), "1001"), "ollama": ("http://ollama:11434", "qwen3:8b"),
+                    "token": "from-the-file"}
+    seen.clear()
+    doctor.run_checks(["socket", "ollama", "gitea"],
+                      VmdConfig.load(env={"GITEA_TOKEN": "set", "GITEA_TOKEN_FILE": str(token_file)}))
+    assert seen["socket"][1] is None, "no group set: the group is not checked"
+    assert seen["ollama"] == ("http://127.0.0.1:11434", "qwen3-vl:32b"), "vmagent's defaults"
+    assert seen["token"] == "set", "GITEA_TOKEN wins over the file"
 
 
 def test_the_command_exits_nonzero_on_a_failure_and_prints_sentences(tmp_path):

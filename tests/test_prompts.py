@@ -108,3 +108,18 @@ def test_the_repositorys_prompt_says_what_a_good_check_is():
     assert "`true`, `test -d`, or a test that asserts nothing" in text
     assert "project as it was before the session" in text and "passed, not proven" in text
     assert "A check that fails means the work is not done: `finish` is refused" in text
+
+
+def test_the_prompts_state_runs_default_timeout_as_the_contract_has_it():
+    # The prompts are text a person may edit, so they cannot read vmd/verbs.py; this keeps
+    # the shipped ones from telling the model a default that run does not have.
+    import re
+    from pathlib import Path
+
+    from vmd.verbs import Run
+
+    default = Run.model_fields["timeout"].default
+    shells = [Path(__file__).parent.parent / "configs" / "agent" / f"prompt.{os}.md" for os in ("linux", "windows")]
+    stated = {p.name: re.findall(r"default (\d+) s", p.read_text()) for p in shells}
+    assert all(stated.values()), stated  # each shell's prompt names the default
+    assert all(float(n) == default for found in stated.values() for n in found), (stated, default)

@@ -19,7 +19,6 @@ destroyed) and the report is printed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
@@ -76,17 +75,19 @@ def _run(args: argparse.Namespace) -> int:
     from vmagent.client import Vmd, VmdUnavailable, default_socket
     from vmagent.config import AgentConfig, ConfigError
     from vmagent.prompts import PromptMissing, load_prompts
+    from vmd.verbs import WAITING_STATES
 
     socket_path = default_socket()
     try:
         config = AgentConfig.load()
-        load_prompts(tools.os_family_of(args.os), desktop=False)
+        guest_os = args.os or config.default_os
+        load_prompts(tools.os_family_of(guest_os), desktop=False, config=config)
         Vmd(socket_path, timeout=10).connect().close()
     except (ConfigError, PromptMissing, VmdUnavailable) as exc:
         print(f"vmagent run: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    spec = loop.JobSpec(task=args.task, os=args.os, project=args.project, owner=args.owner or "",
+    spec = loop.JobSpec(task=args.task, os=guest_os, project=args.project, owner=args.owner or "",
                         model=args.model)
     transcript = Path(args.transcript) if args.transcript else Path(
         tempfile.mkdtemp(prefix="vmagent-run-")) / "transcript.json"
@@ -101,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         cancel.set()
     print(outcome.report, flush=True)
-    if outcome.state in ("question", "unfreeze"):
+    if outcome.state in WAITING_STATES:
         print(f"The session waits for a person ({outcome.state}): {outcome.question}\n"
               f"Carry on with the job service, or resume from {transcript}.", file=sys.stderr)
     return exit_code(outcome)
@@ -180,8 +181,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one job here, with live progress, and print its report")
     run.add_argument("task", help="what the agent should do")
-    run.add_argument("--os", default=os.environ.get("VMD_DEFAULT_OS") or "debian",
-                     help="the guest image (default: debian)")
+    run.add_argument("--os", help="the guest image (default: the default_os setting, VMD_DEFAULT_OS, "
+                                   "else debian)")
     run.add_argument("--project", required=True, help="the project folder (a git repository) to work in")
     run.add_argument("--owner", default="", help="the project's owner (Gitea user or org)")
     run.add_argument("--model", help="the Ollama model (default: from config / VMAGENT_MODEL)")

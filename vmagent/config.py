@@ -2,7 +2,8 @@
 
 Order of precedence, lowest first: the defaults below, a TOML or YAML file (the path
 given to `AgentConfig.load`, else the one named by VMAGENT_CONFIG), then environment
-variables (OLLAMA_HOST, VMAGENT_MODEL, and VMAGENT_<FIELD> for any field).
+variables (VMAGENT_<FIELD> for any field, and the names in ENV_ALIASES). Nothing else of
+vmagent reads a setting from the environment.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 CONFIG_ENV = "VMAGENT_CONFIG"
+PROMPTS_ENV = "VMAGENT_PROMPTS"
+# Names people already set, read for a field besides its VMAGENT_<FIELD> form and winning
+# over it: Ollama's own, the agent's short ones, and vmd's, so that one variable sets both
+# sides of a setup.
+ENV_ALIASES = {
+    "OLLAMA_HOST": "ollama_host",
+    "VMAGENT_MODEL": "model",
+    PROMPTS_ENV: "prompts_dir",
+    "VMD_DEFAULT_OS": "default_os",
+}
 
 
 class ConfigError(ValueError):
@@ -58,6 +69,15 @@ class AgentConfig(BaseModel):
     # capabilities, before a session opens) gives up after 3 retries instead: a server that
     # is not there at the start is a setting to fix.
     model_retry_s: float = Field(180, ge=0)
+
+    # --- the job ---------------------------------------------------------------------
+    # Where prompt.md and its parts are looked for first (vmagent/prompts.py), before the
+    # repository's configs/agent: rewording the prompt of an installed agent (the compose
+    # image sets it) is then an edit and a restart. None: the repository's only.
+    prompts_dir: Path | None = None
+    # The guest image `vmagent run` asks for when --os is not given; read from VMD_DEFAULT_OS,
+    # the name of vmd's own default, so that one variable names it for both.
+    default_os: str = Field("debian", min_length=1)
 
     # --- compaction ----------------------------------------------------------------
     # Compact when the estimated prompt passes this fraction of num_ctx. The rest is
@@ -120,6 +140,14 @@ class AgentConfig(BaseModel):
             raise ValueError("ollama_host is empty")
         # Kept as written ("host", "host:port" or a URL): the ollama package completes it
         # the way Ollama's own CLI does (port 11434 when none is given).
+        return value
+
+    @field_validator("prompts_dir", mode="before")
+    @classmethod
+    def _blank_prompts_dir_is_none(cls, value: Any) -> Any:
+        # A variable set to spaces (an empty line in a compose file) means "not set".
+        if isinstance(value, str):
+            return value.strip() or None
         return value
 
     @field_validator("think", mode="before")
@@ -186,14 +214,12 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         raw = env.get(f"VMAGENT_{name.upper()}")
         if raw is not None and raw != "":
             values[name] = raw
-    # The names every Ollama user already sets win over the long forms.
-    if env.get("OLLAMA_HOST"):
-        values["ollama_host"] = env["OLLAMA_HOST"]
-    if env.get("VMAGENT_MODEL"):
-        values["model"] = env["VMAGENT_MODEL"]
+    for var, name in ENV_ALIASES.items():
+        if env.get(var):
+            values[name] = env[var]
     return values
 
 
 def dump(config: AgentConfig) -> str:
     """The settings in effect, for a log line or `vmagent config`."""
-    return json.dumps(config.model_dump(), indent=2)
+    return json.dumps(config.model_dump(mode="json"), indent=2)

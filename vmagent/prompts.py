@@ -4,8 +4,9 @@
     prompt.<os>.md     optional: the guest's shell, paths and packages (linux, windows)
     prompt.screen.md   optional, only for a desktop session: how to use the screen tools
 
-They are looked for in the directory given by the caller, else in $VMAGENT_PROMPTS, then
-in this repository's own configs/agent/. Parts are joined in the order above.
+They are looked for in the directory given by the caller, else in the configured one
+(AgentConfig.prompts_dir, from $VMAGENT_PROMPTS), then in this repository's own
+configs/agent/. Parts are joined in the order above.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV_VAR = "VMAGENT_PROMPTS"
+from vmagent.config import PROMPTS_ENV, AgentConfig
+
+# The variable's name, for the job service's list of what a worker may inherit.
+ENV_VAR = PROMPTS_ENV
 REPO_PROMPTS_DIR = Path(__file__).resolve().parent.parent / "configs" / "agent"
 
 
@@ -34,13 +38,14 @@ def _family(os_family: str) -> str:
     return "windows" if str(os_family).strip().lower().startswith("win") else "linux"
 
 
-def _candidates(prompts_dir: str | os.PathLike | None) -> list[tuple[Path, str]]:
+def _candidates(prompts_dir: str | os.PathLike | None, config: AgentConfig | None) -> list[tuple[Path, str]]:
     if prompts_dir is not None:
         return [(Path(prompts_dir), "the prompts directory given")]
     places = []
-    from_env = os.environ.get(ENV_VAR, "").strip()
-    if from_env:
-        places.append((Path(from_env), f"${ENV_VAR}"))
+    # A caller without the job's config (the turn loop today) gets the one in effect.
+    configured = (config or AgentConfig.load()).prompts_dir
+    if configured is not None:
+        places.append((configured, f"prompts_dir, ${ENV_VAR}"))
     places.append((REPO_PROMPTS_DIR, "the repository's configs/agent"))
     return places
 
@@ -55,18 +60,20 @@ def _read(path: Path) -> str | None:
 
 
 def load_prompts(
-    os_family: str, desktop: bool, prompts_dir: str | os.PathLike | None = None
+    os_family: str, desktop: bool, prompts_dir: str | os.PathLike | None = None,
+    config: AgentConfig | None = None,
 ) -> Prompts:
     """Build the system prompt for a guest OS family ("linux" or "windows"; a name like
     "debian" or "win11" is read as its family) and whether the session has a desktop.
 
-    Raises PromptMissing when no prompt.md is found; optional parts that are missing
-    become warnings.
+    `prompts_dir` is the only place looked in when given; else `config`'s prompts_dir
+    (the configuration in effect when None), then the repository's. Raises PromptMissing
+    when no prompt.md is found; optional parts that are missing become warnings.
     """
     family = _family(os_family)
     looked: list[str] = []
     warnings: list[str] = []
-    for directory, label in _candidates(prompts_dir):
+    for directory, label in _candidates(prompts_dir, config):
         main_file = directory / "prompt.md"
         try:
             main = _read(main_file)

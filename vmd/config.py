@@ -1,6 +1,7 @@
 """vmd's configuration: an optional TOML file (VMD_CONFIG), then the environment.
 
-Every number a person might tune lives here with the reason for its default.
+Every number a person might tune lives here with the reason for its default, and only
+`VmdConfig.load` reads settings from the environment: the rest of vmd is handed a config.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from vmd.owners import DEFAULT_ORG, GiteaOrgName, PersonMap
 
@@ -43,7 +44,18 @@ ENV_FIELDS = {
     "VMD_PUSH_RETRY_S": "push_retry_s",
     "VMD_PUSH_RETRY_BACKOFF_S": "push_retry_backoff_s",
     "VMD_PUSH_RETRY_BACKOFF_MAX_S": "push_retry_backoff_max_s",
+    "VMD_ACCEL": "accel",
+    "VMD_INTERNET_PROBE": "internet_probe",
+    "VMD_SOCKET_GROUP": "socket_group",
+    "GITEA_TOKEN_FILE": "gitea_token_file",
+    "OLLAMA_HOST": "ollama_host",
+    "VMAGENT_MODEL": "ollama_model",
 }
+
+
+class VmdConfigError(ValueError):
+    """The configuration cannot be used; the message names each setting (its variable when
+    the environment gave it) and what is wrong with it."""
 
 
 class VmdConfig(BaseModel):
@@ -85,6 +97,10 @@ class VmdConfig(BaseModel):
     # (4 without KVM). The Debian guest with its desktop boots in ~10 s with KVM and in
     # 30-40 s under TCG; 150 s (600 s under TCG) leaves room for a loaded host.
     boot_timeout_s: float = Field(default=150, gt=0)
+    # How guests are run: "auto" asks QEMU whether it can really start a KVM guest here
+    # (vmd/accel.py), "kvm" or "qemu" (also "tcg") force one without asking: a host whose
+    # probe is wrong, or a KVM host made to show how a TCG-only one behaves.
+    accel: Literal["auto", "kvm", "qemu", "tcg"] = "auto"
     # The verification command vmd re-runs at finish: a project's test suite can take
     # minutes; past this (x4 under TCG) it counts as failed (timed out).
     verify_timeout_s: float = Field(default=300, gt=0)
@@ -122,9 +138,8 @@ class VmdConfig(BaseModel):
     # shell-only machine, not a failed boot.
     desktop_wait_s: float = Field(default=30, gt=0)
     # Where check_internet tries to connect: any public host answering on port 80 will do
-    # (another for a host behind a proxy). VMD_INTERNET_PROBE is read here, not through
-    # ENV_FIELDS, so that the mapping above stays as it is while it is being changed.
-    internet_probe: str = Field(default_factory=lambda: os.environ.get("VMD_INTERNET_PROBE") or "example.com")
+    # (another for a host behind a proxy).
+    internet_probe: str = Field(default="example.com", min_length=1)
     # The record cuts long strings to record_output_chars; the verification's output tail
     # gets this larger budget there, enough for a test runner's summary and a failure.
     record_output_tail_chars: int = Field(default=8000, gt=0)
@@ -151,6 +166,26 @@ class VmdConfig(BaseModel):
     # quick when Gitea was only restarting, and at most a few minutes late once it is back.
     push_retry_backoff_s: float = Field(default=30, gt=0)
     push_retry_backoff_max_s: float = Field(default=300, gt=0)
+
+    # --- read by `vmd doctor` only, which checks the whole setup from vmd's side ----------
+    # The job service's group (a name or a gid) that must reach vmd's socket: the vmd
+    # container's entrypoint gives the socket's folder this group. Empty: not checked.
+    socket_group: str = ""
+    # Where the compose setup keeps Gitea's token for vmd (its entrypoint reads the file into
+    # GITEA_TOKEN for vmd serve); the doctor reads it when GITEA_TOKEN is empty.
+    gitea_token_file: Path | None = None
+    # The agent's Ollama and model, named as vmagent reads them (OLLAMA_HOST, VMAGENT_MODEL)
+    # with vmagent's defaults (vmagent/config.py): vmd does not import vmagent.
+    ollama_host: str = "http://127.0.0.1:11434"
+    ollama_model: str = "qwen3-vl:32b"
+
+    @field_validator("accel", mode="before")
+    @classmethod
+    def _accel_in_any_case(cls, value):
+        # VMD_ACCEL=KVM means kvm, and an empty line in a compose file means "not set".
+        if isinstance(value, str):
+            return value.strip().lower() or "auto"
+        return value
 
     @model_validator(mode="after")
     def _default_projects_dir(self) -> "VmdConfig":
@@ -185,4 +220,21 @@ class VmdConfig(BaseModel):
                 values[field] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
         # projects_dir follows state_dir unless it was set on its own.
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            from_env = {field: var for var, field in ENV_FIELDS.items()
+                        if env.get(var) and overrides.get(field) is None}
+            raise VmdConfigError(_problems(e, from_env, path)) from None
+
+
+def _problems(error: ValidationError, from_env: Mapping[str, str], path) -> str:
+    """"vmd's configuration is invalid: VMD_ACCEL (accel): Input should be ...": the
+    variable is named when the environment set the field (`from_env`: field -> variable)."""
+    said = []
+    for err in error.errors():
+        field = str(err["loc"][0]) if err["loc"] else "config"
+        where = f"{from_env[field]} ({field})" if field in from_env else field
+        said.append(f"{where}: {err['msg']}")
+    source = f" (file {path} and environment)" if path else " (environment)"
+    return f"vmd's configuration is invalid{source}: " + "; ".join(said) + "."

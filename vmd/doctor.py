@@ -33,7 +33,7 @@ import stat
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Literal, Mapping
+from typing import Callable, Literal
 
 from pydantic import SecretStr
 
@@ -41,9 +41,6 @@ from vmd.config import VmdConfig
 
 Status = Literal["ok", "warn", "wait", "fail"]
 CHECKS = ("libvirtd", "accel", "image", "socket", "gitea", "ollama")
-# What the Ollama side defaults to (vmagent/config.py); vmd does not import vmagent.
-DEFAULT_OLLAMA = "http://127.0.0.1:11434"
-DEFAULT_MODEL = "qwen3-vl:32b"
 HTTP_TIMEOUT_S = 10.0
 # A repository name nobody has: the write probe on it answers 404 with the scope and 403
 # without, and changes nothing either way.
@@ -87,18 +84,18 @@ def check_libvirtd(uri: str) -> Finding:
                                      f"{version % 1000} answers at {uri} ({running} domains defined).")
 
 
-def check_accel(kvm_probe: Callable[[], bool] | None = None, env: Mapping[str, str] | None = None) -> Finding:
-    env = os.environ if env is None else env
+def check_accel(kvm_probe: Callable[[], bool] | None = None, setting: str = "auto") -> Finding:
+    """The accelerator guests get under `setting` (VmdConfig.accel, VMD_ACCEL), asking
+    `kvm_probe` (QEMU itself, by default) when the setting forces none."""
+    from vmd.accel import choose_accel
+
     if not shutil.which("qemu-system-x86_64"):
         return Finding("accel", "fail", "qemu-system-x86_64 is not installed: "
                                         "`apt-get install qemu-system-x86 qemu-utils`.")
-    forced = env.get("VMD_ACCEL", "").lower()
-    if kvm_probe is None:
-        from vmd.machine import kvm_works as kvm_probe  # lazily: it imports libvirt
-    if kvm_probe():
-        return Finding("accel", "ok", "guests run with KVM" + (" (VMD_ACCEL=kvm)." if forced == "kvm" else "."))
-    if forced in ("qemu", "tcg"):
-        return Finding("accel", "warn", f"guests run under TCG because VMD_ACCEL={forced} (about 4x "
+    if choose_accel(setting, kvm_probe) == "kvm":
+        return Finding("accel", "ok", "guests run with KVM" + (" (VMD_ACCEL=kvm)." if setting == "kvm" else "."))
+    if setting in ("qemu", "tcg"):
+        return Finding("accel", "warn", f"guests run under TCG because VMD_ACCEL={setting} (about 4x "
                                         "slower than KVM; a boot takes 30-40 s): unset it to use KVM.")
     if not os.path.exists("/dev/kvm"):
         why = "there is no /dev/kvm (no KVM on this host, or the container was not given it)"
@@ -344,22 +341,19 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def run_checks(names: list[str] | tuple[str, ...] = CHECKS, config: VmdConfig | None = None,
-               env: Mapping[str, str] | None = None) -> list[Finding]:
-    env = os.environ if env is None else env
-    config = config or VmdConfig.load(env=env)
-    token_file = env.get("GITEA_TOKEN_FILE")
-    if not config.gitea_token.get_secret_value() and token_file and os.path.isfile(token_file):
+def run_checks(names: list[str] | tuple[str, ...] = CHECKS, config: VmdConfig | None = None) -> list[Finding]:
+    config = config or VmdConfig.load()
+    token_file = config.gitea_token_file
+    if not config.gitea_token.get_secret_value() and token_file and token_file.is_file():
         # Where the compose setup keeps it (its entrypoint reads it into GITEA_TOKEN for vmd).
-        config = config.model_copy(update={"gitea_token": SecretStr(Path(token_file).read_text().strip())})
+        config = config.model_copy(update={"gitea_token": SecretStr(token_file.read_text().strip())})
     table: dict[str, Callable[[], Finding]] = {
         "libvirtd": lambda: check_libvirtd(config.libvirt_uri),
-        "accel": lambda: check_accel(env=env),
+        "accel": lambda: check_accel(setting=config.accel),
         "image": lambda: check_image(config.images_dir, config.default_os),
-        "socket": lambda: check_socket(config.socket, env.get("VMD_SOCKET_GROUP") or None),
+        "socket": lambda: check_socket(config.socket, config.socket_group or None),
         "gitea": lambda: check_gitea(config),
-        "ollama": lambda: check_ollama(env.get("OLLAMA_HOST") or DEFAULT_OLLAMA,
-                                       env.get("VMAGENT_MODEL") or DEFAULT_MODEL),
+        "ollama": lambda: check_ollama(config.ollama_host, config.ollama_model),
     }
     findings = []
     for name in names:

@@ -17,13 +17,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
 from pydantic import BaseModel
 
+from vmd.config import VmdConfig
 from vmd.host_env import clean_env
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "images"
-DEFAULT_IMAGES_DIR = Path("/var/lib/vmagent/images")
+# What a recipe's build script gets of vmd's environment besides clean_env's allow-list:
+# its own VMD_* settings (the apt mirror, VMD_APT_MIRROR, is the recipe's, not vmd's) and a
+# proxy where the host uses one. Never a token.
+BUILD_ENV_PREFIX = "VMD_"
+BUILD_ENV_PROXIES = ("http_proxy", "https_proxy", "no_proxy")
 
 
 class ImageMissing(LookupError):
@@ -54,14 +60,26 @@ class Image(BaseModel):
         return self.dir / getattr(self, field)
 
 
-def images_dir() -> Path:
-    return Path(os.environ.get("VMD_IMAGES_DIR") or DEFAULT_IMAGES_DIR)
+def images_dir(flag: str | None = None) -> Path:
+    """Where images live: `flag` (--images-dir) if given, else vmd's images_dir setting
+    (VMD_IMAGES_DIR, VMD_CONFIG), for a caller without vmd's config at hand."""
+    return VmdConfig.load(images_dir=flag).images_dir
+
+
+def build_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a recipe's build script: clean_env plus the part of `environ`
+    (vmd's own) that BUILD_ENV_PREFIX and BUILD_ENV_PROXIES allow. This passes variables on
+    to a child rather than reading a setting, which is why it looks at the environment."""
+    passed = {k: v for k, v in environ.items()
+              if k.startswith(BUILD_ENV_PREFIX) or k.lower() in BUILD_ENV_PROXIES}
+    return clean_env(passed)
 
 
 def recipe_hash(name: str, recipes: Path = RECIPES_DIR) -> str:
     recipe = recipes / name
     if not recipe.is_dir():
-        known = ", ".join(sorted(p.name for p in recipes.iterdir() if p.is_dir())) or "none"
+        found = recipes.iterdir() if recipes.is_dir() else ()
+        known = ", ".join(sorted(p.name for p in found if p.is_dir())) or "none"
         raise ImageMissing(f"there is no image recipe '{name}' under {recipes} (known: {known}).")
     digest = hashlib.sha256()
     files = (p for p in recipe.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
@@ -76,14 +94,14 @@ def load_image(folder: Path) -> Image:
     return Image(**manifest, dir=folder)
 
 
-def find_image(name: str, root: Path | None = None) -> Image:
+def find_image(name: str, root: Path | None = None, recipes: Path = RECIPES_DIR) -> Image:
     """The image for `name`: the one built from the current recipe if there is one,
     else the newest built image of that name (a host without the recipes, e.g. in a
     container, still finds what was built for it)."""
     root = root or images_dir()
     candidates: list[Path] = []
     try:
-        current = root / f"{name}-{recipe_hash(name)}"
+        current = root / f"{name}-{recipe_hash(name, recipes)}"
         candidates.append(current)
     except ImageMissing:
         pass
@@ -100,18 +118,19 @@ def find_image(name: str, root: Path | None = None) -> Image:
     )
 
 
-def build(name: str, root: Path | None = None, out=sys.stdout) -> Image:
-    """Build `name` from its recipe unless an image of the same recipe hash exists."""
+def build(name: str, root: Path | None = None, out=sys.stdout, recipes: Path = RECIPES_DIR) -> Image:
+    """Build `name` from its recipe under `recipes` unless an image of the same recipe hash
+    exists: `bash <recipe>/build.sh <partial folder>`, which must leave manifest.json there."""
     root = root or images_dir()
-    target = root / f"{name}-{recipe_hash(name)}"
+    target = root / f"{name}-{recipe_hash(name, recipes)}"
     if (target / "manifest.json").is_file():
         print(f"{name}: up to date ({target})", file=out)
         return load_image(target)
-    script = RECIPES_DIR / name / "build.sh"
+    script = recipes / name / "build.sh"
     if not script.is_file():
         raise ImageBuildError(
             f"the '{name}' recipe cannot be built on this host ({script} does not exist); "
-            f"see {RECIPES_DIR / name / 'README.md'}."
+            f"see {recipes / name / 'README.md'}."
         )
     root.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
@@ -120,12 +139,8 @@ def build(name: str, root: Path | None = None, out=sys.stdout) -> Image:
     started = time.monotonic()
     print(f"{name}: building {target.name} (log: {log_path})", file=out, flush=True)
     with open(log_path, "w") as log:
-        # The recipe gets the allow-listed environment, plus its own VMD_* settings (the apt
-        # mirror) and a proxy where the host uses one; never a token.
-        passed = {k: v for k, v in os.environ.items()
-                  if (k.startswith("VMD_") or k.lower() in ("http_proxy", "https_proxy", "no_proxy"))}
         proc = subprocess.Popen(["bash", str(script), str(partial)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, env=clean_env(passed))
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, env=build_env(os.environ))
         for line in proc.stdout:
             log.write(line)
             log.flush()
@@ -157,7 +172,12 @@ def _progress_line(line: str, elapsed: float) -> str | None:
 
 def cli_build(args) -> int:
     try:
-        build(args.name, Path(args.images_dir) if args.images_dir else None)
+        root = images_dir(args.images_dir)
+    except (FileNotFoundError, ValueError) as exc:  # vmd's configuration cannot be used
+        print(f"vmd images build: {exc}", file=sys.stderr)
+        return 2
+    try:
+        build(args.name, root)
     except (ImageMissing, ImageBuildError) as exc:
         print(f"vmd images build: {exc}", file=sys.stderr)
         return 1
@@ -165,7 +185,11 @@ def cli_build(args) -> int:
 
 
 def cli_list(args) -> int:
-    root = Path(args.images_dir) if args.images_dir else images_dir()
+    try:
+        root = images_dir(args.images_dir)
+    except (FileNotFoundError, ValueError) as exc:  # vmd's configuration cannot be used
+        print(f"vmd images list: {exc}", file=sys.stderr)
+        return 2
     found = sorted(root.glob("*/manifest.json")) if root.is_dir() else []
     if not found:
         print(f"no images in {root}; build one with `vmd images build debian`")

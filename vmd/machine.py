@@ -8,7 +8,6 @@ overlay, no QEMU process (and so no forwarded port).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -25,6 +24,9 @@ import libvirt_qemu
 import paramiko
 from pydantic import BaseModel
 
+from vmd.accel import choose_accel
+from vmd.accel import timeout_scale as scale_for
+from vmd.config import VmdConfig
 from vmd.domain_xml import (EGRESS_NET, EGRESS_NIC_MAC, HOTPLUG_PORT, DirectKernel, Disk, Domain,
                             RunAs, SerialLog, SharedFolder, UserNetwork, Video)
 from vmd.guest import Guest, GuestError, LinuxGuest, SshConnection
@@ -58,38 +60,15 @@ class Facts(BaseModel):
     seconds: float = 0.0
 
 
-@functools.lru_cache(maxsize=1)
-def kvm_works() -> bool:
-    """True when QEMU can really start a KVM guest here.
-
-    /dev/kvm can exist, open, and even create a VM while QEMU still aborts when it sets
-    up a vCPU (seen on the CI hosts: "failed to set MSR 0x10a"), so ask QEMU itself: start
-    a paused machine with `-accel kvm` and quit it (about 50 ms)."""
-    forced = os.environ.get("VMD_ACCEL", "").lower()
-    if forced in ("qemu", "tcg"):
-        return False
-    if forced == "kvm":
-        return True
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        return False
-    try:
-        probe = subprocess.run(
-            ["qemu-system-x86_64", "-accel", "kvm", "-M", "q35", "-cpu", "host", "-nodefaults",
-             "-display", "none", "-S", "-monitor", "stdio"],
-            input="quit\n", capture_output=True, text=True, timeout=30, env=clean_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-def accel() -> str:
-    return "kvm" if kvm_works() else "qemu"
+def accel(setting: str | None = None) -> str:
+    """"kvm" or "qemu" for the next guest under `setting` (VmdConfig.accel); None: the
+    setting in effect (VMD_ACCEL, VMD_CONFIG), for a caller without vmd's config at hand."""
+    return choose_accel(VmdConfig.load().accel if setting is None else setting)
 
 
 def timeout_scale(acc: str | None = None) -> float:
-    """How much longer everything takes without KVM. Under TCG a Debian guest boots in
-    30-40 s against ~8 s with KVM; commands are 3-10x slower."""
-    return 1.0 if (acc or accel()) == "kvm" else 4.0
+    """vmd.accel.timeout_scale of a guest run with `acc`, or of the next guest."""
+    return scale_for(acc or accel())
 
 
 def connect(uri: str = DEFAULT_URI) -> libvirt.virConnect:
@@ -125,6 +104,11 @@ def _check_reachable(path: Path, uid: int, gid: int, user: str) -> None:
                            f"(chmod o+x {folder}) or move vmd's state and images dirs elsewhere.")
 
 
+def _screen_dir(workdir: Path) -> Path:
+    """The folder QEMU may write the guest's framebuffer to; nothing else goes there."""
+    return workdir / "screen"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,7 +129,7 @@ class Machine:
         self.started = time.monotonic()
         self.ssh = SshConnection("127.0.0.1", ssh_port, image.user, str(image.path("ssh_key")))
         self.guest: Guest = LinuxGuest(self.ssh, image.project_path)
-        self.screen = Screen(domain, tuple(image.resolution))
+        self.screen = Screen(domain, tuple(image.resolution), dump_path=_screen_dir(workdir) / "frame.ppm")
         self.facts: Facts | None = None
 
     # --- life cycle ---------------------------------------------------------------------
@@ -153,7 +137,7 @@ class Machine:
     @classmethod
     def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
                uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = 2048,
-               vcpus: int = 2, qemu_user: str = "libvirt-qemu") -> "Machine":
+               vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None) -> "Machine":
         if image.os_family != "linux":
             raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
                                "Linux guests only so far.")
@@ -168,10 +152,14 @@ class Machine:
             for place in (workdir, project_dir, base):
                 if place is not None:
                     _check_reachable(Path(place), *run_as, qemu_user)
+        screen_dir = _screen_dir(workdir)
+        screen_dir.mkdir(mode=0o700, exist_ok=True)
+        if run_as is not None:  # QEMU writes its screendumps here (vmd/screen.py)
+            os.chown(screen_dir, *run_as)
         overlay = workdir / "overlay.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
                         str(overlay)], check=True, capture_output=True, env=clean_env())
-        acc = accel()
+        acc = accel(accel_setting)
         port = free_port()
         spec = Domain(
             name=name, memory_mib=memory_mib, vcpus=vcpus, accel=acc,
@@ -373,6 +361,7 @@ class Machine:
         self.ssh.close()
         overlay = self.workdir / "overlay.qcow2"
         overlay.unlink(missing_ok=True)
+        shutil.rmtree(_screen_dir(self.workdir), ignore_errors=True)  # the last frame is the guest's
 
     @staticmethod
     def discard(name: str, workdir: Path, uri: str = DEFAULT_URI) -> bool:
@@ -394,6 +383,7 @@ class Machine:
             except libvirt.libvirtError:
                 pass
             (workdir / "overlay.qcow2").unlink(missing_ok=True)
+            shutil.rmtree(_screen_dir(workdir), ignore_errors=True)
             return True
         finally:
             conn.close()

@@ -1,0 +1,80 @@
+"""The accelerator a guest gets (vmd/accel.py, through vmd/machine.py): KVM when QEMU can
+really start a KVM guest, TCG otherwise, either forced by the accel setting (VMD_ACCEL).
+A fake qemu-system-x86_64 stands in for QEMU; no libvirt and no guest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmd import accel, machine
+
+
+def no_probe() -> bool:
+    raise AssertionError("a forced setting does not ask QEMU")
+
+
+def fake_qemu(tmp_path: Path, exit_code: int) -> str:
+    """A qemu-system-x86_64 that keeps its arguments and stdin and exits with `exit_code`
+    (1: what QEMU does when KVM opens but a vCPU cannot be set up)."""
+    script = tmp_path / "qemu-system-x86_64"
+    script.write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/args"\ncat > "{tmp_path}/stdin"\nexit {exit_code}\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("setting, kvm_usable, chosen", [
+    ("auto", True, "kvm"),
+    ("auto", False, "qemu"),
+])
+def test_auto_asks_whether_kvm_works(setting, kvm_usable, chosen):
+    assert accel.choose_accel(setting, lambda: kvm_usable) == chosen
+
+
+@pytest.mark.parametrize("setting, chosen", [("kvm", "kvm"), ("qemu", "qemu"), ("tcg", "qemu")])
+def test_a_forced_setting_is_taken_without_a_probe(setting, chosen):
+    assert accel.choose_accel(setting, no_probe) == chosen
+
+
+def test_kvm_works_when_qemu_starts_a_kvm_guest(tmp_path):
+    device = tmp_path / "kvm"
+    device.write_text("")
+    assert accel.probe_kvm(device, fake_qemu(tmp_path, 0)) is True
+    assert "-accel kvm" in (tmp_path / "args").read_text() and (tmp_path / "stdin").read_text() == "quit\n"
+
+
+def test_kvm_that_qemu_cannot_use_is_tcg(tmp_path):
+    device = tmp_path / "kvm"
+    device.write_text("")
+    assert accel.probe_kvm(device, fake_qemu(tmp_path, 1)) is False
+    assert accel.probe_kvm(device, str(tmp_path / "no-qemu-here")) is False
+
+
+def test_without_the_device_qemu_is_not_asked(tmp_path):
+    qemu = fake_qemu(tmp_path, 0)
+    assert accel.probe_kvm(tmp_path / "absent-kvm", qemu) is False
+    assert not (tmp_path / "args").exists()
+
+
+def test_tcg_timeouts_are_four_times_longer():
+    assert machine.timeout_scale("kvm") == 1.0 and machine.timeout_scale("qemu") == 4.0
+
+
+def test_the_machine_follows_the_setting_it_is_given_or_the_configured_one(monkeypatch):
+    monkeypatch.setattr(accel, "kvm_works", no_probe)
+    assert machine.accel("tcg") == "qemu" and machine.accel("kvm") == "kvm"
+    monkeypatch.delenv("VMD_CONFIG", raising=False)
+    monkeypatch.setenv("VMD_ACCEL", "qemu")
+    assert machine.accel() == "qemu" and machine.timeout_scale() == 4.0
+    monkeypatch.setenv("VMD_ACCEL", "KVM")
+    assert machine.accel() == "kvm" and machine.timeout_scale() == 1.0
+
+
+def test_by_default_the_probe_of_this_host_decides(monkeypatch):
+    monkeypatch.delenv("VMD_CONFIG", raising=False)
+    monkeypatch.delenv("VMD_ACCEL", raising=False)
+    monkeypatch.setattr(accel, "kvm_works", lambda: False)
+    assert machine.accel() == "qemu" and machine.timeout_scale() == 4.0
+    monkeypatch.setattr(accel, "kvm_works", lambda: True)
+    assert machine.accel() == "kvm" and machine.timeout_scale() == 1.0
