@@ -1,7 +1,6 @@
-"""Tool schemas, tolerant argument parsing and tool calls, against a stand-in for vmd.
-
-The stand-in is a plain object with a `.call(method, **params)` like vmagent.client.Vmd;
-vmd's own verb table (vmd/verbs.py) is imported only to check the schemas against it.
+"""Tool schemas and tolerant argument parsing. The tools' arguments are vmd/verbs.py's
+params models themselves; what vmagent reads leniently must be what those models accept.
+A tool call against vmd and its result are in tests/test_tool_results.py.
 """
 
 from __future__ import annotations
@@ -11,24 +10,7 @@ import json
 import pytest
 
 from vmagent import tools
-from vmagent.client import VmdError, VmdUnavailable
 from vmd import verbs
-
-
-class FakeVmd:
-    """Answers each verb from a table; records what it was asked."""
-
-    def __init__(self, answers: dict | None = None, raises: Exception | None = None):
-        self.answers = answers or {}
-        self.raises = raises
-        self.calls: list[tuple[str, dict]] = []
-
-    def call(self, method: str, **params):
-        self.calls.append((method, params))
-        if self.raises is not None:
-            raise self.raises
-        answer = self.answers.get(method, {"text": f"{method} ok"})
-        return answer(params) if callable(answer) else answer
 
 
 def names(schema_list: list[dict]) -> list[str]:
@@ -60,22 +42,37 @@ def test_without_a_desktop_no_screen_tools_are_offered():
     assert set(tools.SCREEN_TOOLS) <= with_desktop
 
 
-def without_descriptions(node):
-    if isinstance(node, dict):
-        return {k: without_descriptions(v) for k, v in node.items() if k != "description"}
-    if isinstance(node, list):
-        return [without_descriptions(v) for v in node]
-    return node
+def test_every_tool_takes_its_vmd_verbs_own_params_model():
+    # One contract: the model the tool is validated against is the one vmd validates.
+    for name, tool in tools.TOOLS.items():
+        assert tool.args is verbs.VERBS[name], name
 
 
-def test_every_offered_tool_is_a_vmd_verb_with_the_same_fields_types_and_limits():
-    # vmagent keeps its own copy of the argument shapes (it may not import vmd); this
-    # catches drift: names, required fields, types, enums, bounds and defaults must agree.
-    for name in tools.TOOLS:
-        assert name in verbs.VERBS, f"{name} is offered but vmd has no such verb"
-        ours = without_descriptions(tools.json_schema(tools.TOOLS[name].args))
-        theirs = without_descriptions(tools.json_schema(verbs.VERBS[name]))
-        assert ours == theirs, name
+def test_every_described_field_is_a_field_of_the_verbs_model():
+    # A description of a field the verb does not have (renamed in vmd/verbs.py) would
+    # describe nothing; "verification.command" is a field of the nested model.
+    for name, tool in tools.TOOLS.items():
+        for path in tool.fields:
+            node = tools.json_schema(tool.args)
+            for field in path.split("."):
+                assert field in node.get("properties", {}), f"{name}: {path} is not a field of {tool.args.__name__}"
+                node = node["properties"][field]
+
+
+def test_every_field_the_model_is_offered_is_described():
+    for os_family in ("linux", "windows"):
+        for schema in tools.schemas(os_family, "working", True):
+            for field, node in schema["function"]["parameters"]["properties"].items():
+                assert node.get("description"), (schema["function"]["name"], field)
+
+
+def test_defaults_and_limits_in_descriptions_are_vmds():
+    run = json.loads(description("linux", "run"))["function"]["parameters"]["properties"]
+    timeout = verbs.Run.model_fields["timeout"].default
+    assert run["timeout"]["default"] == timeout
+    assert run["timeout"]["description"] == (
+        f"Seconds before the command is killed (default {timeout:g}, at most {run['timeout']['maximum']:g}).")
+    assert "{maximum}" not in description("linux", "wait") and "(at most 600)." in description("linux", "wait")
 
 
 def test_schemas_have_the_function_tool_shape():
@@ -119,6 +116,28 @@ def test_linux_descriptions_speak_bash_and_mnt_project():
 def test_an_os_name_is_read_as_its_family():
     assert tools.schemas("debian", "working", False) == tools.schemas("linux", "working", False)
     assert tools.schemas("win11", "working", False) == tools.schemas("windows", "working", False)
+
+
+@pytest.mark.parametrize("os_family", ["linux", "windows"])
+def test_finish_says_what_a_good_check_is(os_family):
+    text = tools.TOOLS["finish"].describe(os_family)
+    assert "fails before the work and passes after it" in text
+    assert "`true`" in text and "`test -d`" in text and "asserts nothing" in text
+    assert "as it was before the session" in text and "not proven" in text
+    assert "A check that fails is refused" in text
+
+
+def test_the_verification_shape_reaches_the_model_through_ollamas_client():
+    # The client drops a nested object's fields: only the description tells the model the shape.
+    from vmagent.llm import wire_tools
+
+    for os_family, shell in (("linux", "bash"), ("windows", "PowerShell 5.1")):
+        [finish] = [t for t in wire_tools(tools.schemas(os_family, "working", False))
+                    if t["function"]["name"] == "finish"]
+        verification = finish["function"]["parameters"]["properties"]["verification"]
+        assert "properties" not in verification
+        assert '"command"' in verification["description"] and '"expect_exit"' in verification["description"]
+        assert shell in verification["description"]
 
 
 # --- parsing ---------------------------------------------------------------------------
@@ -247,167 +266,3 @@ def test_parsing_never_raises_on_garbage():
         for name in tools.TOOLS:
             parsed = tools.parse_arguments(name, raw)
             assert parsed.ok or parsed.error
-
-
-# --- calls -----------------------------------------------------------------------------
-
-def test_a_vmd_error_becomes_an_error_text():
-    vmd = FakeVmd(raises=VmdError(-32001, "no such file: /nope", "read_file"))
-    outcome = tools.call(vmd, "read_file", {"path": "/nope"})
-    assert outcome.text == "ERROR: no such file: /nope"
-    assert not outcome.ok and outcome.verb == "read_file" and outcome.state is None
-
-
-def test_vmd_unavailable_reaches_the_loop():
-    vmd = FakeVmd(raises=VmdUnavailable("vmd closed the connection during run"))
-    with pytest.raises(VmdUnavailable):
-        tools.call(vmd, "run", {"command": "ls"})
-
-
-def test_any_other_exception_becomes_an_internal_error_text():
-    vmd = FakeVmd(raises=KeyError("boom"))
-    outcome = tools.call(vmd, "run", "ls")
-    assert outcome.text.startswith("ERROR: internal: KeyError") and not outcome.ok
-
-
-def test_an_unknown_tool_lists_the_valid_names():
-    vmd = FakeVmd()
-    outcome = tools.call(vmd, "execute_shell", {"command": "ls"})
-    assert not outcome.ok and "execute_shell" in outcome.text
-    assert "run" in outcome.text and "finish" in outcome.text
-    assert vmd.calls == []
-
-
-def test_a_tool_not_offered_this_turn_is_refused_without_calling_vmd():
-    vmd = FakeVmd()
-    outcome = tools.call(vmd, "run", "ls", offered=tools.tool_names("planning", False))
-    assert not outcome.ok and "plan_tasks" in outcome.text and vmd.calls == []
-
-
-def test_bad_arguments_never_reach_vmd():
-    vmd = FakeVmd()
-    outcome = tools.call(vmd, "write_file", "just some text")
-    assert not outcome.ok and outcome.text.startswith("ERROR: write_file needs")
-    assert vmd.calls == []
-
-
-def test_run_result_is_formatted_with_exit_code_time_and_streams():
-    vmd = FakeVmd({"run": {"exit_code": 2, "stdout": "a\nb\n", "stderr": "oops\n",
-                           "duration": 1.234, "truncated": False, "timed_out": False,
-                           "text": "exit 2"}})
-    outcome = tools.call(vmd, "run", '{"cmd": "make"}')
-    assert vmd.calls == [("run", {"command": "make"})]
-    assert outcome.text == "exit 2 (1.2 s)\na\nb\n[stderr]\noops"
-    assert outcome.ok and outcome.result["exit_code"] == 2 and outcome.image_b64 is None
-
-
-def test_run_notes_a_timeout_and_truncated_output():
-    vmd = FakeVmd({"run": {"exit_code": 124, "stdout": "", "stderr": "", "duration": 10.0,
-                           "truncated": True, "timed_out": True, "text": ""}})
-    outcome = tools.call(vmd, "run", {"command": "sleep 99", "timeout": 10})
-    assert outcome.text.startswith("exit 124 (10.0 s)\n(no output)")
-    assert "timed out" in outcome.text and "10 s" in outcome.text
-    assert "truncated" in outcome.text
-
-
-def test_dropped_fields_are_noted_in_the_result():
-    vmd = FakeVmd({"run": {"exit_code": 0, "stdout": "ok", "stderr": "", "duration": 0.1}})
-    outcome = tools.call(vmd, "run", {"command": "true", "shell": "zsh", "color": "red"})
-    assert vmd.calls == [("run", {"command": "true"})]
-    assert outcome.text.startswith("exit 0 (0.1 s)\nok") and "'color'" in outcome.text
-
-
-def test_read_file_shows_content_and_where_to_read_on():
-    vmd = FakeVmd({"read_file": {"content": "hello", "size": 12, "offset": 0,
-                                 "truncated": True, "text": ""}})
-    outcome = tools.call(vmd, "read_file", "/mnt/project/x.txt")
-    assert "/mnt/project/x.txt (12 bytes)" in outcome.text and "hello" in outcome.text
-    assert "offset=5" in outcome.text
-
-
-def test_screenshot_gives_a_short_text_and_the_image():
-    vmd = FakeVmd({"screenshot": {"width": 1280, "height": 800, "scale": 1.0, "path": "s.png",
-                                  "png_base64": "iVBORw0KGgo=", "text": "screenshot"}})
-    outcome = tools.call(vmd, "screenshot", {})
-    assert outcome.image_b64 == "iVBORw0KGgo=" and "1280x800" in outcome.text
-    assert "iVBOR" not in outcome.text and len(outcome.text) < 200
-
-
-def test_list_dir_lists_entries():
-    vmd = FakeVmd({"list_dir": {"entries": [{"name": "src", "type": "dir", "size": 0},
-                                            {"name": "a.py", "type": "file", "size": 10}],
-                                "text": ""}})
-    outcome = tools.call(vmd, "list_dir", {"dir": "/mnt/project"})
-    assert "src/" in outcome.text and "a.py  (10 bytes)" in outcome.text
-
-
-def test_ask_user_and_request_unfreeze_stop_the_loop():
-    vmd = FakeVmd({"ask_user": {"state": "question", "text": "Asked; waiting."},
-                   "request_unfreeze": {"state": "unfreeze", "text": "Requested."}})
-    assert tools.call(vmd, "ask_user", "Which database?").state == "question"
-    assert tools.call(vmd, "request_unfreeze", {"why": "pip"}).state == "unfreeze"
-
-
-def test_finish_refused_and_accepted_pass_vmds_text_through():
-    refused = FakeVmd({"finish": {"accepted": False,
-                                  "text": "REFUSED: task 2 is still in_progress."}})
-    outcome = tools.call(refused, "finish", {"summary": "x", "verification": "true"})
-    assert outcome.text == "REFUSED: task 2 is still in_progress."
-    assert not outcome.ok and outcome.state is None
-    assert refused.calls == [("finish", {"summary": "x", "verification": {"command": "true"}})]
-
-    accepted = FakeVmd({"finish": {"accepted": True, "outcome": {"exit_code": 0},
-                                   "text": "Accepted: verification `true` exited 0."}})
-    outcome = tools.call(accepted, "finish", {"summary": "x", "verification": {"command": "true"}})
-    assert outcome.ok and outcome.state == "finished" and "exited 0" in outcome.text
-
-
-def test_a_refused_verification_reaches_the_model_and_the_loop_goes_on():
-    text = ("REFUSED: your verification failed, so the work is not done yet. vmd ran `pytest -q`: "
-            "exit 1 (expected 0) after 2.1 s.\nOutput tail:\nE   assert 2 == 3")
-    vmd = FakeVmd({"finish": {"accepted": False, "outcome": None, "text": text,
-                              "attempt": {"attempt": 1, "command": "pytest -q", "exit_code": 1}}})
-    outcome = tools.call(vmd, "finish", {"summary": "x", "verification": "pytest -q"})
-    assert outcome.text == text and not outcome.ok and outcome.state is None
-
-
-@pytest.mark.parametrize("os_family", ["linux", "windows"])
-def test_finish_says_what_a_good_check_is(os_family):
-    text = tools.TOOLS["finish"].describe(os_family)
-    assert "fails before the work and passes after it" in text
-    assert "`true`" in text and "`test -d`" in text and "asserts nothing" in text
-    assert "as it was before the session" in text and "not proven" in text
-    assert "A check that fails is refused" in text
-
-
-def test_the_verification_shape_reaches_the_model_through_ollamas_client():
-    # The client drops a nested object's fields: only the description tells the model the shape.
-    from vmagent.llm import wire_tools
-
-    for os_family, shell in (("linux", "bash"), ("windows", "PowerShell 5.1")):
-        [finish] = [t for t in wire_tools(tools.schemas(os_family, "working", False))
-                    if t["function"]["name"] == "finish"]
-        verification = finish["function"]["parameters"]["properties"]["verification"]
-        assert "properties" not in verification
-        assert '"command"' in verification["description"] and '"expect_exit"' in verification["description"]
-        assert shell in verification["description"]
-
-
-def test_task_verbs_show_the_task_list():
-    vmd = FakeVmd({"plan_tasks": {"tasks": "1. [ ] build\n2. [ ] test", "text": "Planned 2 tasks."}})
-    outcome = tools.call(vmd, "plan_tasks", ["build", "test"])
-    assert "Planned 2 tasks." in outcome.text and "2. [ ] test" in outcome.text
-
-
-def test_a_result_in_an_unexpected_shape_still_gives_text():
-    vmd = FakeVmd({"run": {"text": "weird but readable"}, "read_file": ["not", "a", "dict"]})
-    assert tools.call(vmd, "run", "ls").text == "weird but readable"
-    outcome = tools.call(vmd, "read_file", "a")
-    assert outcome.text and outcome.verb == "read_file"
-
-
-def test_a_namespaced_or_capitalised_tool_name_is_understood():
-    vmd = FakeVmd()
-    assert tools.call(vmd, "functions.run", "ls").verb == "run"
-    assert tools.call(vmd, " Run ", "ls").ok
-    assert [c[0] for c in vmd.calls] == ["run", "run"]

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from vmd.verbs import BUSY, FAILED
+
 DEFAULT_SOCKET = "/run/vmd/vmd.sock"
 # The verbs that bind a connection to a session; every other verb needs a bound one.
 BINDING_VERBS = ("session_open", "session_attach")
@@ -39,8 +41,6 @@ REPEATABLE_VERBS = frozenset({"session_attach", "session_status", "session_ready
 # not hammered.
 RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 5.0
-# vmd's error code for "at its connection limit" (vmd/errors.py BUSY): vmd is there, try again.
-BUSY = -32004
 
 
 class VmdUnavailable(ConnectionError):
@@ -76,13 +76,16 @@ class ResultLost(VmdUnavailable):
 
 
 class VmdError(RuntimeError):
-    """vmd answered the call with an error."""
+    """vmd answered the call with an error: `code` one of vmd/verbs.py's (REFUSED: a rule
+    of the session says no, and `message` starts with "REFUSED:"), `data` what vmd added
+    (a refused finish's check: {"attempt": {...}}), else None."""
 
-    def __init__(self, code: int, message: str, method: str = ""):
+    def __init__(self, code: int, message: str, method: str = "", data: dict | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.method = method
+        self.data = data
 
 
 def default_socket() -> str:
@@ -200,7 +203,9 @@ class Vmd:
             raise VmdUnavailable(f"lost the connection to vmd during {method}: {exc}", in_flight=True) from exc
         if "error" in reply and reply["error"] is not None:
             err = reply["error"]
-            raise VmdError(int(err.get("code", -32000)), str(err.get("message", "")), method)
+            data = err.get("data")
+            raise VmdError(int(err.get("code", FAILED)), str(err.get("message", "")), method,
+                           data if isinstance(data, dict) else None)
         result = reply.get("result")
         if method in BINDING_VERBS and isinstance(result, dict):
             self.session_id = result.get("session_id", self.session_id)
@@ -306,10 +311,15 @@ class SessionLink:
             except VmdError as exc:
                 if exc.method != "session_attach" or method == "session_attach":
                     raise
-                # A fresh connection could not be bound: this vmd no longer has the session.
-                self.gave_up = True
-                raise VmdGone(f"vmd could not re-attach session {self.vmd.session_id} for {method}: "
-                              f"{exc.message}", method=method, seconds=0.0) from exc
+                if exc.code == BUSY:
+                    # vmd is there but at its connection limit (clients coming back after a
+                    # restart): `method` was not sent; wait for room as for vmd itself.
+                    lost = VmdUnavailable(f"vmd had no room to re-attach the session: {exc.message}")
+                else:
+                    # A fresh connection could not be bound: this vmd no longer has the session.
+                    self.gave_up = True
+                    raise VmdGone(f"vmd could not re-attach session {self.vmd.session_id} for {method}: "
+                                  f"{exc.message}", method=method, seconds=0.0) from exc
             if self.stop.is_set() or self.gave_up or self.wait_s <= 0 or not self.vmd.session_id:
                 raise lost
             lost_at = time.monotonic() if lost_at is None else lost_at

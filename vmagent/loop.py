@@ -6,8 +6,9 @@
 A job opens a vmd session without waiting for the machine, and the first turns offer
 only the planning tools: the model writes the task list while the guest boots. Once a
 plan exists and the guest answers, the model is told the machine is up and gets every
-tool. Each turn then is: guards, compaction, one model call, the tool calls it asked
-for, the transcript written to disk.
+tool. Each turn then is: guards (vmagent/loop_guards.py), compaction, one model call,
+the tool calls it asked for, the transcript written to disk. What the loop itself says
+to the model is in vmagent/loop_words.py.
 
 Every way out ends in `_end`: unless the session waits for a person, vmd closes it
 (commit + push) and the report is vmd's, built from its record, with the loop's notes
@@ -17,13 +18,12 @@ The job's state, its transcript on disk and the event feed are in vmagent/job.py
 Faults on the way are ridden out, within bounds: a vmd restart through the session's
 `SessionLink` (vmagent/client.py: wait, re-attach, a tool call in flight answered as
 interrupted), a model server that goes away through `LLM.chat`'s retries (the same
-request again). A cancel reaches what is in flight after `cancel_grace_s` (`BreakOff`).
+request again). A cancel reaches what is in flight after `cancel_grace_s` (`BreakOff`,
+vmagent/break_off.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
@@ -31,31 +31,24 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from vmd.verbs import NOT_READY, WAITING_STATES
 from vmagent import tools
+from vmagent.break_off import BreakOff
 from vmagent.client import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
 from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
-from vmagent.llm import LLM, ModelCancelled, OllamaError, Reply, drop_old_images, only_latest_thinking
+from vmagent.llm import LLM, ModelCancelled, OllamaError, drop_old_images, only_latest_thinking
+from vmagent.loop_guards import (at_step_cap, calls_written_as_text, cancelled, machine_gone, model_unfit,
+                                 past_deadline, prose_only, repeat_notice, stall_reminder)
+from vmagent.loop_words import answer_text, machine_up_message, opening_message, result_lost, vmd_gone
 from vmagent.prompts import PromptMissing, load_prompts
-from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
 
 log = logging.getLogger(__name__)
 
-# vmd's error code for "the machine is not up" (vmd/session.py NOT_READY).
-NOT_READY = -32003
 # session_ready is asked in slices so that a cancel is seen while the guest boots.
 READY_SLICE_S = 30.0
-# What the model reads for a tool call whose result vmd lost when it restarted. It is not
-# run again: a command may have run in part, in full or not at all, and only a look at
-# its effects tells which.
-RESULT_LOST_RUN = ("INTERRUPTED: the command's result was lost when vmd restarted (vmd was away {seconds:.0f} s); "
-                   "it may have run in part, in full or not at all. Check its effects before running it again.")
-RESULT_LOST = ("INTERRUPTED: the result of {verb} was lost when vmd restarted (vmd was away {seconds:.0f} s); it "
-               "may or may not have taken effect. Check its effects before calling it again.")
-# How often the cancel watcher looks whether the job was cancelled.
-CANCEL_POLL_S = 0.2
 
 
 # --- the public entry points ----------------------------------------------------------
@@ -76,7 +69,7 @@ def run_job(
     job = Job(spec=spec, transcript_path=Path(transcript_path))
     try:
         config = _config_for(spec, config)
-        system = _system_prompt(job, config_desktop=False)
+        system = _system_prompt(job, config, desktop=False)
     except (ConfigError, PromptMissing) as exc:
         return _end_without_session(job, events, f"The job could not start: {exc}")
     # Asked before session_open, so that a model that cannot do the work boots no machine.
@@ -96,7 +89,7 @@ def run_job(
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
     job.messages = [
         {"role": "system", "content": system},
-        {"role": "user", "content": _opening_message(spec, opened)},
+        {"role": "user", "content": opening_message(spec, opened)},
     ]
     job.save()
     return _work(job, link, config, events, cancel, llm)
@@ -141,7 +134,7 @@ def resume_job(
         return _end(job, link, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": "resumed with the person's answer"})
-    job.messages.append({"role": "user", "content": resumed.get("text") or _answer_text(answer, approved)})
+    job.messages.append({"role": "user", "content": resumed.get("text") or answer_text(answer, approved)})
     job.save()
     return _work(job, link, config, events, cancel)
 
@@ -159,7 +152,7 @@ def _resume(link: SessionLink, answer: str | None, approved: bool | None) -> dic
     try:
         return link.call("session_resume", answer=answer or "", approved=approved)
     except ResultLost:
-        if link.call("session_status").get("state") in ("question", "unfreeze"):
+        if link.call("session_status").get("state") in WAITING_STATES:
             return link.call("session_resume", answer=answer or "", approved=approved)
         return {}
 
@@ -179,7 +172,7 @@ def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cance
             ending = _turn(job, vmd, llm, compactor, config, events, cancel)
             job.save()
     except VmdGone as exc:
-        ending = Ending("failed", _vmd_gone(exc))
+        ending = Ending("failed", vmd_gone(exc))
     except (VmdUnavailable, ModelCancelled) as exc:
         # With the job cancelled, this is the call the cancel broke off.
         ending = cancelled(cancel) or Ending("failed", f"vmd went away during the session: {exc}")
@@ -195,45 +188,6 @@ def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cance
                                      f"answer) was broken off after {config.cancel_grace_s:g} s; closing the "
                                      "session destroys the machine, which ends a command still running.")
     return _end(job, vmd, ending, events, llm)
-
-
-class BreakOff:
-    """Once the job is cancelled, what is in flight gets `grace` seconds to end by itself;
-    then the vmd call is broken off (the link's connection shut down) and the model's
-    answer abandoned, so the loop reaches `_end` and the session closes promptly. Stopped
-    before `_end`, whose calls are never broken off."""
-
-    def __init__(self, cancel: threading.Event, grace: float, link: SessionLink, llm: LLM):
-        self.cancel, self.grace, self.link, self.llm = cancel, grace, link, llm
-        self.finished = threading.Event()
-        self.fired = False
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name="cancel-watch", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self.cancel.wait(CANCEL_POLL_S):
-            if self.finished.is_set():
-                return
-        if self.finished.wait(self.grace):
-            return
-        with self._lock:
-            if self.finished.is_set():
-                return
-            self.fired = True
-            self.llm.abandon()
-            self.link.abort()
-
-    def stop(self) -> bool:
-        """The loop is done: nothing is broken off from now on. Whether something was."""
-        with self._lock:
-            self.finished.set()
-            return self.fired
-
-
-def _vmd_gone(exc: VmdGone) -> str:
-    return (f"{str(exc).rstrip('.')}; the loop stopped waiting. vmd closes the session itself (commit and "
-            "push) once it is back; the session's record stays in vmd's state dir.")
 
 
 def _turn(job: Job, vmd: SessionLink, llm: LLM, compactor: Compactor, config: AgentConfig,
@@ -283,7 +237,7 @@ def _turn(job: Job, vmd: SessionLink, llm: LLM, compactor: Compactor, config: Ag
     for call in reply.tool_calls:
         outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events, notice, sees_images)
         notice = ""
-        if outcome.state in ("question", "unfreeze"):
+        if outcome.state in WAITING_STATES:
             return Ending(outcome.state, "The agent asked a person and waits for the answer; "
                                          "the machine is kept suspended.")
         if outcome.state == "finished":
@@ -296,26 +250,26 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
                sees_images: bool = True) -> tools.ToolOutcome:
     """Run one tool call and put its result in the history, capped, with any notice."""
     verb = tools._tool_name(name)
-    parsed = tools.parse_arguments(verb, arguments) if verb in tools.TOOLS else None
-    params = parsed.params if parsed is not None and parsed.ok else None
+    # Read once: the command is shown before it runs, and the same reading goes to vmd.
+    parsed = tools.parse_arguments(verb, arguments)
+    params = parsed.params or {}
     if verb == "run" and params:
         events.emit({"type": "command", "command": params["command"]})
     elif verb in tools.TOOLS:
         events.emit({"type": "status", "text": f"{verb}"})
-    if verb == "finish" and params and params.get("verification"):
+    if verb == "finish" and params.get("verification"):
         job.verification = params["verification"].get("command")
 
     try:
         # A model without vision gets the screen read as text (vmagent/tool_results.py).
-        outcome = tools.call(vmd, name, arguments, offered=offered, sees_images=sees_images)
+        outcome = tools.call(vmd, name, parsed, offered=offered, sees_images=sees_images)
     except ResultLost as lost:
         # vmd restarted while this call was in flight and the session is re-attached.
-        template = RESULT_LOST_RUN if verb == "run" else RESULT_LOST
-        outcome = tools.ToolOutcome(template.format(verb=verb or name, seconds=lost.seconds), verb=verb, ok=False)
+        outcome = tools.ToolOutcome(result_lost(verb or name, lost.seconds), verb=verb, ok=False)
 
     text = outcome.text
     if verb == "run" and outcome.ok and outcome.result:
-        text += repeat_notice(job, params or {}, outcome.result, config)
+        text += repeat_notice(job, params, outcome.result, config)
     if notice:
         text = f"{notice}\n\n{text}"
     message: dict[str, Any] = {"role": "tool", "tool_name": verb or str(name),
@@ -354,10 +308,10 @@ def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: 
     job.boot_seconds = ready.get("seconds")
     job.desktop = facts.get("desktop") is True or job.os_family == "windows"
     if job.desktop:  # the screen part of the prompt joins once a desktop is known to exist
-        job.messages[0] = {"role": "system", "content": _system_prompt(job, config_desktop=True)}
+        job.messages[0] = {"role": "system", "content": _system_prompt(job, config, desktop=True)}
     job.phase = "working"
     events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s"})
-    job.messages.append({"role": "user", "content": _machine_up_message(job, ready, facts)})
+    job.messages.append({"role": "user", "content": machine_up_message(job, facts)})
     return None
 
 
@@ -373,7 +327,7 @@ def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: LLM | 
     push = None
     reachable, vmd_error = bool(job.session_id), None if job.session_id else "no session was opened"
     try:
-        if reachable and ending.state in ("question", "unfreeze"):
+        if reachable and ending.state in WAITING_STATES:
             status = vmd.call("session_status")
             question = status.get("question") if ending.state == "question" else status.get("unfreeze_request")
         elif reachable:
@@ -426,114 +380,6 @@ def _end_without_session(job: Job, events: Events, reason: str) -> Outcome:
     return outcome
 
 
-# --- guards ---------------------------------------------------------------------------
-
-
-def cancelled(cancel: threading.Event) -> Ending | None:
-    # Checked every turn: a person who cancels gets the report of what was done so far.
-    if cancel.is_set():
-        return Ending("cancelled", "Cancelled by the user.")
-    return None
-
-
-def past_deadline(job: Job, config: AgentConfig) -> Ending | None:
-    # The promise made to the person is a result within the deadline, not a longer try.
-    if job.active_seconds() >= config.deadline_s:
-        return Ending("failed", f"Stopped at the session deadline ({config.deadline_s / 60:.0f} min of work).")
-    return None
-
-
-def at_step_cap(job: Job, config: AgentConfig) -> Ending | None:
-    # Past the cap the bench's sessions were going in circles; a report helps more.
-    if job.steps >= config.max_steps:
-        return Ending("failed", f"Stopped at the step cap ({config.max_steps} model turns) without a finish.")
-    return None
-
-
-def machine_gone(status: dict) -> Ending | None:
-    # A failed or destroyed guest will not come back in this session; every further
-    # turn would only collect errors. The project folder is on the host and is kept.
-    machine = str(status.get("machine") or "")
-    if machine.startswith("failed") or (machine == "destroyed" and status.get("state") != "closed"):
-        return Ending("failed", f"The machine is gone ({machine}); the project folder was kept.")
-    return None
-
-
-def model_unfit(llm: LLM) -> str | None:
-    """Why the model cannot run a job, as a sentence for the report; None when it can."""
-    try:
-        capabilities = llm.capabilities()
-    except OllamaError as exc:
-        return f"The job could not start: {exc}"
-    # An empty list: an Ollama too old to report capabilities; the first chat will tell.
-    if capabilities and "tools" not in capabilities:
-        return (f"The job could not start: the model {llm.model} cannot call tools (Ollama lists its "
-                f"capabilities as {', '.join(capabilities)}), and the agent works only through tool "
-                f"calls. Set VMAGENT_MODEL to a model with tool calling, such as qwen3-vl:32b (tools "
-                f"and vision), and pull it with `ollama pull` on the Ollama server. No machine was started.")
-    return None
-
-
-def calls_written_as_text(job: Job, reply: Reply) -> tuple[Reply, str]:
-    """A reply with no tool_calls whose content holds calls as text: the calls, run as
-    calls (any known tool, so that one of the other phase gets its sentence from
-    tools.call), and the notice to use the tool interface, given once per job."""
-    if reply.tool_calls:
-        return reply, ""
-    recovered = calls_in_text(reply.content, tools.TOOLS)
-    if not recovered:
-        return reply, ""
-    # The history shows them as real calls, so the model is not shown its own habit.
-    reply = reply.model_copy(update={"tool_calls": recovered, "content": ""})
-    if job.guards.told_tool_interface:
-        return reply, ""
-    job.guards.told_tool_interface = True
-    return reply, USE_THE_TOOL_INTERFACE
-
-
-def prose_only(job: Job, content: str, config: AgentConfig) -> Ending | None:
-    # Work happens only through tool calls. Small models drift into describing what they
-    # would do; a nudge with the task list brings most back, three ignored ones mean the
-    # model has lost the tool protocol.
-    job.guards.prose_streak += 1
-    if job.guards.prose_streak > config.max_prose_replies:
-        return Ending("failed", f"The model answered {job.guards.prose_streak} times in a row without a "
-                                "tool call after being reminded; stopped.")
-    job.messages.append({"role": "assistant", "content": content})
-    job.messages.append({"role": "user", "content": (
-        "You replied without a tool call, and nothing happens without one. Call the tool for "
-        "your next step now. If every task is done or blocked, call finish with a verification "
-        "command.\n\nThe task list:\n" + (job.tasks_text or "(no tasks planned yet: call plan_tasks)"))})
-    return None
-
-
-def repeat_notice(job: Job, params: dict, result: dict, config: AgentConfig) -> str:
-    # Models poll: the same command with the same result, again and again. The count is
-    # of identical results (exit code and output), so a changing build log is not one.
-    key = json.dumps([params.get("command"), params.get("cwd"), result.get("exit_code"),
-                      result.get("stdout"), result.get("stderr")], ensure_ascii=False, default=str)
-    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
-    count = job.guards.repeats.get(digest, 0) + 1
-    job.guards.repeats[digest] = count
-    if count < config.repeat_notice_after:
-        return ""
-    return (f"\n[vmagent: this command has given this same result {count} times. Running it again "
-            "will not change it: read the output, change the approach, or mark the task blocked "
-            "with the reason.]")
-
-
-def stall_reminder(job: Job, config: AgentConfig) -> None:
-    # A task list that has not moved for many steps usually means the agent forgot it,
-    # or is stuck on one task; showing it again is cheap.
-    if job.guards.steps_since_tasks_moved < config.stall_reminder_steps:
-        return
-    job.guards.steps_since_tasks_moved = 0
-    job.messages.append({"role": "user", "content": (
-        f"[vmagent: the task list has not changed in {config.stall_reminder_steps} steps.] Check it "
-        "against what you have done: mark finished tasks done (with how you verified them), mark "
-        "a task blocked if it cannot be done, or change approach.\n\n" + (job.tasks_text or "(no tasks)"))})
-
-
 # --- pieces -------------------------------------------------------------------------------
 
 
@@ -544,41 +390,11 @@ def _config_for(spec: JobSpec, config: AgentConfig | None) -> AgentConfig:
     return config
 
 
-def _system_prompt(job: Job, config_desktop: bool) -> str:
-    prompts = load_prompts(job.os_family, desktop=config_desktop)
+def _system_prompt(job: Job, config: AgentConfig, desktop: bool) -> str:
+    prompts = load_prompts(job.os_family, desktop=desktop, config=config)
     for warning in prompts.warnings:
         log.warning("%s", warning)
     return prompts.system
-
-
-def _opening_message(spec: JobSpec, opened: dict) -> str:
-    where = tools.OS_WORDS[tools.os_family_of(spec.os)]
-    storage = opened.get("storage") or ""
-    return (
-        f"The task:\n\n{spec.task.strip()}\n\n"
-        f"A {spec.os} machine is booting for you now ({where['shell']}; the project folder "
-        f"will be {where['project']}). {('Storage: ' + storage + '.') if storage else ''}\n"
-        "First write the task list with plan_tasks: short, checkable steps in the order you "
-        "will do them, the last one the check that proves the result. The machine's tools "
-        "appear once the plan exists and the machine is up."
-    )
-
-
-def _machine_up_message(job: Job, ready: dict, facts: dict) -> str:
-    shown = {k: v for k, v in facts.items() if v not in (None, "", [], {}) and k != "boot_id"}
-    lines = [f"The machine is up: it took {job.boot_seconds or 0:.0f} s to boot."]
-    lines += [f"- {k}: {v}" for k, v in shown.items()]
-    offered = tools.tool_names("working", job.desktop)
-    lines.append(f"All tools are available now: {', '.join(offered)}.")
-    lines.append("Work through the task list, keeping it true as you go:\n" + (job.tasks_text or ""))
-    return "\n".join(lines)
-
-
-def _answer_text(answer: str | None, approved: bool | None) -> str:
-    if approved is not None:
-        return f"The person {'approved' if approved else 'declined'} your request." + (
-            f" They said: {answer}" if answer else "")
-    return f"The person answered: {answer or '(no answer given)'}"
 
 
 def _show_status(job: Job, status: dict, events: Events) -> None:

@@ -1,13 +1,17 @@
 """Leniency: tool arguments are untrusted input. A JSON string, broken JSON, a bare value
 where an object belongs, a wrapper around the real arguments, aliased or unknown field
-names are all read as well as they can be; what cannot be read becomes an error text that
-shows the expected shape, never an exception."""
+names, and values in the shapes models use ("#3" for a task, 412.5 for a pixel) are all
+read as well as they can be; then the verb's own params model (vmd/verbs.py) validates.
+What cannot be read becomes an error text that shows the expected shape, never an
+exception."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import json_repair
 from pydantic import ValidationError
@@ -81,10 +85,114 @@ def _decode(raw: Any) -> Any:
     return value
 
 
-def _primary_is_list(tool: Tool) -> bool:
-    if tool.primary is None:
-        return False
-    return json_schema(tool.args)["properties"][tool.primary].get("type") == "array"
+# --- what a model means, read before the verb's model validates --------------------------
+# vmd/verbs.py's models take each value in one shape (and forbid what they do not know);
+# models send others. A normaliser gives the value the model meant, or the value as it
+# came for the verb's model to refuse. NORMALISERS holds them by tool and field; one more,
+# numbers read as text, holds for every text field of every tool.
+
+
+def _whole_number(v: Any) -> Any:
+    # Models send pixel coordinates as 412.5 or "412"; a pixel is a pixel.
+    if isinstance(v, float):
+        return round(v)
+    if isinstance(v, str):
+        try:
+            return round(float(v.strip()))
+        except ValueError:
+            return v
+    return v
+
+
+def _task_number(v: Any) -> Any:
+    if isinstance(v, str):  # "#3", "task 3"
+        digits = re.search(r"\d+", v)
+        return int(digits.group()) if digits else v
+    return _whole_number(v)
+
+
+_STATUS_WORDS = {
+    "todo": "pending", "open": "pending", "not_started": "pending",
+    "inprogress": "in_progress", "in progress": "in_progress", "in-progress": "in_progress",
+    "started": "in_progress", "doing": "in_progress", "active": "in_progress",
+    "working": "in_progress",
+    "complete": "done", "completed": "done", "finished": "done", "verified": "done",
+    "ok": "done", "success": "done",
+    "stuck": "blocked", "failed": "blocked",
+}
+
+
+def _status_word(v: Any) -> Any:
+    if isinstance(v, str):
+        word = v.strip().lower()
+        return _STATUS_WORDS.get(word, word.replace("-", "_").replace(" ", "_"))
+    return v
+
+
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)]|\[[ xX]?\])\s+")
+
+
+def _task_titles(v: Any) -> Any:
+    if isinstance(v, str):  # one task per line, bullets and numbers stripped
+        v = [_BULLET.sub("", line) for line in v.splitlines()]
+    if not isinstance(v, list):
+        return v
+    titles = []
+    for item in v:
+        if isinstance(item, dict):  # [{"title": ...}] is a common shape
+            item = next((item[k] for k in ("title", "name", "task", "description")
+                         if isinstance(item.get(k), str)), None)
+        if isinstance(item, (str, int, float)) and str(item).strip():
+            titles.append(str(item).strip())
+    return titles
+
+
+def _chord(v: Any) -> Any:
+    if isinstance(v, list) and all(isinstance(k, str) for k in v):  # ["ctrl", "s"]
+        return "+".join(k.strip() for k in v)
+    return v
+
+
+def _argv(v: Any) -> Any:
+    if isinstance(v, str):  # one command line where a list of arguments belongs
+        try:
+            return shlex.split(v, posix=True)
+        except ValueError:
+            return v.split()
+    return v
+
+
+NORMALISERS: dict[tuple[str, str], Callable[[Any], Any]] = {
+    ("plan_tasks", "tasks"): _task_titles,
+    ("update_task", "id"): _task_number,
+    ("update_task", "status"): _status_word,
+    **{(verb, axis): _whole_number for verb in ("click", "move", "scroll") for axis in ("x", "y")},
+    ("scroll", "amount"): _whole_number,
+    ("key", "keys"): _chord,
+    ("launch_app", "args"): _argv,
+}
+
+
+def _numbers_as_text(value: Any, node: dict) -> Any:
+    """A number where text belongs is read as text (type(text=42) types "42"), at any depth
+    of the field's schema; a choice among words (an enum) is left to refuse it."""
+    kind = node.get("type")
+    if kind == "string" and "enum" not in node and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if kind == "array" and isinstance(value, list):
+        return [_numbers_as_text(item, node.get("items", {})) for item in value]
+    if kind == "object" and isinstance(value, dict):
+        inner = node.get("properties", {})
+        return {k: _numbers_as_text(v, inner[k]) if k in inner else v for k, v in value.items()}
+    return value
+
+
+def _normalised(tool: Tool, params: dict[str, Any], properties: dict[str, dict]) -> dict[str, Any]:
+    out = {}
+    for key, value in params.items():
+        normalise = NORMALISERS.get((tool.name, key))
+        out[key] = _numbers_as_text(normalise(value) if normalise else value, properties[key])
+    return out
 
 
 def parse_arguments(name: str, raw: Any) -> ParsedArguments:
@@ -108,12 +216,14 @@ def parse_arguments(name: str, raw: Any) -> ParsedArguments:
 def _parse(tool: Tool, raw: Any) -> ParsedArguments:
     name = tool.name
     fields = set(tool.args.model_fields)
+    properties = json_schema(tool.args)["properties"]
     value = _decode(raw)
     if value is None:
         value = {}
 
     if not isinstance(value, dict):
-        if isinstance(value, list) and not _primary_is_list(tool) and isinstance(raw, str):
+        primary_is_list = tool.primary is not None and properties[tool.primary].get("type") == "array"
+        if isinstance(value, list) and not primary_is_list and isinstance(raw, str):
             value = raw  # a list-looking string for a text field: the text itself
         if tool.primary is None:
             return ParsedArguments(
@@ -151,7 +261,7 @@ def _parse(tool: Tool, raw: Any) -> ParsedArguments:
         )
 
     try:
-        validated = tool.args.model_validate(params)
+        validated = tool.args.model_validate(_normalised(tool, params, properties))
     except ValidationError as exc:
         problems = "; ".join(_problem(e) for e in exc.errors())
         return ParsedArguments(

@@ -1,5 +1,11 @@
 """Calling vmd for one tool call and turning its answer into what the model reads next:
-`call(vmd, name, arguments)` raises nothing but `VmdUnavailable`."""
+`call(vmd, name, arguments)` raises nothing but `VmdUnavailable`.
+
+vmd words its results for the model (each carries a `text`, vmd/verbs.py): that text is
+what the model reads, so that each thing is said once. Only where vmd answers with more
+than words (a picture, a task list beside the sentence, a pause or the end of the
+session) is there a formatter here. A refusal is vmd's error with code REFUSED, and its
+message, which starts with "REFUSED:", is the model's text as it is."""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from vmd.verbs import REFUSED, WAITING_STATES, SessionStateName
 from vmagent.client import VmdError, VmdUnavailable
-from vmagent.tool_parsing import _tool_name, _unknown_tool_text, parse_arguments
+from vmagent.tool_parsing import ParsedArguments, _tool_name, _unknown_tool_text, parse_arguments
 from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS
 
 # The first line a model that cannot see images reads of a screenshot.
@@ -36,16 +43,19 @@ class ToolOutcome:
     image_b64: str | None = None
     verb: str = ""
     ok: bool = True
+    # vmd's result; for a refusal, the error's data (a refused finish's check: {"attempt": ...}).
     result: dict | None = None
-    # "question" / "unfreeze" when the verb paused the session; "finished" when finish
-    # was accepted. None otherwise.
-    state: str | None = None
+    # "question" / "unfreeze" (WAITING_STATES) when the verb paused the session; "finished"
+    # when finish was accepted. None otherwise.
+    state: SessionStateName | None = None
 
 
 def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = None,
          sees_images: bool = True) -> ToolOutcome:
     """Run one tool call against vmd and format the result for the model.
 
+    `arguments`: as the model sent them, or the ParsedArguments `parse_arguments` made of
+    them already (the loop reads them once: it shows the command before it runs).
     `offered`: the tool names offered this turn; a call to any other gets an error text.
     `sees_images`: False for a model without vision: the screen tools are asked for the
     screen read as text, and that text is what the model reads.
@@ -59,7 +69,7 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
                                verb=verb, ok=False)
         if offered_names is not None and verb not in offered_names:
             return ToolOutcome("ERROR: " + _not_offered_text(verb, offered_names), verb=verb, ok=False)
-        parsed = parse_arguments(verb, arguments)
+        parsed = arguments if isinstance(arguments, ParsedArguments) else parse_arguments(verb, arguments)
         if not parsed.ok:
             return ToolOutcome(_join(["ERROR: " + parsed.error, *parsed.notes]), verb=verb, ok=False)
         params = dict(parsed.params)
@@ -68,9 +78,8 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
         try:
             result = vmd.call(verb, **params)
         except VmdError as exc:
-            return ToolOutcome(_join([f"ERROR: {exc.message or exc}", *parsed.notes]),
-                               verb=verb, ok=False)
-        outcome = _outcome(verb, params, result)
+            return ToolOutcome(_join([_error_text(exc), *parsed.notes]), verb=verb, ok=False, result=exc.data)
+        outcome = _outcome(verb, result)
         if not sees_images and outcome.image_b64:
             outcome.text = _screen_unseen(outcome)
         if parsed.notes:
@@ -80,6 +89,11 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
         raise
     except Exception as exc:
         return ToolOutcome(f"ERROR: internal: {type(exc).__name__}: {exc}", verb=verb, ok=False)
+
+
+def _error_text(exc: VmdError) -> str:
+    # A refusal's message is a sentence for the model that starts with "REFUSED:" already.
+    return exc.message if exc.code == REFUSED else f"ERROR: {exc.message or exc}"
 
 
 def _not_offered_text(verb: str, offered: list[str]) -> str:
@@ -107,25 +121,27 @@ def _join(parts: Iterable[str]) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _outcome(verb: str, params: dict, result: Any) -> ToolOutcome:
+def _outcome(verb: str, result: Any) -> ToolOutcome:
     if not isinstance(result, dict):
         result = {"result": result}
     formatter = _FORMATTERS.get(verb, _format_text)
     try:
-        outcome = formatter(params, result)
+        outcome = formatter(result)
     except Exception:
         # vmd answered but not in the shape expected; its own text still helps the model.
-        outcome = ToolOutcome(_format_text(params, result).text)
+        outcome = _format_text(result)
     outcome.verb = verb
     outcome.result = result
-    if outcome.state is None and result.get("state") in ("question", "unfreeze"):
-        outcome.state = result["state"]
+    if outcome.state is None and result.get("state") in WAITING_STATES:
+        outcome.state = result["state"]  # ask_user, request_unfreeze: the session waits for a person
     if outcome.image_b64 is None and isinstance(result.get("png_base64"), str):
         outcome.image_b64 = result["png_base64"]  # any verb that answers with a picture
     return outcome
 
 
-def _format_text(params: dict, r: dict) -> ToolOutcome:
+def _format_text(r: dict) -> ToolOutcome:
+    """vmd's text as it is (run, read_file, list_dir and the rest); the result itself only
+    when vmd gave no text."""
     text = r.get("text")
     if not isinstance(text, str) or not text:
         shown = {k: v for k, v in r.items() if k != "png_base64"}
@@ -133,76 +149,11 @@ def _format_text(params: dict, r: dict) -> ToolOutcome:
     return ToolOutcome(text)
 
 
-def _format_run(params: dict, r: dict) -> ToolOutcome:
-    if "exit_code" not in r:
-        return _format_text(params, r)
-    head = f"exit {r['exit_code']}"
-    if isinstance(r.get("duration"), (int, float)):
-        head += f" ({r['duration']:.1f} s)"
-    parts = [head]
-    stdout, stderr = r.get("stdout") or "", r.get("stderr") or ""
-    if stdout:
-        parts.append(stdout.rstrip("\n"))
-    if stderr:
-        parts.append("[stderr]\n" + stderr.rstrip("\n"))
-    if not stdout and not stderr:
-        parts.append("(no output)")
-    if r.get("timed_out"):
-        timeout = params.get("timeout", 300)
-        parts.append(
-            f"[timed out: killed after {timeout:g} s. Run long jobs in the background and poll, "
-            "or give a larger timeout.]"
-        )
-    if r.get("truncated"):
-        parts.append(
-            "[output truncated: only part of it is shown. Redirect long output to a file and "
-            "read the part you need.]"
-        )
-    # ok: the command ran; a non-zero exit is a result for the model to read, not a failed call.
-    return ToolOutcome("\n".join(parts))
-
-
-def _format_read_file(params: dict, r: dict) -> ToolOutcome:
-    if "content" not in r:
-        return _format_text(params, r)
-    content = r.get("content") or ""
-    offset = r.get("offset", params.get("offset", 0)) or 0
-    size = r.get("size")
-    head = f"{params.get('path', 'file')}"
-    if size is not None:
-        head += f" ({size} bytes)"
-    if offset:
-        head += f", from offset {offset}"
-    parts = [head + ":", content if content else "(empty)"]
-    if r.get("truncated"):
-        # vmd reads bytes from `offset`; the next part starts where this one ended.
-        next_offset = offset + len(content.encode("utf-8"))
-        parts.append(f"[truncated: read on with read_file offset={next_offset}]")
-    return ToolOutcome("\n".join(parts))
-
-
-def _format_list_dir(params: dict, r: dict) -> ToolOutcome:
-    entries = r.get("entries")
-    if not isinstance(entries, list):
-        return _format_text(params, r)
-    lines = [f"{params.get('path', '.')}: {len(entries)} entries"]
-    for e in entries:
-        if not isinstance(e, dict):
-            lines.append(str(e))
-        elif e.get("type") in ("dir", "directory"):
-            lines.append(f"{e.get('name')}/")
-        elif e.get("size") is not None:
-            lines.append(f"{e.get('name')}  ({e.get('size')} bytes)")
-        else:
-            lines.append(str(e.get("name")))
-    return ToolOutcome("\n".join(lines))
-
-
-def _format_screenshot(params: dict, r: dict) -> ToolOutcome:
+def _format_screenshot(r: dict) -> ToolOutcome:
     image = r.get("png_base64") or None
     screen_text = r.get("screen_text") if isinstance(r.get("screen_text"), str) else ""
     if image is None and not screen_text:
-        return ToolOutcome(_format_text(params, r).text, ok=False)
+        return ToolOutcome(_format_text(r).text, ok=False)
     size = f"{r.get('width')}x{r.get('height')}" if r.get("width") else "the screen"
     return ToolOutcome(
         _join([f"screenshot of {size}; click, move and scroll take pixel coordinates in this image.",
@@ -211,22 +162,17 @@ def _format_screenshot(params: dict, r: dict) -> ToolOutcome:
     )
 
 
-def _format_tasks(params: dict, r: dict) -> ToolOutcome:
+def _format_tasks(r: dict) -> ToolOutcome:
     text = r.get("text") if isinstance(r.get("text"), str) else ""
     tasks = r.get("tasks") if isinstance(r.get("tasks"), str) else ""
     if tasks and tasks not in text:
         text = _join([text, tasks])
-    return ToolOutcome(text or _format_text(params, r).text)
+    return ToolOutcome(text or _format_text(r).text)
 
 
-def _format_pause(params: dict, r: dict) -> ToolOutcome:
-    outcome = _format_text(params, r)
-    state = r.get("state")
-    outcome.state = state if state in ("question", "unfreeze") else None
-    return outcome
-
-
-def _format_finish(params: dict, r: dict) -> ToolOutcome:
+def _format_finish(r: dict) -> ToolOutcome:
+    # A refused finish is a REFUSED error; `accepted: false` is how vmd refused it before,
+    # read the same way until no vmd answers so.
     accepted = bool(r.get("accepted"))
     text = r.get("text") if isinstance(r.get("text"), str) and r.get("text") else (
         "finish accepted." if accepted else "REFUSED: finish was not accepted."
@@ -235,14 +181,9 @@ def _format_finish(params: dict, r: dict) -> ToolOutcome:
 
 
 _FORMATTERS = {
-    "run": _format_run,
-    "read_file": _format_read_file,
-    "list_dir": _format_list_dir,
     "screenshot": _format_screenshot,
     "plan_tasks": _format_tasks,
     "add_task": _format_tasks,
     "update_task": _format_tasks,
-    "ask_user": _format_pause,
-    "request_unfreeze": _format_pause,
     "finish": _format_finish,
 }

@@ -1,5 +1,6 @@
-"""The function schemas offered to the model, built from the tool table's argument
-models, and `shape(name)`: a tool's fields in one line, for error texts."""
+"""The function schemas offered to the model: each verb's params model (vmd/verbs.py) as
+JSON schema, with the tool table's descriptions of its fields; and `shape(name)`: a
+tool's fields in one line, for error texts."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vmagent.tool_table import TOOLS, Phase, _words, os_family_of, tool_names
+from vmagent.tool_table import TOOLS, Phase, Tool, _words, os_family_of, tool_names
 
 
 def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
     """A flat JSON schema of a pydantic model, as small models read best: refs inlined,
-    `X | None` shown as X, no titles. Tests run it over vmd's models too, to compare."""
+    `X | None` shown as X, no titles."""
     raw = model.model_json_schema()
     defs = raw.get("$defs", {})
 
@@ -56,6 +57,19 @@ def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
     return schema
 
 
+def parameters(tool: Tool, os_family: str) -> dict:
+    """The tool's params schema with the table's description of each field (worded for the
+    guest, with the field's default and maximum as the model states them)."""
+    schema = json_schema(tool.args, os_family)
+    for path, text in tool.fields.items():
+        node = schema
+        for name in path.split("."):
+            node = node["properties"][name]
+        limits = {key: f"{node[key]:g}" for key in ("default", "maximum") if type(node.get(key)) in (int, float)}
+        node["description"] = _words(text, os_family, limits)
+    return schema
+
+
 def schemas(os_family: str, phase: Phase, desktop: bool) -> list[dict]:
     """Function tool schemas (Ollama/OpenAI shape) offered to the model."""
     family = os_family_of(os_family)
@@ -65,7 +79,7 @@ def schemas(os_family: str, phase: Phase, desktop: bool) -> list[dict]:
             "function": {
                 "name": name,
                 "description": TOOLS[name].describe(family),
-                "parameters": json_schema(TOOLS[name].args, family),
+                "parameters": parameters(TOOLS[name], family),
             },
         }
         for name in tool_names(phase, desktop)

@@ -3,14 +3,15 @@
 Three jobs, in the order a turn meets them, each in a module of its own:
 
 - `schemas(os_family, phase, desktop)` (vmagent/tool_schemas.py) — the function schemas
-  offered to the model, from the tool table (vmagent/tool_table.py) and the argument
-  models (vmagent/tool_args.py), worded for the guest's shell (bash and /mnt/project,
-  or PowerShell 5.1 and Z:\\).
+  offered to the model: each verb's params model from vmd/verbs.py (the one contract)
+  with the tool table's descriptions (vmagent/tool_table.py), worded for the guest's
+  shell (bash and /mnt/project, or PowerShell 5.1 and Z:\\).
 - `parse_arguments(name, raw)` (vmagent/tool_parsing.py) — tool arguments are untrusted
   input, read as well as they can be; what cannot be read becomes an error text that
   shows the expected shape, never an exception.
 - `call(vmd, name, arguments)` (vmagent/tool_results.py) — runs one verb and turns vmd's
-  result into the text (and, for a screenshot, the image) the model reads next. It
+  result into the text (and, for a screenshot, the image) the model reads next. It takes
+  the arguments as sent or as `parse_arguments` read them (the loop reads them once). It
   raises nothing but `VmdUnavailable`: the loop must learn when the supervisor is gone,
   and nothing else.
 
@@ -19,14 +20,14 @@ This module is the one door the loop, the CLI and the tests use.
 
 from __future__ import annotations
 
-from vmagent.tool_args import Args, OsFamily, Phase
 from vmagent.tool_parsing import ParsedArguments, _tool_name, parse_arguments
 from vmagent.tool_results import ToolOutcome, call
 from vmagent.tool_schemas import json_schema, schemas, shape
-from vmagent.tool_table import OS_WORDS, PLANNING_TOOLS, SCREEN_TOOLS, TOOLS, Tool, os_family_of, tool_names
+from vmagent.tool_table import (OS_WORDS, PLANNING_TOOLS, SCREEN_TOOLS, TOOLS, OsFamily, Phase, Tool, os_family_of,
+                                tool_names)
 
 __all__ = [
-    "Args", "OsFamily", "Phase", "ParsedArguments", "_tool_name", "parse_arguments", "ToolOutcome", "call",
+    "OsFamily", "Phase", "ParsedArguments", "_tool_name", "parse_arguments", "ToolOutcome", "call",
     "json_schema", "schemas", "shape", "OS_WORDS", "PLANNING_TOOLS", "SCREEN_TOOLS", "TOOLS", "Tool",
     "os_family_of", "tool_names",
 ]
