@@ -61,6 +61,9 @@ def test_the_contract_is_pure_and_closed():
 def test_no_module_outgrows_a_room():
     # A module past ~500 lines has been holding more than one thing each time so far
     # (session.py, tools.py, loop.py before the re-layout): split it by what it holds.
+    # The Open WebUI tool is the exception: Open WebUI takes a tool as one file of source.
+    one_file = {"vmagent/openwebui/vm_agent.py"}
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
              for top in ("vmd", "vmagent") for p in (ROOT / top).rglob("*.py")}
+    sizes = {p: n for p, n in sizes.items() if p not in one_file}
     assert sizes and not {p: n for p, n in sizes.items() if n > 500}, sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
