@@ -74,7 +74,12 @@ class ScriptedVmd:
         wire = Wire(sock)
         with sock.makefile("rb") as lines:
             for line in lines:
-                request = json.loads(line)
+                try:
+                    request = json.loads(line)
+                except ValueError:
+                    # A client cut off mid-line (a test's abort or shutdown): vmd would
+                    # answer a parse error to nobody; this server just stops serving it.
+                    return
                 self.requests.append((number, request["method"], request.get("params") or {}))
                 handler = self.handlers.get(request["method"], answer({"text": "ok"}))
                 try:

@@ -127,13 +127,11 @@ def session_resume(session: Session, p: V.Answer, notify) -> dict:
                     f"({session.s.unfreeze_request!r})." + (f" They said: {p.answer}" if p.answer else ""))
             if approved:
                 session.s.egress = True
-                opener = getattr(machine, "set_egress", None)
-                if opener is not None:
-                    opener(True)
+                if machine is not None:  # every SessionMachine can (vmd/machine_port.py)
+                    machine.set_egress(True)
                     text += " Network egress is open now."
-                else:
-                    text += (" This vmd cannot open egress on a running machine; the approval is "
-                             "noted in the record.")
+                else:  # no machine yet: the one that boots is made with egress open
+                    text += " Network egress will be open on the machine."
             session.s.unfreeze_request = ""
         session.s.state = session.s.resume_state if session.s.resume_state in ("booting", "ready", "finished") else "ready"
         session.save()
