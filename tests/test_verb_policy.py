@@ -13,9 +13,8 @@ from vmd import verbs as V
 from vmd.errors import FAILED, INTERNAL_ERROR, REFUSED, VerbError, refused
 from vmd.record import Record, read_record
 from vmd.report import build_report
-from vmd.rpc import VmdServer
 from vmd.session import Session
-from tests.vmd_fakes import LocalMachines, RpcClient, RpcError, make_config
+from tests.vmd_fakes import RpcClient, RpcError, local_vmd
 
 STATES = ("booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed")
 # The machine verbs as they were listed by hand before the table.
@@ -93,11 +92,8 @@ def test_a_refusal_always_starts_with_the_prefix_and_carries_data_only_when_give
 
 @pytest.fixture
 def vmd(tmp_path):
-    machines = LocalMachines()
-    config = make_config(tmp_path)
-    server = VmdServer(config, machines).start()
-    yield server, machines, config
-    server.stop()
+    with local_vmd(tmp_path) as running:
+        yield running
 
 
 def test_every_verb_answers_what_its_result_model_says(vmd):

@@ -15,16 +15,13 @@ from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
 from vmd.handlers.session_verbs import PEEK_MAX_AGE_S
 from vmd.machine_port import LibvirtMachines
 from vmd.rpc import VmdServer
-from tests.vmd_fakes import LocalMachines, make_config
+from tests.vmd_fakes import LocalMachines, local_vmd, make_config
 
 
 @pytest.fixture
 def vmd(tmp_path):
-    machines = LocalMachines()
-    config = make_config(tmp_path)
-    server = VmdServer(config, machines).start()
-    yield server, machines, config
-    server.stop()
+    with local_vmd(tmp_path) as running:
+        yield running
 
 
 def client(config, **kw) -> Vmd:

@@ -8,6 +8,7 @@ cycle on `LocalMachine` itself."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -227,6 +228,19 @@ def make_config(tmp_path: Path, **overrides):
               "images_dir": tmp_path / "images", "boot_timeout_s": 30, "verify_timeout_s": 60}
     values.update(overrides)
     return VmdConfig.load(env={}, **values)
+
+
+@contextlib.contextmanager
+def local_vmd(tmp_path: Path):
+    """A real vmd server on its socket over LocalMachines: (server, machines, config)."""
+    from vmd.rpc import VmdServer
+    machines = LocalMachines()
+    config = make_config(tmp_path)
+    server = VmdServer(config, machines).start()
+    try:
+        yield server, machines, config
+    finally:
+        server.stop()
 
 
 class RpcError(Exception):
