@@ -244,6 +244,9 @@ def test_the_screenshot_has_the_configured_size_and_is_not_blank(booted):
     stat = ImageStat.Stat(image.convert("L"))
     assert stat.stddev[0] > 10, "the screen is one flat colour"
     assert len(image.getcolors(1 << 20) or []) > 2
+    # The frame came from QEMU's own dump, not libvirt's slower stream (vmd/screen.py).
+    assert machine.screen.dump_off is None, machine.screen.dump_off
+    assert not (machine.screen.dump_path.parent.stat().st_mode & 0o077), "the frame folder is QEMU's and vmd's only"
 
 
 def _wait_for(machine, command: str, timeout: float = 30) -> str:
