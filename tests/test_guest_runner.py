@@ -109,17 +109,13 @@ class FakeSsh:
     def active(self) -> bool:
         return True
 
-    def transport(self):
-        ssh = self
+    def open_channel(self, command=None, subsystem=None, timeout=30):
+        channel = FakeChannel(self.exec_log)
+        channel.exec_command(command)
+        return channel
 
-        class Transport:
-            def open_session(self, timeout=None):
-                return FakeChannel(ssh.exec_log)
-
-            def is_active(self):
-                return True
-
-        return Transport()
+    def drop_sftp(self) -> None:
+        pass
 
     def sftp(self):
         if self._sftp is None:

@@ -13,7 +13,6 @@ import logging
 import posixpath
 import select
 import shlex
-import socket
 import stat
 import threading
 import time
@@ -26,6 +25,7 @@ import paramiko
 from pydantic import BaseModel
 
 from vmd.guest_verbs import LinuxVerbs
+from vmd.ssh import SshConnection
 from vmd.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
                              SshRunnerLauncher)
 
@@ -177,55 +177,6 @@ class _LineSplitter:
             pass
 
 
-class SshConnection:
-    """One persistent paramiko transport per machine; a channel per command."""
-
-    def __init__(self, host: str, port: int, user: str, key_path: str, connect_timeout: float = 10):
-        self.host, self.port, self.user = host, port, user
-        self.key = paramiko.Ed25519Key.from_private_key_file(key_path)
-        self.connect_timeout = connect_timeout
-        self._transport: paramiko.Transport | None = None
-        self._sftp: paramiko.SFTPClient | None = None
-        self._lock = threading.Lock()
-
-    def transport(self) -> paramiko.Transport:
-        with self._lock:
-            if self._transport is None or not self._transport.is_active():
-                self._sftp = None
-                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
-                transport = paramiko.Transport(sock)
-                transport.banner_timeout = self.connect_timeout
-                try:
-                    transport.start_client(timeout=self.connect_timeout)
-                    transport.auth_publickey(self.user, self.key)
-                except Exception:
-                    transport.close()
-                    raise
-                transport.set_keepalive(15)
-                self._transport = transport
-            return self._transport
-
-    def sftp(self) -> paramiko.SFTPClient:
-        transport = self.transport()
-        with self._lock:
-            if self._sftp is None:
-                self._sftp = paramiko.SFTPClient.from_transport(transport)
-            return self._sftp
-
-    def active(self) -> bool:
-        """The transport is up (without connecting when it is not)."""
-        transport = self._transport
-        return transport is not None and transport.is_active()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._sftp is not None:
-                self._sftp.close()
-            if self._transport is not None:
-                self._transport.close()
-            self._sftp = self._transport = None
-
-
 class LinuxGuest(LinuxVerbs, Guest):
     """A Linux guest over SSH. Commands go through a runner kept in the guest
     (vmd/guest_runner.py, vmd/runner_link.py): one `bash -c` per command. Where the runner
@@ -341,12 +292,11 @@ class LinuxGuest(LinuxVerbs, Guest):
             f"export VMD_RUN={marker}; "
             f"timeout -k 3 {seconds} bash -c {shlex.quote(command)} </dev/null"
         )
-        channel = self.ssh.transport().open_session(timeout=30)
+        channel = self.ssh.open_channel(command=wrapped)
         with self._count_lock:
             self.exec_runs += 1
         timed_out = False
         try:
-            channel.exec_command(wrapped)
             while True:
                 if channel.recv_ready():
                     sink("stdout", channel.recv(65536))
@@ -370,8 +320,8 @@ class LinuxGuest(LinuxVerbs, Guest):
         script = (f"pids=$(grep -lsa 'VMD_RUN={marker}' /proc/[0-9]*/environ | cut -d/ -f3); "
                   "[ -z \"$pids\" ] || kill -9 $pids 2>/dev/null; true")
         try:
-            channel = self.ssh.transport().open_session(timeout=10)
-            channel.exec_command(f"sudo -n sh -c {shlex.quote(script)} || sh -c {shlex.quote(script)}")
+            channel = self.ssh.open_channel(
+                command=f"sudo -n sh -c {shlex.quote(script)} || sh -c {shlex.quote(script)}", timeout=10)
             channel.status_event.wait(30)  # bounded: a guest going away must not hang the caller
             channel.close()
         except Exception:
@@ -400,7 +350,14 @@ class LinuxGuest(LinuxVerbs, Guest):
                              f"work under {self.project_path} or use run with sudo") from None
         except IsADirectoryError:
             raise GuestError(f"{verb} {path}: that is a directory; use list_dir") from None
+        except TimeoutError:  # one SFTP reply did not come: the client is out of step now
+            self.ssh.drop_sftp()
+            raise GuestError(f"{verb} {path}: the guest did not answer within {self.ssh.sftp_reply_timeout:g} s "
+                             "(it is paused, overloaded or gone); try again, or run a command to see "
+                             "whether it still answers") from None
         except OSError as exc:
+            raise GuestError(f"{verb} {path}: {exc}") from None
+        except paramiko.SSHException as exc:
             raise GuestError(f"{verb} {path}: {exc}") from None
 
     def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> FileChunk:

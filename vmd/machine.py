@@ -29,9 +29,11 @@ from vmd.accel import timeout_scale as scale_for
 from vmd.config import VmdConfig
 from vmd.domain_xml import (EGRESS_NET, EGRESS_NIC_MAC, HOTPLUG_PORT, DirectKernel, Disk, Domain,
                             RunAs, SerialLog, SharedFolder, UserNetwork, Video)
-from vmd.guest import Guest, GuestError, LinuxGuest, SshConnection
+from vmd.guest import Guest, GuestError, LinuxGuest
+from vmd.ssh import SshConnection
 from vmd.host_env import clean_env
 from vmd.images import Image
+from vmd.machine_port import Stall
 from vmd.project_tree import share_owner
 from vmd.screen import Screen
 
@@ -218,6 +220,21 @@ class Machine:
             return "gone"
         return {libvirt.VIR_DOMAIN_RUNNING: "running", libvirt.VIR_DOMAIN_PAUSED: "paused",
                 libvirt.VIR_DOMAIN_SHUTOFF: "shutoff"}.get(code, "other")
+
+    def stalled(self) -> Stall | None:
+        """Why QEMU paused the guest on its own, or None: a disk write that failed on the
+        host (the overlay could not grow: the host's disk is full; or an I/O error) pauses
+        the guest (QEMU's default werror=enospc, libvirt's default error policy), and it
+        answers nothing until the cause is gone."""
+        try:
+            code, reason = self.domain.state()
+            if code != libvirt.VIR_DOMAIN_PAUSED or reason != libvirt.VIR_DOMAIN_PAUSED_IOERROR:
+                return None
+            errors = self.domain.diskErrors()
+        except libvirt.libvirtError:
+            return None
+        no_space = sorted(dev for dev, err in errors.items() if err == libvirt.VIR_DOMAIN_DISK_ERROR_NO_SPACE)
+        return Stall(no_space=bool(no_space), disks=no_space or sorted(errors))
 
     def ready(self, timeout: float, desktop: bool = False, desktop_timeout: float | None = None) -> Facts:
         """Wait until the guest answers over SSH (and its desktop is up, if asked: at most

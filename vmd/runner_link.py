@@ -344,17 +344,22 @@ class SshRunnerLauncher:
                 sftp = self.ssh.sftp()
             except Exception as exc:
                 raise RunnerUnavailable(f"no SFTP to upload the runner: {exc}", permanent=False) from None
-            if not force:
-                try:
-                    if sftp.stat(RUNNER_PATH).st_size == len(RUNNER_SOURCE):
-                        return False
-                except OSError:
-                    pass
             part = f"{RUNNER_PATH}.{uuid.uuid4().hex[:8]}.part"
             try:
+                if not force:
+                    try:
+                        if sftp.stat(RUNNER_PATH).st_size == len(RUNNER_SOURCE):
+                            return False
+                    except TimeoutError:
+                        raise
+                    except OSError:  # not there, or not readable: send it
+                        pass
                 with sftp.open(part, "wb") as fh:
                     fh.write(RUNNER_SOURCE)
                 sftp.posix_rename(part, RUNNER_PATH)  # atomic: a runner starting now reads one or the other
+            except TimeoutError:  # the guest stopped answering: no fault of the runner, try again later
+                self.ssh.drop_sftp()
+                raise RunnerUnavailable("the guest did not answer the runner's upload", permanent=False) from None
             except Exception as exc:
                 try:
                     sftp.remove(part)
@@ -371,13 +376,9 @@ class SshRunnerLauncher:
 
     def open_transport(self) -> Transport:
         """A new channel running the runner (the tests run it as a local process)."""
-        channel = None
         try:
-            channel = self.ssh.transport().open_session(timeout=30)
-            channel.exec_command(RUNNER_COMMAND)
+            channel = self.ssh.open_channel(command=RUNNER_COMMAND)
         except Exception as exc:
-            if channel is not None:
-                channel.close()
             raise RunnerUnavailable(f"no channel for the runner: {exc or type(exc).__name__}",
                                     permanent=False) from None
         return ChannelTransport(channel)
