@@ -100,6 +100,15 @@ def tmpfs_work(libvirt_conn):  # noqa: F811 (the fixture imported above)
         assert umounted.returncode == 0, f"the test's tmpfs was busy at its end: {umounted.stderr}"
 
 
+# What the guest runs once the host's disk is full: a write that makes its own disk grow.
+# The write fails on the host and QEMU pauses the guest (werror=enospc), which answers
+# nothing from then on; vmd's reaper sees the pause and ends the session while the run
+# waits. A guest writes in the background at any moment too, so even `echo` met the pause
+# at times: in CI the run then waited on an SSH channel open that paramiko bounds at an hour.
+# vmd's own writes that find the disk full are tests/test_session_lifecycle.py's.
+GROW_THE_GUEST_DISK = "dd if=/dev/urandom of=/var/tmp/grow bs=1M count=48 conv=fsync status=none; echo wrote"
+
+
 def test_a_full_state_dir_ends_the_session_keeps_the_checkpoint_and_says_so(tmpfs_work, debian_image,
                                                                            libvirt_conn):  # noqa: F811
     work = tmpfs_work
@@ -133,7 +142,7 @@ def test_a_full_state_dir_ends_the_session_keeps_the_checkpoint_and_says_so(tmpf
 
             started = time.monotonic()
             with pytest.raises(VmdError) as err:
-                c.call("run", command="echo still here", timeout=20)
+                c.call("run", command=GROW_THE_GUEST_DISK, timeout=60)
             took = time.monotonic() - started
             message = err.value.message
             # What the agent (and the person behind it) reads: the host's disk, not a bare errno,

@@ -456,6 +456,32 @@ def test_a_full_disk_under_the_record_ends_the_session_with_a_report_that_says_s
         json.loads(line)  # no torn line
 
 
+def test_a_guest_qemu_paused_on_a_full_host_disk_ends_the_session_and_the_waiting_verb_says_why(tmp_path):
+    """The guest's overlay could not grow (the host's disk is full) and QEMU paused the
+    guest, which answers nothing from then on: the reaper sees it, ends the session, and
+    the verb that was waiting on the guest answers with the full disk, not a lost link."""
+    from vmd.machine_port import Stall
+    machines = LocalMachines()
+    config = make_config(tmp_path, **FAST)
+    with vmd(config, machines):
+        c, sid = open_with_work(config)
+        machines.machines[f"vmagent-{sid}"].stall = Stall(no_space=True, disks=["vda"])
+        started = time.monotonic()
+        with pytest.raises(VmdError) as err:
+            c.call("run", command="echo still here")
+        took = time.monotonic() - started
+        message = err.value.message
+        assert message.startswith("the host's disk is full: the guest's disk (vda) could not grow"), message
+        assert "vmd ended the session" in message and "Free space on the host" in message, message
+        assert took < 10, f"the waiting verb answered after {took:.1f} s"
+        assert running(machines) == []
+        status = c.call("session_status")
+        assert status["state"] == "closed" and "QEMU paused the guest" in status["reason"], status
+        assert "vmd closed the session: the host's disk is full" in c.call("report")["markdown"]
+        c.close()
+    assert "work.txt" in repo_files(config, "kept")
+
+
 def test_a_full_disk_under_session_json_leaves_it_whole(tmp_path, monkeypatch):
     full = Full(monkeypatch, "session.json.tmp")
     config = make_config(tmp_path, **FAST)

@@ -152,13 +152,23 @@ class LocalMachine:
         # Set by a test to play a guest destroyed from outside (or crashed): alive() says
         # so and every machine call fails the way a dropped SSH connection does.
         self.gone = False
+        self.stall = None  # set by a test to a vmd.machine_port.Stall: QEMU paused the guest
         self.guest = LocalGuest(self)
         self.screen = LocalScreen(self)
 
     def alive(self) -> bool:
         return not self.gone
 
+    def stalled(self):
+        return self.stall
+
     def reachable(self) -> None:
+        if self.stall is not None:  # QEMU paused it on a failed write: no answer until its end
+            deadline = time.monotonic() + 30
+            while not self.destroyed and time.monotonic() < deadline:
+                time.sleep(0.02)
+            raise (ConnectionResetError("the SSH connection to the guest was reset") if self.destroyed
+                   else TimeoutError("the guest did not answer: QEMU paused it"))
         if self.gone:
             raise ConnectionResetError("the SSH connection to the guest was reset")
         if self.suspended:  # a paused guest does not answer; SSH would time out

@@ -124,6 +124,15 @@ class Lifecycle:
         if session.disk_full:
             self.end(session, session.disk_full)
             return
+        stall = session.machine_stalled()
+        if stall is not None:
+            # QEMU paused the guest on a failed write: it answers nothing (a verb waiting
+            # on it stays bounded, but the next would wait too). A full host disk ends the
+            # session as one found by vmd's own writes does; another I/O error ends it too.
+            if stall.no_space:
+                session.note_full(stall.sentence())
+            self.end(session, session.disk_full or stall.sentence())
+            return
         if session.s.state in WAITING_STATES:
             since = session.s.waiting_since
             if since is None:  # a session.json of an older vmd: the wait counts from now

@@ -33,6 +33,20 @@ class MachineSpec:
     egress: bool = False
 
 
+@dataclass
+class Stall:
+    """QEMU paused the guest on its own because a write to its disk failed on the host."""
+    no_space: bool  # the host's disk is full (else another I/O error)
+    disks: list[str]  # the guest's disks that failed, e.g. ["vda"]
+
+    def sentence(self) -> str:
+        disks = ", ".join(self.disks) or "its disk"
+        if self.no_space:
+            return (f"the host's disk is full: the guest's disk ({disks}) could not grow on the host, "
+                    "and QEMU paused the guest")
+        return f"the guest's disk ({disks}) failed on the host with an I/O error, and QEMU paused the guest"
+
+
 class SessionMachine(Protocol):
     """What a session needs of a machine; the only door to the guest."""
 
@@ -47,6 +61,7 @@ class SessionMachine(Protocol):
     def resume(self) -> None: ...
     def destroy(self) -> None: ...
     def alive(self) -> bool: ...
+    def stalled(self) -> Stall | None: ...  # paused by QEMU on a host I/O error
     def set_egress(self, open_: bool) -> None: ...
 
 
@@ -72,6 +87,7 @@ class LibvirtMachine:
         self.resume = machine.resume
         self.destroy = machine.destroy
         self.set_egress = machine.set_egress
+        self.stalled = machine.stalled
 
     def ready(self, timeout, desktop=False):
         """SSH, and the desktop when the image has one: the machine is handed over with a

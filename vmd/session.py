@@ -31,7 +31,7 @@ from vmd.config import VmdConfig
 from vmd.errors import FAILED, INVALID_PARAMS, NOT_READY, VerbError, checked_result, refused, sentence
 from vmd.handlers import HANDLERS
 from vmd.handlers.output import Notify
-from vmd.machine_port import MachineFactory, MachineSpec, SessionMachine
+from vmd.machine_port import MachineFactory, MachineSpec, SessionMachine, Stall
 from vmd.project_store import ProjectStore
 from vmd.record import Record, Redactor
 from vmd.session_state import SESSION_ID, SessionState, new_session_id
@@ -216,29 +216,34 @@ class Session:
         if not V.POLICY[verb].recorded:  # a watcher's look (peek): not a step, not in the record
             self._gate(verb)
             return checked_result(verb, HANDLERS[verb](self, params, notify))
+        # Open when the verb came: a full disk found meanwhile (by this verb, or by the
+        # reaper, which may end the session while the verb waits on a guest QEMU paused)
+        # is what the agent hears, not the error the end left this verb with.
+        was_open = self.s.state != "closed"
         try:
             result = self._serve(verb, params, notify)
         except VerbError as exc:
-            if self._ends_on_full_disk(verb):
+            if self._ends_on_full_disk(verb, was_open):
                 raise self._end_on_full_disk() from exc
             raise
         finally:
             self._track_waiting()
-        if self._ends_on_full_disk(verb):
+        if self._ends_on_full_disk(verb, was_open):
             raise self._end_on_full_disk()
         return result
 
-    def _ends_on_full_disk(self, verb: str) -> bool:
-        return bool(self.disk_full) and verb != "session_close" and self.s.state != "closed"
+    def _ends_on_full_disk(self, verb: str, was_open: bool) -> bool:
+        return bool(self.disk_full) and verb != "session_close" and was_open
 
     def _end_on_full_disk(self) -> VerbError:
         """The host's disk is full: nothing more of this session can be recorded or saved,
-        so vmd ends it (commit what it can, push, destroy) and tells the agent why."""
+        so vmd ends it (commit what it can, push, destroy), unless the reaper did already,
+        and tells the agent why."""
         from vmd.handlers.end_verbs import close
         reason = self.disk_full or "the host's disk is full"
         closed = close(self, reason=reason)
         # The close's text starts with the reason again; the agent reads it once.
-        body = closed["text"].removeprefix(f"vmd closed the session: {reason}. ")
+        body = closed["text"].removeprefix("already closed. ").removeprefix(f"vmd closed the session: {reason}. ")
         return VerbError(f"{reason}. vmd ended the session, as nothing more of it could be kept: "
                          f"{body} What was committed stays committed. Free space on the host, "
                          "then open a new session to carry on.")
@@ -325,6 +330,18 @@ class Session:
             return bool(probe())
         except Exception:
             return False
+
+    def machine_stalled(self) -> Stall | None:
+        """Why QEMU paused the guest on its own (a write to its disk failed on the host),
+        or None."""
+        machine = self.machine
+        probe = getattr(machine, "stalled", None)
+        if probe is None:
+            return None
+        try:
+            return probe()
+        except Exception:
+            return None
 
     def ready_machine(self) -> SessionMachine:
         """The machine, once it is up; waits for the boot if it is still going. The
