@@ -241,10 +241,10 @@ def make_config(tmp_path: Path, **overrides):
 
 
 @contextlib.contextmanager
-def local_vmd(tmp_path: Path):
+def local_vmd(tmp_path: Path, machines: "LocalMachines | None" = None):
     """A real vmd server on its socket over LocalMachines: (server, machines, config)."""
     from vmd.rpc import VmdServer
-    machines = LocalMachines()
+    machines = machines if machines is not None else LocalMachines()
     config = make_config(tmp_path)
     server = VmdServer(config, machines).start()
     try:

@@ -45,6 +45,7 @@ ENV_FIELDS = {
     "VMD_PUSH_RETRY_BACKOFF_S": "push_retry_backoff_s",
     "VMD_PUSH_RETRY_BACKOFF_MAX_S": "push_retry_backoff_max_s",
     "VMD_ACCEL": "accel",
+    "VMD_WARM_POOL_SIZE": "warm_pool_size",
     "VMD_INTERNET_PROBE": "internet_probe",
     "VMD_SOCKET_GROUP": "socket_group",
     "GITEA_TOKEN_FILE": "gitea_token_file",
@@ -166,6 +167,12 @@ class VmdConfig(BaseModel):
     # quick when Gitea was only restarting, and at most a few minutes late once it is back.
     push_retry_backoff_s: float = Field(default=30, gt=0)
     push_retry_backoff_max_s: float = Field(default=300, gt=0)
+
+    # Warm machines (vmd/warm_pool.py): this many guests of the default image booted ahead
+    # and saved, each handed out by a restore in seconds instead of a cold boot. Each
+    # costs a boot in the background and its memory image on disk (~the guest's memory).
+    # 0 (the default for now) turns the pool off: every session boots cold.
+    warm_pool_size: int = Field(default=0, ge=0, le=16)
 
     # --- read by `vmd doctor` only, which checks the whole setup from vmd's side ----------
     # The job service's group (a name or a gid) that must reach vmd's socket: the vmd

@@ -250,6 +250,16 @@ class LinuxGuest(LinuxVerbs, Guest):
                              duration=round(duration, 3), truncated=bool(out.dropped or err.dropped),
                              timed_out=timed_out)
 
+    def prewarm(self) -> None:
+        """Starts a runner ahead of the first command, so that it does not wait for one."""
+        if not self.use_runner or self.runner_off is not None:
+            return
+        try:
+            link = self.runners.acquire()
+        except Exception:  # the first command tries again and says why
+            return
+        self.runners.release(link)
+
     def _run_in_runner(self, command: str, cwd: str, seconds: int, marker: str, sink,
                        deadline: float) -> tuple[int, bool] | None:
         """(exit code, timed out) from a runner, or None when no runner could take the

@@ -66,11 +66,17 @@ class Lifecycle:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="vmd-reaper")
         self._thread.start()
         self.pushes.start()
+        start_pool = getattr(self.sessions.machines, "start_pool", None)
+        if start_pool is not None:  # warm machines (vmd/warm_pool.py), when configured
+            start_pool()
 
     def stop(self) -> None:
         """Stops the threads; sessions and machines stay as they are for the next vmd."""
         self._stop.set()
         self.pushes.stop()
+        stop_pool = getattr(self.sessions.machines, "stop_pool", None)
+        if stop_pool is not None:
+            stop_pool()
 
     # --- adoption ------------------------------------------------------------------------
 

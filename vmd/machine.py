@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -133,6 +134,7 @@ class Machine:
         self.guest: Guest = LinuxGuest(self.ssh, image.project_path)
         self.screen = Screen(domain, tuple(image.resolution), dump_path=_screen_dir(workdir) / "frame.ppm")
         self.facts: Facts | None = None
+        self.restored = False  # handed out from the warm pool (vmd/warm_pool.py)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -190,6 +192,22 @@ class Machine:
                    domain=domain, ssh_port=port, accel=acc)
 
     @classmethod
+    def adopt_restored(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None, uri: str,
+                       domain: libvirt.virDomain, ssh_port: int, accel: str,
+                       qemu_user: str = "libvirt-qemu") -> "Machine":
+        """A guest vmd.warm_pool restored into `workdir`: its `ready` sets the clock, which
+        stood still while it was saved."""
+        screen_dir = _screen_dir(workdir)
+        screen_dir.mkdir(mode=0o700, exist_ok=True)
+        run_as = share_owner(qemu_user)
+        if run_as is not None:  # QEMU writes its screendumps here (vmd/screen.py)
+            os.chown(screen_dir, *run_as)
+        machine = cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
+                      domain=domain, ssh_port=ssh_port, accel=accel)
+        machine.restored = True
+        return machine
+
+    @classmethod
     def attach(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
                uri: str = DEFAULT_URI) -> "Machine":
         """Re-bind to a domain that outlived a vmd restart."""
@@ -244,6 +262,10 @@ class Machine:
         # ERROR with a traceback; those are expected here and would drown real output.
         with _quiet_logger("paramiko.transport"):
             self._wait_for_ssh(deadline, timeout)
+        if self.restored:
+            facts = self._ready_restored()
+            if facts is not None:
+                return facts
         if self.project_dir is not None:
             self.guest.run(f"mountpoint -q {self.image.project_path} || sudo mount {self.image.project_path}",
                            timeout=30)
@@ -285,15 +307,35 @@ class Machine:
                     f"and open a new one. Last console lines:\n{self.console_tail()}")
             time.sleep(1.0)
 
-    def read_facts(self) -> Facts:
-        script = (
+    def _ready_restored(self) -> Facts | None:
+        """A warm machine (vmd/warm_pool.py) in one command: its clock, which stood still
+        from the save to the restore, set; the session's share mounted; its facts. Its
+        desktop was checked before the save. Through one exec channel, while the command
+        runner starts in the background (a runner's start costs a second under TCG, more
+        than this whole command). None when the desktop is not there: the usual checks
+        follow."""
+        prefix = f"sudo -n date -u -s @{time.time():.3f} >/dev/null 2>&1; "
+        if self.project_dir is not None:
+            path = self.image.project_path
+            prefix += f"mountpoint -q {path} || sudo -n mount {path} >/dev/null 2>&1; "
+        facts = self.read_facts(prefix, LinuxGuest(self.ssh, self.image.project_path, use_runner=False))
+        threading.Thread(target=self.guest.prewarm, name=f"prewarm-{self.name}", daemon=True).start()
+        if self.image.desktop and not facts.desktop:
+            return None
+        self.facts = facts
+        self.facts.seconds = round(time.monotonic() - self.started, 1)
+        return self.facts
+
+    def read_facts(self, prefix: str = "", guest: Guest | None = None) -> Facts:
+        """The guest's facts; `prefix`: commands run first in the same shell, output dropped."""
+        script = prefix + (
             ". /etc/os-release; echo \"$PRETTY_NAME\"; uname -srm; "
             "python3 --version 2>&1 || echo none; git --version 2>&1 || echo none; "
             "DISPLAY=:0 xdpyinfo >/dev/null 2>&1 && echo desktop || echo nodesktop; "
             f"mountpoint -q {self.image.project_path} && echo mounted || echo unmounted; "
             "cat /proc/sys/kernel/random/boot_id; hostname"
         )
-        result = self.guest.run(script, timeout=30)
+        result = (guest or self.guest).run(script, timeout=30, cwd="/")
         lines = result.stdout.strip().splitlines()
         if len(lines) < 8:
             raise MachineError(f"could not read facts from the guest: {result.stderr.strip()[:300]}")
@@ -366,15 +408,19 @@ class Machine:
         # The domain goes first: a boot thread may hold the SSH lock while it connects to a
         # guest still booting (up to its connect timeout), and the guest's end is what
         # frees it. A close during boot must not wait for that.
+        persistent = True
         try:
+            # Asked first: a warm machine's restored domain is transient, gone once destroyed.
+            persistent = self.domain.isPersistent() == 1
             if self.domain.isActive():
                 self.domain.destroy()
         except libvirt.libvirtError:
             pass
-        try:
-            self.domain.undefine()
-        except libvirt.libvirtError:
-            pass
+        if persistent:
+            try:
+                self.domain.undefine()
+            except libvirt.libvirtError:
+                pass
         self.ssh.close()
         overlay = self.workdir / "overlay.qcow2"
         overlay.unlink(missing_ok=True)

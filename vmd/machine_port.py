@@ -75,8 +75,12 @@ class LibvirtMachine:
     reboot, suspend, resume, destroy and set_egress are the Machine's own; only `ready`
     (the desktop, or a shell-only machine) and `alive` are made here."""
 
-    def __init__(self, machine, image, desktop_wait_s: float = 30.0):
+    def __init__(self, machine, image, desktop_wait_s: float = 30.0, came: str = "cold",
+                 came_note: str | None = None):
         self.machine = machine
+        self.name = machine.name  # a warm machine keeps its slot's domain name
+        self.came = came  # "warm" (restored from the pool) or "cold" (booted)
+        self.came_note = came_note  # why a session that could have come warm came cold
         self.guest: Guest = machine.guest
         self.screen: Screen = machine.screen
         self.os_family = image.os_family
@@ -117,6 +121,21 @@ class LibvirtMachines:
 
     def __init__(self, config: VmdConfig):
         self.config = config
+        self.pool = None  # vmd.warm_pool.WarmPool once started (start_pool)
+        self._handed_out: set[str] = set()  # slot domains given to sessions: not the sweep's
+
+    def start_pool(self) -> None:
+        if self.config.warm_pool_size <= 0 or self.pool is not None:
+            return
+        from vmd.images import find_image
+        from vmd.warm_pool import WarmPool
+        self.pool = WarmPool(self.config.state_dir, self.config.libvirt_uri, self.config.share_user,
+                             self.config.warm_pool_size)
+        self.pool.start(lambda: find_image(self.config.default_os, self.config.images_dir))
+
+    def stop_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
 
     def timeout_scale(self) -> float:
         from vmd.machine import timeout_scale
@@ -132,10 +151,26 @@ class LibvirtMachines:
     def create(self, spec: MachineSpec) -> SessionMachine:
         image = self._image(spec)
         from vmd.machine import Machine
+        note = None
+        if self.pool is not None:
+            from vmd.warm_pool import SLOT_PREFIX, WarmFailed
+            claimed = self.pool.take(image)
+            if claimed is None:
+                note = "no warm machine was ready, so this one booted cold"
+            else:
+                self._handed_out.add(SLOT_PREFIX + claimed.name.removesuffix(".taken"))
+                try:
+                    machine = self.pool.hand_out(claimed, image, workdir=spec.workdir, project_dir=spec.project_dir)
+                    return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came="warm")
+                except WarmFailed as exc:
+                    note = f"the warm machine could not be handed out ({exc}); it was discarded and this one booted cold"
+            from vmd.machine import timeout_scale
+            self.pool.defer(30 * timeout_scale())  # ~a cold boot: the refill waits for this one
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  uri=self.config.libvirt_uri, egress=spec.egress,
                                  qemu_user=self.config.share_user)
-        return self._adapter(machine, image)
+        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came="cold",
+                              came_note=note)
 
     def attach(self, spec: MachineSpec) -> SessionMachine:
         image = self._image(spec)
@@ -167,7 +202,8 @@ class LibvirtMachines:
             for domain in conn.listAllDomains():
                 try:
                     name = domain.name()
-                    if not name.startswith("vmagent-") or marker not in domain.XMLDesc(0) or keep(name):
+                    if (not name.startswith("vmagent-") or marker not in domain.XMLDesc(0) or keep(name)
+                            or name in self._handed_out):
                         continue
                     if domain.isActive():
                         domain.destroy()

@@ -206,7 +206,11 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
     md.append(line + ".")
     boot = next((e for e in machine if e.get("event") == "ready"), None)
     if boot and boot.get("seconds") is not None:
-        md.append(f"The machine booted in {boot['seconds']:.0f} s.")
+        if boot.get("came") == "warm":
+            md.append(f"The machine came warm from vmd's pool, ready in {boot['seconds']:.1f} s.")
+        else:
+            md.append(f"The machine booted cold in {boot['seconds']:.0f} s." +
+                      (f" ({boot['note']}.)" if boot.get("note") else ""))
     for e in machine:
         if e.get("event") == "failed":
             md.append(f"The machine failed: {e.get('error')}")

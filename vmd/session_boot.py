@@ -57,6 +57,12 @@ def _boot(session: Session, attach: bool) -> None:
             if not ending:
                 session.machine = machine
             s.machine_created = True
+            if not attach:
+                # A warm machine keeps its slot's domain name: the sweep, a close and the
+                # next vmd find it by the name kept here.
+                s.machine_name = getattr(machine, "name", None) or s.machine_name
+                s.machine_came = getattr(machine, "came", None) or "cold"
+                s.came_note = getattr(machine, "came_note", None)
             suspended = s.state in WAITING_STATES
             session.save()
         if ending:  # made after the close began: the close did not see it, so it goes here
@@ -82,7 +88,7 @@ def _boot(session: Session, attach: bool) -> None:
             _stopped(session, created=True)
             return
         session.record.append("machine", event="attached" if attach else "ready", seconds=s.boot_seconds,
-                              facts=facts)
+                              facts=facts, came=s.machine_came, note=s.came_note)
     except Exception as exc:
         if session.ending.is_set():
             # The close destroyed the guest under the boot (its SSH wait fails: EOFError,

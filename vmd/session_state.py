@@ -9,6 +9,8 @@ import secrets
 import time
 from datetime import datetime, timezone
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from vmd.push_retry import PushState
@@ -46,6 +48,10 @@ class SessionState(BaseModel):
     egress: bool = False
     cancelled: bool = False
     boot_seconds: float | None = None
+    # How the machine came: "warm" (restored from vmd's pool, vmd/warm_pool.py) or "cold"
+    # (booted); None until it was made. `came_note`: why it came cold when warm was tried.
+    machine_came: Literal["warm", "cold"] | None = None
+    came_note: str | None = None
     facts: dict = {}
     outcome: dict | None = None
     verifications: list[dict] = []  # every run of the agent's check, in order

@@ -58,8 +58,9 @@ class SessionAttachResult(TextResult):
 
 class SessionReadyResult(TextResult):
     ready: Literal[True]
-    seconds: float  # how long the boot took
+    seconds: float  # how long the boot (or the warm hand-out) took
     facts: dict  # the guest's facts (os, kernel, project_path, desktop, ...)
+    came: Literal["warm", "cold"] | None = None  # restored from vmd's warm pool, or booted
 
 
 class SessionStatusResult(TextResult):
@@ -73,6 +74,9 @@ class SessionStatusResult(TextResult):
     cancelled: bool
     steps: int
     machine: str  # booting | ready | suspended | destroyed | "failed: <why>"
+    machine_came: Literal["warm", "cold"] | None = None  # how the machine came, once it did
+    machine_seconds: float | None = None  # its boot or warm hand-out, in seconds
+    came_note: str | None = None  # why it came cold although the warm pool was on
     outcome: dict | None  # finish's outcome once accepted (FinishOutcome)
     push: dict | None  # the push at close and its retries (vmd/push_retry.py PushState.view)
     clients: int  # connections bound to the session

@@ -40,8 +40,9 @@ def session_ready(session: Session, p: V.SessionReady, notify) -> dict:
             session.s.facts = facts
             session.save()
     seconds = session.s.boot_seconds or 0.0
-    return {"ready": True, "seconds": seconds, "facts": facts,
-            "text": f"The machine is ready ({seconds:.0f} s to boot): {facts.get('os', session.s.os)}; "
+    how = ("a warm machine handed out" if session.s.machine_came == "warm" else "to boot")
+    return {"ready": True, "seconds": seconds, "facts": facts, "came": session.s.machine_came,
+            "text": f"The machine is ready ({seconds:.0f} s, {how}): {facts.get('os', session.s.os)}; "
                     f"project folder at {facts.get('project_path', '-')}{_project_note(session)}."}
 
 
@@ -71,6 +72,8 @@ def status(session: Session) -> dict:
     else:
         machine = "booting"
     parts = [s.state, f"machine {machine.split(':')[0]}"]
+    if s.machine_came and s.boot_seconds is not None:
+        parts[-1] += f" ({s.machine_came}, {s.boot_seconds:.1f} s)"
     parts.append(session.tasks.summary_line() if session.tasks.planned else "no plan yet")
     parts += [f"{s.steps} steps", f"{s.runs} runs", _minutes(time.time() - s.created)]
     if s.outcome:
@@ -89,6 +92,7 @@ def status(session: Session) -> dict:
             "question": s.question if s.state == "question" else "",
             "unfreeze_request": s.unfreeze_request if s.state == "unfreeze" else "",
             "cancelled": s.cancelled, "steps": s.steps, "machine": machine,
+            "machine_came": s.machine_came, "machine_seconds": s.boot_seconds, "came_note": s.came_note,
             "outcome": s.outcome, "text": " · ".join(parts)}
 
 

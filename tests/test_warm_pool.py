@@ -1,0 +1,119 @@
+"""The warm pool's bookkeeping without a guest (vmd/warm_pool.py): which slots a hand-out
+may take, what it restores, what goes stale; and how a session reports a machine that
+came warm. The hand-out itself, on real guests: tests/test_warm_pool_vm.py."""
+
+from __future__ import annotations
+
+import threading
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+
+from tests.vmd_fakes import LocalMachine, LocalMachines, local_vmd
+from vmagent.client import Vmd
+from vmd.warm_pool import SlotInfo, WarmPool, _restore_xml
+
+SAVED_XML = """<domain type='qemu'>
+  <name>vmagent-w-0123456789ab</name>
+  <uuid>5b1f0c8e-3f5e-4c1e-9d55-0a4f3d1c2b7a</uuid>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='{slot}/overlay.qcow2'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <filesystem type='mount' accessmode='mapped'>
+      <source dir='{slot}/share'/>
+      <target dir='project'/>
+    </filesystem>
+    <serial type='file'><source path='{slot}/console.log' append='off'/></serial>
+    <console type='file'><source path='{slot}/console.log' append='off'/></console>
+    <kernel>/images/debian-1/vmlinuz</kernel>
+  </devices>
+</domain>"""
+
+
+def image(tmp_path: Path, name: str = "debian", build: str = "aaaa") -> SimpleNamespace:
+    return SimpleNamespace(name=name, dir=tmp_path / "images" / f"{name}-{build}")
+
+
+def make_ready_slot(pool: WarmPool, img, slot_id: str) -> Path:
+    folder = pool.dir / img.dir.name / slot_id
+    folder.mkdir(parents=True)
+    (folder / "slot.json").write_text(SlotInfo(name=f"vmagent-w-{slot_id}", folder=str(folder), share="/s",
+                                               ssh_port=2222, accel="qemu", boot_seconds=40.0,
+                                               made_at=0.0).model_dump_json())
+    return folder
+
+
+def test_the_restore_points_the_slots_files_at_the_session_and_the_share_at_its_project(tmp_path):
+    slot = "/state/warm/debian-aaaa/.0123456789ab.making"
+    info = SlotInfo(name="vmagent-w-0123456789ab", folder=slot, share=f"{slot}/share", ssh_port=2222,
+                    accel="qemu", boot_seconds=40.0, made_at=0.0)
+    workdir, project = Path("/state/sessions/s-1/machine"), Path("/state/projects/local/demo")
+    root = ET.fromstring(_restore_xml(SAVED_XML.format(slot=slot), info, workdir, project))
+    assert root.find("devices/disk/source").get("file") == f"{workdir}/overlay.qcow2"
+    assert root.find("devices/filesystem/source").get("dir") == str(project)
+    assert {e.get("path") for e in root.iter("source") if e.get("path")} == {f"{workdir}/console.log"}
+    # What libvirt checks against the saved guest stays as saved.
+    assert root.findtext("name") == "vmagent-w-0123456789ab"
+    assert root.findtext("uuid") == "5b1f0c8e-3f5e-4c1e-9d55-0a4f3d1c2b7a"
+    assert root.findtext("devices/kernel") == "/images/debian-1/vmlinuz"
+    assert slot not in ET.tostring(root, encoding="unicode")
+
+
+def test_a_slot_serves_one_session_and_half_made_ones_none(tmp_path):
+    pool = WarmPool(tmp_path / "state", "test:///default", "nobody", size=2)
+    img = image(tmp_path)
+    ready = make_ready_slot(pool, img, "aaaaaaaaaaaa")
+    (pool.dir / img.dir.name / ".bbbbbbbbbbbb.making").mkdir()  # still booting
+    (pool.dir / img.dir.name / "cccccccccccc.taken").mkdir()  # handed out already
+    assert pool.ready_slots(img) == [ready]
+    claims: list[Path | None] = []
+    threads = [threading.Thread(target=lambda: claims.append(pool.take(img))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [c for c in claims if c is not None]
+    assert won == [ready.with_name("aaaaaaaaaaaa.taken")], claims
+    assert pool.take(img) is None and pool.ready_slots(img) == []
+
+
+def test_a_rebuilt_image_discards_the_slots_of_its_older_build(tmp_path):
+    pool = WarmPool(tmp_path / "state", "test:///default", "nobody", size=1)
+    old, new, other = image(tmp_path, build="old1"), image(tmp_path, build="new2"), image(tmp_path, "ubuntu")
+    stale = make_ready_slot(pool, old, "aaaaaaaaaaaa")
+    kept = make_ready_slot(pool, new, "bbbbbbbbbbbb")
+    leftover = pool.dir / new.dir.name / "cccccccccccc.taken"  # a hand-out an earlier vmd cut short
+    leftover.mkdir()
+    others = make_ready_slot(pool, other, "dddddddddddd")
+    pool.discard_stale(new)
+    assert not stale.parent.exists() and not leftover.exists()
+    assert kept.is_dir() and others.is_dir()
+
+
+class WarmMachines(LocalMachines):
+    """Stand-in machines that say they came from the pool, under a slot's domain name."""
+
+    def create(self, spec):
+        machine = super().create(spec)
+        machine.name, machine.came, machine.came_note = "vmagent-w-0123456789ab", "warm", None
+        return machine
+
+
+def test_a_session_whose_machine_came_warm_says_so_and_keeps_the_slots_name(tmp_path):
+    assert not hasattr(LocalMachine, "came")  # the plain stand-ins come cold, by default
+    with local_vmd(tmp_path, machines=WarmMachines()) as (_, machines, config):
+        with Vmd(config.socket, timeout=60) as c:
+            sid = c.call("session_open", task="warm", wait=True)["session_id"]
+            ready = c.call("session_ready", timeout=60)
+            status = c.call("session_status")
+            assert ready["came"] == "warm" and "warm machine handed out" in ready["text"], ready
+            assert status["machine_came"] == "warm" and "(warm, " in status["status_line"], status
+            report = c.call("report")["markdown"]
+            assert "The machine came warm from vmd's pool" in report, report
+            c.call("session_close")
+        session = (config.sessions_dir / sid / "session.json").read_text()
+        assert '"machine_name": "vmagent-w-0123456789ab"' in session
+        assert machines.destroyed == [f"vmagent-{sid}"]  # the stand-in's own name for it
