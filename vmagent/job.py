@@ -94,6 +94,7 @@ class Job:
     phase: str = "planning"  # planning | working
     desktop: bool = False
     boot_seconds: float | None = None
+    machine_came: str | None = None  # "warm" (vmd's pool) or "cold" (booted), as vmd said
     # Seconds worked in earlier runs of this job; time spent waiting for a person is not work.
     active_before_s: float = 0.0
     started_at: float = field(default_factory=time.time)
@@ -123,6 +124,7 @@ class Job:
             "phase": self.phase,
             "desktop": self.desktop,
             "boot_seconds": self.boot_seconds,
+            "machine_came": self.machine_came,
             "steps": self.steps,
             "started_at": self.started_at,
             "active_seconds": round(self.active_seconds(), 3),
@@ -148,6 +150,7 @@ class Job:
         job.phase = data.get("phase") or "planning"
         job.desktop = bool(data.get("desktop"))
         job.boot_seconds = data.get("boot_seconds")
+        job.machine_came = data.get("machine_came")
         job.active_before_s = float(data.get("active_seconds") or 0.0)
         job.started_at = float(data.get("started_at") or time.time())
         job.guards = Guards(**(data.get("guards") or {}))

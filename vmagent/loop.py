@@ -306,11 +306,13 @@ def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: 
                                         f"after the plan was made; stopped waiting. ({exc.message})")
     facts = ready.get("facts") or {}
     job.boot_seconds = ready.get("seconds")
+    job.machine_came = ready.get("came")
     job.desktop = facts.get("desktop") is True or job.os_family == "windows"
     if job.desktop:  # the screen part of the prompt joins once a desktop is known to exist
         job.messages[0] = {"role": "system", "content": _system_prompt(job, config, desktop=True)}
     job.phase = "working"
-    events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s"})
+    came = f" ({job.machine_came})" if job.machine_came else ""
+    events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s{came}"})
     job.messages.append({"role": "user", "content": machine_up_message(job, facts)})
     return None
 

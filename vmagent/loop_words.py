@@ -36,7 +36,10 @@ def opening_message(spec: JobSpec, opened: dict) -> str:
 
 def machine_up_message(job: Job, facts: dict) -> str:
     shown = {k: v for k, v in facts.items() if v not in (None, "", [], {}) and k != "boot_id"}
-    lines = [f"The machine is up: it took {job.boot_seconds or 0:.0f} s to boot."]
+    if job.machine_came == "warm":
+        lines = [f"The machine is up: a warm one, ready in {job.boot_seconds or 0:.0f} s."]
+    else:
+        lines = [f"The machine is up: it took {job.boot_seconds or 0:.0f} s to boot."]
     lines += [f"- {k}: {v}" for k, v in shown.items()]
     offered = tools.tool_names("working", job.desktop)
     lines.append(f"All tools are available now: {', '.join(offered)}.")
