@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/machine.py [--runs 30]
 
-Prints: cold boot to ready (s); `run("true")` through vmd's runner in the guest
+Prints: cold boot to ready (s), a warm hand-out from vmd's pool to ready (restore, share
+mounted, clock set, desktop checked: vmd/warm_pool.py) and a question's resume to the
+first command answered, with their ratios to the cold boot; `run("true")` through vmd's runner in the guest
 (vmd/guest_runner.py), through one exec channel per command on the persistent SSH
 transport (the runner's fallback), and through a fresh `ssh` process per command (ms
 each, and the ratios); screenshot capture to a
@@ -25,6 +27,7 @@ from pathlib import Path
 from vmd.guest import LinuxGuest
 from vmd.images import find_image
 from vmd.machine import Machine
+from vmd.warm_pool import WarmPool
 
 
 def median_ms(samples: list[float]) -> float:
@@ -39,9 +42,12 @@ def main() -> None:
     image = find_image("debian")
     with tempfile.TemporaryDirectory(prefix="vmd-bench-") as tmp:
         os.chmod(tmp, 0o711)  # QEMU runs as its own user and must reach the guest's disk
+        project = Path(tmp) / "project"
+        project.mkdir()
+        os.chmod(project, 0o777)  # QEMU's user writes here through the share
         started = time.monotonic()
         machine = Machine.create(image, name=f"bench-{uuid.uuid4().hex[:8]}",
-                                 workdir=Path(tmp) / "work", project_dir=None)
+                                 workdir=Path(tmp) / "work", project_dir=project)
         try:
             facts = machine.ready(timeout=600, desktop=True)
             boot_s = time.monotonic() - started
@@ -70,12 +76,39 @@ def main() -> None:
                 t = time.perf_counter()
                 machine.screen.screenshot()  # nothing moved on the desktop in between
                 unchanged.append(time.perf_counter() - t)
+            # A question: vmd suspends the guest while it waits, and resumes it with the answer.
+            machine.suspend()
+            time.sleep(1)
+            t = time.monotonic()
+            machine.resume()
+            assert machine.guest.run("true").exit_code == 0
+            resume_s = time.monotonic() - t
         finally:
             machine.destroy()
+        # A warm slot made as vmd's pool makes them, then handed out to a session's folder.
+        pool = WarmPool(Path(tmp) / "state", "qemu:///system", "libvirt-qemu", size=1)
+        slot_boot = time.monotonic()
+        pool.make_slot(image)
+        slot_s = time.monotonic() - slot_boot
+        claimed = pool.take(image)
+        assert claimed is not None
+        t = time.monotonic()
+        warm = pool.hand_out(claimed, image, workdir=Path(tmp) / "warm", project_dir=project)
+        try:
+            warm_facts = warm.ready(timeout=600, desktop=True)
+            handout_s = time.monotonic() - t
+            assert warm_facts.project_mounted and warm_facts.desktop, warm_facts
+        finally:
+            warm.destroy()
 
     r, p, f = median_ms(runner), median_ms(persistent), median_ms(fresh)
     print(f"accelerator                        {facts.accel}")
     print(f"cold boot to ready (desktop up)    {boot_s:8.1f} s")
+    print(f"warm hand-out to ready             {handout_s:8.1f} s  (restore + share + clock + ready; "
+          f"the slot took {slot_s:.1f} s to make)")
+    print(f"cold boot / warm hand-out          {boot_s / handout_s:8.1f} x")
+    print(f"resumed question to first command  {resume_s:8.1f} s")
+    print(f"cold boot / resumed question       {boot_s / resume_s:8.1f} x")
     print(f"run('true'), runner in the guest   {r:8.1f} ms  (median of {args.runs}; "
           f"{machine.guest.runner_runs} through the runner, off: {machine.guest.runner_off or 'no'})")
     print(f"run('true'), exec channel          {p:8.1f} ms  (median of {args.runs})")
