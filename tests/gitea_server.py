@@ -35,10 +35,12 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from tests.http_stand_in import StandInHTTPServer
 
 _GIT_PATH = re.compile(r"^/(?P<owner>[^/]+)/(?P<repo>[^/]+?)\.git(?P<rest>/.*)$")
 SWAGGER = "/api/swagger"
@@ -709,7 +711,7 @@ def start_gitea(tmp_path: Path, token: str = "s3cret-token-for-tests", **options
     root.mkdir(parents=True, exist_ok=True)
     gitea = FakeGitea(root=root, token=token, **options)
     handler = type("Handler", (_Handler,), {"gitea": gitea})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = StandInHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     gitea.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -742,7 +744,7 @@ def start_recorder(host: str = "127.0.0.1") -> Iterator[tuple[str, list[Recorded
 
         do_GET = do_POST = do_PUT = _any
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    server = StandInHTTPServer(("127.0.0.1", 0), Recorder)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

@@ -25,8 +25,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Iterator, Union
+
+from tests.http_stand_in import StandInHTTPServer
 
 # What Ollama 0.12 reports for the default model, qwen3-vl:32b.
 DEFAULT_CAPABILITIES = ["completion", "vision", "tools", "thinking"]
@@ -102,7 +104,7 @@ class OllamaScriptServer:
         self._failures: list[tuple[int, str]] = []
         self._drops: list[int] = []
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: StandInHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._url = ""
         self._port = 0  # kept across stop() so that start() comes back on the same port
@@ -172,7 +174,7 @@ class OllamaScriptServer:
         with self._lifecycle:
             if self._httpd is not None:
                 return self
-            self._httpd = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+            self._httpd = StandInHTTPServer(("127.0.0.1", self._port), Handler)
             self._httpd.daemon_threads = True
             host, port = self._httpd.server_address[:2]
             self._port = port

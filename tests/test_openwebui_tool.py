@@ -12,12 +12,13 @@ import asyncio
 import inspect
 import threading
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.http_stand_in import StandInHTTPServer
 from tests.service_harness import SERVICE, ServiceProcess, uses_scripted_worker
 
 TOOL_FILE = Path(__file__).resolve().parent.parent / "vmagent" / "openwebui" / "vm_agent.py"
@@ -127,7 +128,7 @@ class RecordingProxy:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = StandInHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.upstream = upstream
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -552,7 +553,7 @@ class NotTheService:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = StandInHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from tests import guests
 from tests.gitea_server import FakeGitea, _Handler
 from tests.vmd_fakes import LocalMachines, make_config
+from tests.http_stand_in import StandInHTTPServer
 from vmagent.client import Vmd, VmdError
 from vmd import disk
 from vmd import session_boot
@@ -329,7 +329,7 @@ def gitea_on(tmp_path: Path, port: int):
     root = tmp_path / "gitea-repos"
     root.mkdir(parents=True, exist_ok=True)
     gitea = FakeGitea(root=root, token=TOKEN)
-    server = ThreadingHTTPServer(("127.0.0.1", port), type("Handler", (_Handler,), {"gitea": gitea}))
+    server = StandInHTTPServer(("127.0.0.1", port), type("Handler", (_Handler,), {"gitea": gitea}))
     server.daemon_threads = True
     gitea.url = f"http://127.0.0.1:{port}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
