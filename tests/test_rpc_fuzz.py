@@ -426,7 +426,7 @@ def test_a_connection_over_the_limit_gets_one_line_and_is_closed(tmp_path, monke
         third.close()
         assert first.call({"id": "still", "method": "session_status"})["id"] == "still"
         first.close()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15  # the server notices the close in a moment; a loaded host is slow
         while True:  # the freed place is taken by the next client
             late = RawClient(config)
             reply = late.call({"id": "late", "method": "session_status"})

@@ -101,11 +101,12 @@ def test_a_request_the_guest_never_answers_fails_in_its_time(guest_sshd, stops_a
 
 
 def test_a_file_verb_on_a_guest_that_stopped_answering_says_so_and_close_does_not_wait(guest_sshd):
-    """The SFTP start hangs; the file verb ends in request_timeout with a sentence for the
-    model, and a close() meanwhile (the session's end, from the reaper) returns at once."""
+    """The SFTP start hangs; a close() meanwhile (the session's end, from the reaper)
+    returns at once, and the file verb waiting on the guest ends with it, long before its
+    own request_timeout, with a sentence for the model."""
     host, port, key, hang, _ = guest_sshd
     ssh = SshConnection(host, port, "agent", key)
-    ssh.request_timeout = 3
+    ssh.request_timeout = 30  # far above what the close must take: the close ends the wait
     ssh.transport()
     hang.set()
     guest = LinuxGuest(ssh, use_runner=False)
@@ -124,8 +125,8 @@ def test_a_file_verb_on_a_guest_that_stopped_answering_says_so_and_close_does_no
     time.sleep(0.5)  # the reader waits on the guest now
     started = time.monotonic()
     ssh.close()
-    assert time.monotonic() - started < 1, "close() waited on the guest"
-    reader.join(10)
+    assert time.monotonic() - started < 5, "close() waited on the guest"
+    reader.join(20)
     assert not reader.is_alive(), "the file verb still waits on a guest that stopped answering"
-    assert outcome["seconds"] < 5, outcome
+    assert outcome["seconds"] < 15, outcome
     assert outcome["error"].startswith("read_file /mnt/project/notes.txt: "), outcome
