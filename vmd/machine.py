@@ -112,6 +112,13 @@ def _screen_dir(workdir: Path) -> Path:
     return workdir / "screen"
 
 
+def _make_screen_dir(workdir: Path, run_as: tuple[int, int] | None) -> None:
+    screen_dir = _screen_dir(workdir)
+    screen_dir.mkdir(mode=0o700, exist_ok=True)
+    if run_as is not None:  # QEMU writes its screendumps here (vmd/screen.py)
+        os.chown(screen_dir, *run_as)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -156,10 +163,7 @@ class Machine:
             for place in (workdir, project_dir, base):
                 if place is not None:
                     _check_reachable(Path(place), *run_as, qemu_user)
-        screen_dir = _screen_dir(workdir)
-        screen_dir.mkdir(mode=0o700, exist_ok=True)
-        if run_as is not None:  # QEMU writes its screendumps here (vmd/screen.py)
-            os.chown(screen_dir, *run_as)
+        _make_screen_dir(workdir, run_as)
         overlay = workdir / "overlay.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
                         str(overlay)], check=True, capture_output=True, env=clean_env())
@@ -197,11 +201,7 @@ class Machine:
                        qemu_user: str = "libvirt-qemu") -> "Machine":
         """A guest vmd.warm_pool restored into `workdir`: its `ready` sets the clock, which
         stood still while it was saved."""
-        screen_dir = _screen_dir(workdir)
-        screen_dir.mkdir(mode=0o700, exist_ok=True)
-        run_as = share_owner(qemu_user)
-        if run_as is not None:  # QEMU writes its screendumps here (vmd/screen.py)
-            os.chown(screen_dir, *run_as)
+        _make_screen_dir(workdir, share_owner(qemu_user))
         machine = cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
                       domain=domain, ssh_port=ssh_port, accel=accel)
         machine.restored = True

@@ -141,8 +141,9 @@ class LibvirtMachines:
         from vmd.machine import timeout_scale
         return timeout_scale()
 
-    def _adapter(self, machine, image) -> LibvirtMachine:
-        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s)
+    def _adapter(self, machine, image, came: str = "cold", came_note: str | None = None) -> LibvirtMachine:
+        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came=came,
+                              came_note=came_note)
 
     def _image(self, spec: MachineSpec):
         from vmd.images import find_image  # lazily: tests without libvirt never import it
@@ -161,7 +162,7 @@ class LibvirtMachines:
                 self._handed_out.add(SLOT_PREFIX + claimed.name.removesuffix(".taken"))
                 try:
                     machine = self.pool.hand_out(claimed, image, workdir=spec.workdir, project_dir=spec.project_dir)
-                    return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came="warm")
+                    return self._adapter(machine, image, came="warm")
                 except WarmFailed as exc:
                     note = f"the warm machine could not be handed out ({exc}); it was discarded and this one booted cold"
             from vmd.machine import timeout_scale
@@ -169,8 +170,7 @@ class LibvirtMachines:
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  uri=self.config.libvirt_uri, egress=spec.egress,
                                  qemu_user=self.config.share_user)
-        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came="cold",
-                              came_note=note)
+        return self._adapter(machine, image, came_note=note)
 
     def attach(self, spec: MachineSpec) -> SessionMachine:
         image = self._image(spec)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import threading
 import time
@@ -108,7 +109,7 @@ class WarmPool:
             machine.ready(75 * timeout_scale(machine.accel), desktop=True)
             machine.guest.runners.close()  # its processes sit in the share: it must unmount
             machine.guest.use_runner = False
-            prepared = machine.guest.run(f"sudo sh -c {_quote(IDENTITY)} && sudo umount {image.project_path}",
+            prepared = machine.guest.run(f"sudo sh -c {shlex.quote(IDENTITY)} && sudo umount {image.project_path}",
                                          timeout=60, cwd="/")
             if prepared.exit_code != 0:
                 raise WarmFailed(f"the slot could not be prepared: {(prepared.stdout + prepared.stderr)[-300:]}")
@@ -277,11 +278,6 @@ def _renice(name: str, niceness: int = 10) -> None:
             os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
     except (OSError, ValueError):
         pass  # not QEMU here (the test driver), or it went meanwhile
-
-
-def _quote(text: str) -> str:
-    import shlex
-    return shlex.quote(text)
 
 
 def _restore_xml(xml: str, info: SlotInfo, workdir: Path, share: Path) -> str:
