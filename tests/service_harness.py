@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import socket
 import subprocess
 import sys
@@ -124,3 +125,19 @@ def wait_for_state(client: httpx.Client, job_id: str, states: set[str] | str, ti
             return job
         time.sleep(0.1)
     raise AssertionError(f"job {job_id} stayed {job.get('state')!r}, wanted {wanted}: {job}")
+
+
+def stop_workers(svc: ServiceProcess) -> None:
+    """Workers outlive the service by design; a test cleans up the ones it started."""
+    db = svc.data_dir / "jobs.sqlite3"
+    if not db.exists():
+        return
+    with sqlite3.connect(db) as conn:
+        pids = [r[0] for r in conn.execute("SELECT worker_pid FROM jobs WHERE worker_pid IS NOT NULL")]
+    for pid in pids:
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if str(svc.data_dir).encode() in cmdline:
+            os.kill(pid, signal.SIGKILL)

@@ -87,7 +87,7 @@ def stage(tmp_path_factory):
 
 @pytest.fixture
 def service(tmp_path, stage):
-    from tests.test_service_api import _stop_workers
+    from tests.service_harness import stop_workers
 
     svc = ServiceProcess(tmp_path / "svc").start()
     stage.valves(service_url=svc.url, service_token=SERVICE)
@@ -96,7 +96,7 @@ def service(tmp_path, stage):
         browser.click = None
     yield svc
     svc.stop()
-    _stop_workers(svc)
+    stop_workers(svc)
 
 
 def jobs_of(service: ServiceProcess, stage: Stage, person: str, chat: Chat) -> list[dict]:
@@ -264,7 +264,7 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
     from tests.service_harness import REAL_WORKER, real_worker_env
     from tests.guests import clean_up_domains
     from tests.vmd_process import VmdProcess
-    from tests.test_service_api import _stop_workers
+    from tests.service_harness import stop_workers
 
     check = f"grep -qx '{GREETING}' /mnt/project/greeting.txt"
     agent_script = [
@@ -331,7 +331,7 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
     finally:
         if svc is not None:
             svc.stop()
-            _stop_workers(svc)
+            stop_workers(svc)
         vmd.stop()
         gitea_cm.__exit__(None, None, None)
         clean_up_domains(conn, str(tmp_path))

@@ -52,9 +52,9 @@ def service(tmp_path):
     svc = ServiceProcess(tmp_path / "svc").start()
     yield svc
     svc.stop()
-    from tests.test_service_api import _stop_workers
+    from tests.service_harness import stop_workers
 
-    _stop_workers(svc)
+    stop_workers(svc)
 
 
 @pytest.fixture
@@ -380,7 +380,7 @@ def test_real_worker_question_then_both_services_restart_and_the_same_session_fi
     from tests.ollama_server import start_ollama
     from tests.service_harness import REAL_WORKER, real_worker_env
     from tests.test_loop import PLAN, finish_script
-    from tests.test_service_api import _stop_workers
+    from tests.service_harness import stop_workers
     from tests.vmd_fakes import LocalMachines, make_config
     from vmd.rpc import VmdServer
 
@@ -418,7 +418,7 @@ def test_real_worker_question_then_both_services_restart_and_the_same_session_fi
             assert any("3, please" in t for t in user_texts(server.chat_requests[-1]))
         finally:
             svc.stop()
-            _stop_workers(svc)
+            stop_workers(svc)
             vmd.stop()
 
 

@@ -93,7 +93,7 @@ def render_preview(tmp_path, embed: str) -> None:
 def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp_path, debian_image):
     import libvirt
 
-    from tests.test_service_api import _stop_workers
+    from tests.service_harness import stop_workers
 
     conn = libvirt.open("qemu:///system")
     timings: dict[str, float] = {}
@@ -194,7 +194,7 @@ def test_question_both_services_restarted_answer_and_the_same_guest_finishes(tmp
         print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
         if svc is not None:
             svc.stop()
-            _stop_workers(svc)
+            stop_workers(svc)
         vmd.stop()
         clean_up_domains(conn, str(tmp_path))
         conn.close()

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from tests.service_harness import ServiceProcess, uses_scripted_worker, wait_for_state
-from tests.test_service_api import _stop_workers, start, wait_for_event
+from tests.service_harness import stop_workers
+from tests.test_service_api import start, wait_for_event
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
@@ -135,7 +136,7 @@ def live_job(tmp_path):
     wait_for_event(alice, job["id"], lambda e: e.get("line") == "tick 5")
     yield svc, alice, job
     svc.stop()
-    _stop_workers(svc)
+    stop_workers(svc)
 
 
 @uses_scripted_worker

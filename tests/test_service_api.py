@@ -20,7 +20,7 @@ import pytest
 
 from tests.loop_harness import call, running_vmd, user_texts
 from tests.ollama_server import start_ollama
-from tests.service_harness import (ALICE, BOB, REAL_WORKER, SERVICE, ServiceProcess, real_worker_env,
+from tests.service_harness import (ALICE, BOB, REAL_WORKER, SERVICE, ServiceProcess, real_worker_env, stop_workers,
                                    uses_scripted_worker, vmd_project_repo, wait_for_state)
 from tests.test_loop import PLAN, finish_script
 
@@ -30,23 +30,7 @@ def service(tmp_path):
     svc = ServiceProcess(tmp_path / "svc").start()
     yield svc
     svc.stop()
-    _stop_workers(svc)
-
-
-def _stop_workers(svc: ServiceProcess) -> None:
-    """Workers outlive the service by design; a test cleans up the ones it started."""
-    db = svc.data_dir / "jobs.sqlite3"
-    if not db.exists():
-        return
-    with sqlite3.connect(db) as conn:
-        pids = [r[0] for r in conn.execute("SELECT worker_pid FROM jobs WHERE worker_pid IS NOT NULL")]
-    for pid in pids:
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if str(svc.data_dir).encode() in cmdline:
-            os.kill(pid, signal.SIGKILL)
+    stop_workers(svc)
 
 
 def worker_pid(svc: ServiceProcess, job_id: str) -> int:
@@ -318,7 +302,7 @@ def test_jobs_beyond_the_limit_wait_in_the_queue(tmp_path):
         wait_for_state(alice, second["id"], "cancelled")
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
 
 
 # --- restart -----------------------------------------------------------------------------
@@ -373,7 +357,7 @@ def test_a_restart_keeps_every_state_and_leaves_nothing_running_without_a_worker
         assert f"boot_id={boot_id}" in resumed["report"]
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
 
 
 # --- questions about a finished job ---------------------------------------------------------
@@ -403,10 +387,10 @@ def test_a_finished_job_is_asked_about_from_its_record_and_repo(tmp_path):
         finally:
             for s in (svc, svc_model):
                 s.stop()
-                _stop_workers(s)
+                stop_workers(s)
         for s in (svc, svc_model):
             s.stop()
-            _stop_workers(s)
+            stop_workers(s)
 
 
 # --- the real worker: vmagent.worker running the turn loop against a real vmd -----------------
@@ -433,7 +417,7 @@ def test_real_worker_runs_a_job_to_a_verified_report(tmp_path):
             assert '"command": "python3 hello.py"' in events and '"line": "hello"' in events
         finally:
             svc.stop()
-            _stop_workers(svc)
+            stop_workers(svc)
 
 
 def test_a_push_gitea_could_not_take_shows_pending_in_the_job_then_pushed_when_vmd_retried_it(tmp_path):
@@ -469,7 +453,7 @@ def test_a_push_gitea_could_not_take_shows_pending_in_the_job_then_pushed_when_v
                     assert gitea_head(gitea, "alice", "hello") == done["push"]["sha"]
             finally:
                 svc.stop()
-                _stop_workers(svc)
+                stop_workers(svc)
     finally:
         server_vmd.stop()
 
@@ -489,7 +473,7 @@ def test_real_worker_a_check_that_proves_nothing_shows_as_passed_not_proven(tmp_
             assert "passed, not proven" in done["report"].splitlines()[2]
         finally:
             svc.stop()
-            _stop_workers(svc)
+            stop_workers(svc)
 
 
 def test_real_worker_question_survives_a_service_restart_and_resumes_the_same_session(tmp_path):
@@ -512,7 +496,7 @@ def test_real_worker_question_survives_a_service_restart_and_resumes_the_same_se
             assert any("3, please" in t for t in user_texts(server.chat_requests[-1]))
         finally:
             svc.stop()
-            _stop_workers(svc)
+            stop_workers(svc)
 
 
 def _busy_script(n: int = 200) -> list:
@@ -531,7 +515,7 @@ def busy_real_job(tmp_path):
             yield vmd, svc, alice, job
         finally:
             svc.stop()
-            _stop_workers(svc)
+            stop_workers(svc)
 
 
 def test_real_worker_cancel_ends_with_the_loops_report(tmp_path):

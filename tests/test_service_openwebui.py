@@ -10,7 +10,7 @@ import pytest
 from starlette.requests import Request
 
 from tests.service_harness import ALICE, SERVICE, ServiceProcess, uses_scripted_worker, wait_for_state
-from tests.test_service_api import _stop_workers
+from tests.service_harness import stop_workers
 from vmagent.service.auth import authenticate
 from vmagent.service.config import ServiceConfig
 
@@ -50,7 +50,7 @@ def service(tmp_path):
     svc = ServiceProcess(tmp_path / "svc").start()
     yield svc
     svc.stop()
-    _stop_workers(svc)
+    stop_workers(svc)
 
 
 def via_webui(service, user: str = "user-7"):

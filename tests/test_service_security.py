@@ -19,7 +19,8 @@ import pytest
 
 from tests.service_harness import (ALICE, BOB, SERVICE, ServiceProcess, uses_scripted_worker,
                                    vmd_project_repo, wait_for_state)
-from tests.test_service_api import _stop_workers, start, worker_pid
+from tests.service_harness import stop_workers
+from tests.test_service_api import start, worker_pid
 from vmagent.service.ask import project_files_in, project_history
 from vmagent.service.auth import preview_token_valid, redact_query, sign_preview
 from vmagent.service.config import ServiceConfig
@@ -36,7 +37,7 @@ def service(tmp_path):
     svc = ServiceProcess(tmp_path / "svc").start()
     yield svc
     svc.stop()
-    _stop_workers(svc)
+    stop_workers(svc)
 
 
 def raw_request(port: int, path: str, headers: dict[str, str], declared: int, sent: bytes,
@@ -100,7 +101,7 @@ def test_a_body_over_the_cap_is_refused_with_413_declared_or_chunked(tmp_path):
         assert alice.get("/jobs").status_code == 200
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
 
 
 # --- field limits and names ----------------------------------------------------------------
@@ -219,7 +220,7 @@ def test_preview_links_close_a_grace_period_after_the_job_ends(tmp_path):
         wait_for_state(alice, slow["id"], "cancelled")
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
 
 
 def test_the_token_query_value_is_redacted_from_a_request_line():
@@ -242,7 +243,7 @@ def test_preview_tokens_never_reach_the_access_log(tmp_path):
         assert plain.get(f"/jobs/{job['id']}/screen.png?tok%65n={token}").status_code == 200
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
     log = (svc.data_dir / "service.log").read_text()
     assert f'"GET /jobs/{job["id"]}/preview?token=[redacted] HTTP/1.1" 200' in log
     assert f"/jobs/{job['id']}/events?token=[redacted]&follow=false" in log
@@ -286,7 +287,7 @@ def test_a_running_worker_process_holds_no_secrets(tmp_path):
         wait_for_state(alice, job["id"], "cancelled")
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
 
 
 # --- /ask reads the job's own repository, as data ---------------------------------------------
@@ -307,7 +308,7 @@ def test_a_job_is_asked_about_only_from_its_own_owners_repository(tmp_path):
         assert "git" in answer["sources"] and "Bob's launch codes are 0000" in answer["answer"]
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
 
 
 def test_a_stored_job_with_an_unsafe_project_reads_no_repository(tmp_path):
@@ -393,7 +394,7 @@ def test_asking_about_a_job_over_http_runs_no_planted_program(tmp_path):
         assert list(markers.iterdir()) == []
     finally:
         svc.stop()
-        _stop_workers(svc)
+        stop_workers(svc)
 
 
 def test_an_older_job_database_gains_the_ended_column(tmp_path):
