@@ -139,3 +139,18 @@ def test_libvirt_not_running_says_how_to_start_it(fake_image, tmp_path):
     uri = f"qemu+unix:///system?socket={tmp_path}/no-libvirt.sock"
     with pytest.raises(MachineError, match="libvirtd -d"):
         Machine.create(fake_image, name="nolibvirt", workdir=tmp_path / "w", project_dir=None, uri=uri)
+
+
+def test_every_machine_has_nic_addresses_of_its_own_that_vmd_can_derive_again():
+    import re
+
+    from vmd.domain_xml import nic_macs
+
+    first, second = nic_macs("vmagent-w-0123456789ab"), nic_macs("vmagent-w-ba9876543210")
+    assert nic_macs("vmagent-w-0123456789ab") == first  # known again after a restart or a restore
+    assert len({*first, *second}) == 4
+    for mac in (*first, *second):
+        assert re.fullmatch(r"52:54:00(:[0-9a-f]{2}){3}", mac), mac
+    args = UserNetwork(40022, egress=True, ssh_mac=first[0], egress_mac=first[1]).args()
+    assert f"mac={first[0]},bus=pcie.0,addr=0x1e" in args[3]  # the guest finds its SSH NIC in this slot
+    assert f"mac={first[1]}," in args[7]

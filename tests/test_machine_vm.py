@@ -336,10 +336,16 @@ def test_egress_is_closed_until_opened_and_closes_again(booted, host_listener):
     fetch = "curl -s -m 5 http://{gw}:%d/ || echo unreachable" % host_listener
     # Closed by default: restrict=on keeps the SSH forward but lets nothing out.
     assert "unreachable" in machine.guest.run(fetch.format(gw="10.0.2.2"), timeout=30).stdout
+    # The guest knows its SSH NIC by its PCI slot (each machine has its own MAC address) and
+    # gives it no default route: without egress a connection fails at once.
+    routes = machine.guest.run("ip -4 route", timeout=30).stdout
+    assert "default" not in routes and "10.0.2.0/24" in routes, routes
     assert not machine.egress_open()
     machine.set_egress(True)
     assert machine.egress_open()
     assert _wait_for(machine, "ip -4 route | grep -q '^default via 10.0.3.2' && echo routed", timeout=60)
+    routes = machine.guest.run("ip -4 route", timeout=30).stdout
+    assert routes.count("default") == 1, routes  # the egress NIC's route only
     assert machine.guest.run(fetch.format(gw="10.0.3.2"), timeout=30).stdout.strip() == "reached-the-host"
     machine.set_egress(False)
     assert not machine.egress_open()

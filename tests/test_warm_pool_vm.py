@@ -5,7 +5,8 @@ a pool of one slot: what a person relies on when a session comes warm.
 - the project share is the session's own: a file written in the guest after the hand-out
   is on the host, and nothing of another session's folder shows;
 - two sessions handed out in a row are two machines: their own SSH host keys and
-  machine-ids (the image bakes one of each), and their clocks are the host's;
+  machine-ids (the image bakes one of each), their own SSH NIC address, and their clocks
+  are the host's;
 - a slot whose saved file is corrupt is discarded, and the session comes up cold with a
   note saying why.
 """
@@ -24,7 +25,7 @@ from vmagent.client import Vmd
 pytestmark = pytest.mark.vm
 
 IDENTITY = ("cat /etc/machine-id; cut -d' ' -f2 /etc/ssh/ssh_host_ed25519_key.pub; date +%s; "
-            "findmnt -n -o SOURCE /mnt/project")
+            "findmnt -n -o SOURCE /mnt/project; cat /sys/bus/pci/devices/0000:00:1e.0/virtio*/net/*/address")
 
 
 def slots(state: Path) -> list[Path]:
@@ -54,7 +55,7 @@ def open_session(c: Vmd, project: str) -> tuple[str, dict, dict]:
 
 def identity(c: Vmd) -> list[str]:
     out = c.call("run", command=IDENTITY, timeout=60)["stdout"].split()
-    assert len(out) == 4, out
+    assert len(out) == 5, out
     return out
 
 
@@ -69,7 +70,7 @@ def test_warm_hand_outs_are_fast_separate_machines_and_a_corrupt_slot_boots_cold
             assert ready_a["came"] == "warm" and "warm machine handed out" in ready_a["text"], ready_a
             assert "(warm, " in status_a["status_line"], status_a["status_line"]
             assert status_a["took"] < 20, f"a warm hand-out took {status_a['took']:.1f} s"
-            machine_id_a, host_key_a, clock_a, share_a = identity(a)
+            machine_id_a, host_key_a, clock_a, share_a, mac_a = identity(a)
             assert abs(int(clock_a) - time.time()) < 30, "the restored guest's clock was not set"
             assert share_a == "project", share_a
             a.call("run", command="echo from-a > /mnt/project/a.txt", timeout=60)
@@ -80,8 +81,8 @@ def test_warm_hand_outs_are_fast_separate_machines_and_a_corrupt_slot_boots_cold
                 a_slot(state)  # the refill
                 sid_b, _, status_b = open_session(b, "warm-b")
                 assert status_b["machine_came"] == "warm", status_b
-                machine_id_b, host_key_b, clock_b, _ = identity(b)
-                assert machine_id_b != machine_id_a and host_key_b != host_key_a, (
+                machine_id_b, host_key_b, clock_b, _, mac_b = identity(b)
+                assert machine_id_b != machine_id_a and host_key_b != host_key_a and mac_b != mac_a, (
                     "two warm machines share an identity")
                 assert abs(int(clock_b) - time.time()) < 30
                 listing = b.call("run", command="ls -A /mnt/project", timeout=60)["stdout"].split()

@@ -7,6 +7,7 @@ against libvirt's `test:///default` driver.
 
 from __future__ import annotations
 
+import hashlib
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
@@ -129,19 +130,33 @@ class GuestAgentChannel:
         _sub(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
 
 
-# The guest's network configuration tells its two NICs apart by these addresses
-# (images/debian/rootfs/etc/systemd/network/).
+# The guest tells its SSH NIC by its fixed PCI slot (UserNetwork.pci_addr;
+# images/debian/rootfs/etc/systemd/network/10-vmd-ssh.network), not by its address: every
+# machine has addresses of its own (nic_macs). These are the defaults of a bare UserNetwork.
 SSH_NIC_MAC = "52:54:00:a9:00:01"
 EGRESS_NIC_MAC = "52:54:00:e9:00:01"
+
+
+def nic_macs(name: str) -> tuple[str, str]:
+    """(SSH NIC, egress NIC) MAC addresses of the machine named `name`: its own, so no two
+    machines share one, and derived from the name, so that vmd knows them again after a
+    restart or a warm machine's restore (it keeps its slot's name) without storing them.
+    Locally administered unicast under QEMU's 52:54:00 prefix."""
+    digest = hashlib.sha256(name.encode()).digest()
+    ssh = "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+    egress = "52:54:00:" + ":".join(f"{b:02x}" for b in digest[3:6])
+    if egress == ssh:
+        egress = egress[:-2] + f"{int(egress[-2:], 16) ^ 1:02x}"
+    return ssh, egress
 EGRESS_NET = "10.0.3.0/24"
 HOTPLUG_PORT = "ua-hotplug0"
 
 
-def egress_netdev_args() -> tuple[str, str]:
+def egress_netdev_args(mac: str = EGRESS_NIC_MAC) -> tuple[str, str]:
     """(netdev, device) for the egress NIC: unrestricted user networking on its own
     subnet, so its route never competes with the SSH NIC's."""
     return (f"user,id=vmdegress,net={EGRESS_NET}",
-            f"virtio-net-pci,netdev=vmdegress,mac={EGRESS_NIC_MAC},id=vmdegressnic")
+            f"virtio-net-pci,netdev=vmdegress,mac={mac},id=vmdegressnic")
 
 
 @dataclass
@@ -155,15 +170,18 @@ class UserNetwork:
     """
     ssh_port: int
     egress: bool = False
-    # Fixed PCI slots far from libvirt's own allocations, which do not know about them.
+    # Fixed PCI slots far from libvirt's own allocations, which do not know about them. The
+    # guest finds its SSH NIC by this slot (pci-0000:00:1e.0).
     pci_addr: str = "0x1e"
     egress_pci_addr: str = "0x1d"
+    ssh_mac: str = SSH_NIC_MAC  # a machine's own: nic_macs(name)
+    egress_mac: str = EGRESS_NIC_MAC
 
     def args(self) -> list[str]:
         args = ["-netdev", f"user,id=vmdnet0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
-                "-device", f"virtio-net-pci,netdev=vmdnet0,mac={SSH_NIC_MAC},bus=pcie.0,addr={self.pci_addr}"]
+                "-device", f"virtio-net-pci,netdev=vmdnet0,mac={self.ssh_mac},bus=pcie.0,addr={self.pci_addr}"]
         if self.egress:
-            netdev, device = egress_netdev_args()
+            netdev, device = egress_netdev_args(self.egress_mac)
             args += ["-netdev", netdev, "-device", f"{device},bus=pcie.0,addr={self.egress_pci_addr}"]
         return args
 

@@ -28,8 +28,8 @@ from pydantic import BaseModel
 from vmd.accel import choose_accel
 from vmd.accel import timeout_scale as scale_for
 from vmd.config import VmdConfig
-from vmd.domain_xml import (EGRESS_NET, EGRESS_NIC_MAC, HOTPLUG_PORT, DirectKernel, Disk, Domain,
-                            RunAs, SerialLog, SharedFolder, UserNetwork, Video)
+from vmd.domain_xml import (EGRESS_NET, HOTPLUG_PORT, DirectKernel, Disk, Domain, RunAs, SerialLog,
+                            SharedFolder, UserNetwork, Video, nic_macs)
 from vmd.guest import Guest, GuestError, LinuxGuest
 from vmd.ssh import SshConnection
 from vmd.host_env import clean_env
@@ -39,6 +39,8 @@ from vmd.project_tree import share_owner
 from vmd.screen import Screen
 
 DEFAULT_URI = "qemu:///system"
+# A guest's memory. The warm pool sizes itself by it (vmd/warm_pool.py: host_pool_size).
+GUEST_MEMORY_MIB = 2048
 
 
 class MachineError(RuntimeError):
@@ -147,7 +149,7 @@ class Machine:
 
     @classmethod
     def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
-               uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = 2048,
+               uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = GUEST_MEMORY_MIB,
                vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None) -> "Machine":
         if image.os_family != "linux":
             raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
@@ -169,11 +171,12 @@ class Machine:
                         str(overlay)], check=True, capture_output=True, env=clean_env())
         acc = accel(accel_setting)
         port = free_port()
+        ssh_mac, egress_mac = nic_macs(name)
         spec = Domain(
             name=name, memory_mib=memory_mib, vcpus=vcpus, accel=acc,
             boot=DirectKernel(str(image.path("kernel")), str(image.path("initrd")), image.kernel_args),
             disk=Disk(str(overlay)),
-            network=UserNetwork(ssh_port=port, egress=egress),
+            network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac),
             video=Video(*image.resolution) if image.desktop else None,
             shared=SharedFolder(str(project_dir)) if project_dir else None,
             serial=SerialLog(str(workdir / "console.log")),
@@ -267,8 +270,7 @@ class Machine:
             if facts is not None:
                 return facts
         if self.project_dir is not None:
-            self.guest.run(f"mountpoint -q {self.image.project_path} || sudo mount {self.image.project_path}",
-                           timeout=30)
+            self.guest.run(self._mount_share(), timeout=30)
         if desktop and self.image.desktop:
             # The desktop is up when openbox manages windows and the terminal is on screen
             # (the window exists, unmapped, well before that).
@@ -288,6 +290,11 @@ class Machine:
         self.facts = self.read_facts()
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
+
+    def _mount_share(self) -> str:
+        """The guest's command that mounts the project share unless it is (fstab names it)."""
+        path = self.image.project_path
+        return f"mountpoint -q {path} || sudo -n mount {path}"
 
     def _wait_for_ssh(self, deadline: float, timeout: float) -> None:
         last_error = "no answer yet"
@@ -316,8 +323,7 @@ class Machine:
         follow."""
         prefix = f"sudo -n date -u -s @{time.time():.3f} >/dev/null 2>&1; "
         if self.project_dir is not None:
-            path = self.image.project_path
-            prefix += f"mountpoint -q {path} || sudo -n mount {path} >/dev/null 2>&1; "
+            prefix += f"{self._mount_share()} >/dev/null 2>&1; "
         facts = self.read_facts(prefix, LinuxGuest(self.ssh, self.image.project_path, use_runner=False))
         threading.Thread(target=self.guest.prewarm, name=f"prewarm-{self.name}", daemon=True).start()
         if self.image.desktop and not facts.desktop:
@@ -368,13 +374,13 @@ class Machine:
     def set_egress(self, open_: bool) -> None:
         """Open or close the guest's way out by hot-plugging its egress NIC.
 
-        The SSH NIC stays restricted either way; the guest configures the egress NIC by
-        its MAC address (a default route and DNS) as soon as it appears."""
+        The SSH NIC stays restricted either way; the guest gives any NIC but the SSH one
+        (which it knows by its PCI slot) a default route and DNS as soon as it appears."""
         if open_ == self.egress_open():
             return
         if open_:
             self._qmp("netdev_add", type="user", id="vmdegress", net=EGRESS_NET)
-            self._qmp("device_add", driver="virtio-net-pci", netdev="vmdegress", mac=EGRESS_NIC_MAC,
+            self._qmp("device_add", driver="virtio-net-pci", netdev="vmdegress", mac=nic_macs(self.name)[1],
                       id="vmdegressnic", bus=HOTPLUG_PORT)
         else:
             self._qmp("device_del", id="vmdegressnic")
