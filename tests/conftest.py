@@ -15,6 +15,12 @@ import pytest
 
 from vmd.images import ImageMissing, find_image
 
+# vmd's pool is "auto" by default: on a host with two cores or more every vmd a test starts
+# would boot a warm machine in the background, beside the guests the tests time. The pool's
+# own tests turn it on where they measure it; every other vmd, in-process or `vmd serve`,
+# runs without one.
+os.environ.setdefault("VMD_WARM_POOL_SIZE", "0")
+
 
 def _unavailable(reason: str):
     if os.environ.get("CI"):

@@ -117,3 +117,86 @@ def test_a_session_whose_machine_came_warm_says_so_and_keeps_the_slots_name(tmp_
         session = (config.sessions_dir / sid / "session.json").read_text()
         assert '"machine_name": "vmagent-w-0123456789ab"' in session
         assert machines.destroyed == [f"vmagent-{sid}"]  # the stand-in's own name for it
+
+
+def test_auto_sizes_the_pool_for_the_host_and_a_bad_size_is_refused_with_what_to_give():
+    from vmd.config import VmdConfig, VmdConfigError
+    from vmd.warm_pool import host_pool_size
+
+    gib = 1024
+    assert host_pool_size(2, 24 * gib, 2048) == 1  # this kind of host: one slot, one core left to the sessions
+    assert host_pool_size(1, 64 * gib, 2048) == 0  # a slot's boot would take the only core
+    assert host_pool_size(16, 64 * gib, 2048) == 4  # capped
+    assert host_pool_size(8, 8 * gib, 2048) == 1  # memory, not cores, decides
+    assert host_pool_size(8, 4 * gib, 2048) == 0
+    assert VmdConfig.load(env={}).warm_pool_size == "auto"
+    assert VmdConfig.load(env={"VMD_WARM_POOL_SIZE": " 3 "}).warm_pool_size == 3
+    for bad in ("many", "17", "-1"):
+        try:
+            VmdConfig.load(env={"VMD_WARM_POOL_SIZE": bad})
+        except VmdConfigError as exc:
+            assert "VMD_WARM_POOL_SIZE" in str(exc) and "or auto" in str(exc), exc
+        else:
+            raise AssertionError(f"VMD_WARM_POOL_SIZE={bad} was taken")
+
+
+def test_the_refill_waits_while_the_host_has_no_room(tmp_path, monkeypatch):
+    import os
+
+    from vmd.warm_pool import no_room
+
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (2 * cores + 1.0, 0.0, 0.0))
+    assert "busy" in no_room(tmp_path, guest_mib=1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert "memory available" in no_room(tmp_path, guest_mib=10**9)  # no host has two such guests' memory
+    assert no_room(tmp_path, guest_mib=1) is None or "disk" in no_room(tmp_path, guest_mib=1)
+
+
+def test_a_vmd_started_with_the_pool_off_removes_an_earlier_pools_slots(tmp_path):
+    from tests.vmd_fakes import make_config
+    from vmd.machine_port import LibvirtMachines
+
+    config = make_config(tmp_path, warm_pool_size=0, libvirt_uri="test:///default")
+    pool = WarmPool(config.state_dir, "test:///default", "nobody", size=1)
+    img = image(tmp_path)
+    ready = make_ready_slot(pool, img, "aaaaaaaaaaaa")
+    (ready / "saved.img").write_bytes(b"\0" * 4096)  # a guest's memory, on disk
+    half_made = pool.dir / img.dir.name / ".bbbbbbbbbbbb.making"  # an earlier vmd died while it booted
+    half_made.mkdir()
+    machines = LibvirtMachines(config)
+    machines.start_pool()
+    assert machines.pool is None and not pool.dir.exists()
+
+
+def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_session_does(tmp_path):
+    import time
+
+    pool = WarmPool(tmp_path / "state", "test:///default", "nobody", size=1)
+    img = image(tmp_path)
+    (pool.dir / img.dir.name).mkdir(parents=True)
+    with pool._changed:  # the refill is booting slot cccc..., begun a moment ago
+        pool._making, pool._making_since, pool._made_in = "vmagent-w-cccccccccccc", time.monotonic(), 30.0
+
+    def the_refill_saves_it():
+        time.sleep(0.5)
+        make_ready_slot(pool, img, "cccccccccccc")
+        with pool._changed:
+            pool._making = None
+            pool._changed.notify_all()
+
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(first=pool._wait_for_the_slot_being_made(img)))
+    waiter.start()
+    time.sleep(0.1)
+    assert pool._wait_for_the_slot_being_made(img) is None  # a second session boots cold at once
+    threading.Thread(target=the_refill_saves_it).start()
+    waiter.join(10)
+    assert got["first"] is not None and got["first"].name == "cccccccccccc.taken", got
+
+    # A slot that is not made in half again the last slot's time is not waited for longer.
+    with pool._changed:
+        pool._making, pool._making_since, pool._made_in = "vmagent-w-dddddddddddd", time.monotonic() - 44.5, 30.0
+    started = time.monotonic()
+    assert pool._wait_for_the_slot_being_made(img) is None
+    assert time.monotonic() - started < 5

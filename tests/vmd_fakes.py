@@ -199,8 +199,10 @@ class LocalMachine:
 
 
 class LocalMachines:
-    def __init__(self, boot_seconds: float = 0.0, fail: str | None = None, attach_seconds: float = 0.0):
+    def __init__(self, boot_seconds: float = 0.0, fail: str | None = None, attach_seconds: float = 0.0,
+                 came: str | None = None):
         self.boot_seconds = boot_seconds
+        self.came = came  # "warm": the machines say they came from vmd's pool (cold by default)
         # How long re-binding a machine takes (libvirt lookups after a vmd restart).
         self.attach_seconds = attach_seconds
         self.fail = fail
@@ -215,6 +217,8 @@ class LocalMachines:
         if self.fail:
             raise LookupError(self.fail)
         machine = self.machines[spec.name] = LocalMachine(spec, self)
+        if self.came is not None:
+            machine.came, machine.came_note = self.came, None
         return machine
 
     def attach(self, spec):
@@ -235,7 +239,8 @@ def short_socket_dir() -> Path:
 def make_config(tmp_path: Path, **overrides):
     from vmd.config import VmdConfig
     values = {"socket": short_socket_dir() / "vmd.sock", "state_dir": tmp_path / "state",
-              "images_dir": tmp_path / "images", "boot_timeout_s": 30, "verify_timeout_s": 60}
+              "images_dir": tmp_path / "images", "boot_timeout_s": 30, "verify_timeout_s": 60,
+              "warm_pool_size": 0}  # tests/conftest.py: no warm pool unless a test asks for one
     values.update(overrides)
     return VmdConfig.load(env={}, **values)
 

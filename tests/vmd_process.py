@@ -32,7 +32,7 @@ class VmdProcess:
 
     def start(self) -> "VmdProcess":
         env = {**os.environ, "VMD_BOOT_TIMEOUT_S": "900", "VMD_VERIFY_TIMEOUT_S": "300",
-               "VMD_REAPER_INTERVAL_S": "1"}
+               "VMD_REAPER_INTERVAL_S": "1", "VMD_WARM_POOL_SIZE": "0"}  # a test that wants a pool says so
         for name in ("VMD_CONFIG", "GITEA_URL", "GITEA_TOKEN", "VMD_STATE_DIR", "VMD_SOCKET",
                      "VMD_ORPHAN_GRACE_S", "VMD_QUESTION_KEEP_S"):
             env.pop(name, None)

@@ -171,8 +171,9 @@ class VmdConfig(BaseModel):
     # Warm machines (vmd/warm_pool.py): this many guests of the default image booted ahead
     # and saved, each handed out by a restore in seconds instead of a cold boot. Each
     # costs a boot in the background and its memory image on disk (~the guest's memory).
-    # 0 (the default for now) turns the pool off: every session boots cold.
-    warm_pool_size: int = Field(default=0, ge=0, le=16)
+    # "auto" sizes the pool for the host (warm_pool.host_pool_size: one slot per two
+    # cores, within memory, at most 4); 0 turns it off and every session boots cold.
+    warm_pool_size: int | Literal["auto"] = "auto"
 
     # --- read by `vmd doctor` only, which checks the whole setup from vmd's side ----------
     # The job service's group (a name or a gid) that must reach vmd's socket: the vmd
@@ -192,6 +193,22 @@ class VmdConfig(BaseModel):
         # VMD_ACCEL=KVM means kvm, and an empty line in a compose file means "not set".
         if isinstance(value, str):
             return value.strip().lower() or "auto"
+        return value
+
+    @field_validator("warm_pool_size", mode="before")
+    @classmethod
+    def _pool_size(cls, value):
+        # From the environment every value is text: "2" is two slots, "" (a compose file's
+        # unset variable) is auto.
+        if isinstance(value, str):
+            value = value.strip().lower() or "auto"
+            if value != "auto":
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise ValueError("give a number of warm machines (0 turns the pool off) or auto") from None
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 16:
+            raise ValueError("give between 0 (no pool) and 16 warm machines, or auto")
         return value
 
     @model_validator(mode="after")

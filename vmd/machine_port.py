@@ -11,12 +11,16 @@ call the guest and the screen directly and make their results from what those re
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from vmd.config import VmdConfig
+
+log = logging.getLogger("vmd.machine_port")
 
 if TYPE_CHECKING:  # lazily: a session over another factory never imports paramiko or libvirt
     from vmd.guest import Guest
@@ -122,16 +126,21 @@ class LibvirtMachines:
     def __init__(self, config: VmdConfig):
         self.config = config
         self.pool = None  # vmd.warm_pool.WarmPool once started (start_pool)
-        self._handed_out: set[str] = set()  # slot domains given to sessions: not the sweep's
 
     def start_pool(self) -> None:
-        if self.config.warm_pool_size <= 0 or self.pool is not None:
+        if self.pool is not None:
             return
         from vmd.images import find_image
-        from vmd.warm_pool import WarmPool
-        self.pool = WarmPool(self.config.state_dir, self.config.libvirt_uri, self.config.share_user,
-                             self.config.warm_pool_size)
-        self.pool.start(lambda: find_image(self.config.default_os, self.config.images_dir))
+        from vmd.warm_pool import WarmPool, host_pool_size
+        size = self.config.warm_pool_size
+        if size == "auto":
+            size = host_pool_size()
+            log.info("warm pool: %d slot(s), sized for this host (%d cores)", size, os.cpu_count() or 1)
+        pool = WarmPool(self.config.state_dir, self.config.libvirt_uri, self.config.share_user, size)
+        if size <= 0:
+            pool.clear()  # an earlier vmd's slots: their disk back, half-made guests destroyed
+            return
+        self.pool = pool.start(lambda: find_image(self.config.default_os, self.config.images_dir))
 
     def stop_pool(self) -> None:
         if self.pool is not None:
@@ -154,19 +163,9 @@ class LibvirtMachines:
         from vmd.machine import Machine
         note = None
         if self.pool is not None:
-            from vmd.warm_pool import SLOT_PREFIX, WarmFailed
-            claimed = self.pool.take(image)
-            if claimed is None:
-                note = "no warm machine was ready, so this one booted cold"
-            else:
-                self._handed_out.add(SLOT_PREFIX + claimed.name.removesuffix(".taken"))
-                try:
-                    machine = self.pool.hand_out(claimed, image, workdir=spec.workdir, project_dir=spec.project_dir)
-                    return self._adapter(machine, image, came="warm")
-                except WarmFailed as exc:
-                    note = f"the warm machine could not be handed out ({exc}); it was discarded and this one booted cold"
-            from vmd.machine import timeout_scale
-            self.pool.defer(30 * timeout_scale())  # ~a cold boot: the refill waits for this one
+            machine, note = self.pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir)
+            if machine is not None:
+                return self._adapter(machine, image, came="warm")
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  uri=self.config.libvirt_uri, egress=spec.egress,
                                  qemu_user=self.config.share_user)
@@ -203,7 +202,7 @@ class LibvirtMachines:
                 try:
                     name = domain.name()
                     if (not name.startswith("vmagent-") or marker not in domain.XMLDesc(0) or keep(name)
-                            or name in self._handed_out):
+                            or (self.pool is not None and self.pool.handing_out(name))):
                         continue
                     if domain.isActive():
                         domain.destroy()

@@ -18,7 +18,10 @@ stays the domain's name; the session learns it from the machine (`name`). The se
 A restore that fails discards the slot, and the session boots cold instead, with a note
 in the record. Slots of an older build of the image are discarded (the image folder's
 name carries its recipe's hash). The refill runs in the background at low priority
-(`nice`, cputune shares) and only while the host is not busier than twice its cores.
+(`nice`) and only while the host has room (`no_room`: load, memory, disk); it waits out
+the cold boots of sessions that found the pool empty. `VMD_WARM_POOL_SIZE=auto` sizes
+the pool for the host (`host_pool_size`); a vmd started with the pool off removes an
+earlier pool's slots.
 """
 
 from __future__ import annotations
@@ -74,7 +77,18 @@ class WarmPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._making: str | None = None  # the slot domain booting now
+        self._making_since = 0.0  # when it began (monotonic)
+        self._made_in: float | None = None  # how long the last slot took to make, in seconds
+        # A session that found no ready slot waits for the one being made when that comes
+        # sooner than its own cold boot would (machine_for); one session per slot.
+        self._changed = threading.Condition()
+        self._waited_for: str | None = None
         self._quiet_until = 0.0  # no refill before (monotonic): a session boots cold meanwhile
+        self.waiting_because: str | None = None  # why the refill waits (no_room), for the log
+        # Slot domains restored for a session in the last few minutes: the session may not
+        # have stored its machine's name yet, and the sweep must not take them meanwhile.
+        self._handing_out: dict[str, float] = {}
+        self._handing_lock = threading.Lock()  # sessions' boots add, the reaper's sweep reads
 
     # --- slots ---------------------------------------------------------------------------
 
@@ -99,13 +113,15 @@ class WarmPool:
         share.mkdir(parents=True)
         os.chmod(folder, 0o755)
         name = SLOT_PREFIX + slot_id
-        self._making = name
         started = time.monotonic()
+        with self._changed:
+            self._making, self._making_since = name, started
         machine = None
         try:
             machine = Machine.create(image, name=name, workdir=folder, project_dir=share, uri=self.uri,
                                      qemu_user=self.qemu_user)
-            _renice(name)
+            if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
+                _renice(name)
             machine.ready(75 * timeout_scale(machine.accel), desktop=True)
             machine.guest.runners.close()  # its processes sit in the share: it must unmount
             machine.guest.use_runner = False
@@ -128,6 +144,7 @@ class WarmPool:
             # The saved XML names the folder it was made in; a hand-out edits those paths.
             os.rename(folder, final)
             self.made += 1
+            self._made_in = round(time.monotonic() - started, 1)
             return final
         except BaseException:
             if machine is not None:
@@ -140,7 +157,9 @@ class WarmPool:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         finally:
-            self._making = None
+            with self._changed:
+                self._making = None
+                self._changed.notify_all()
 
     def take(self, image: Image) -> Path | None:
         """Claims a ready slot of `image` (renamed to `<id>.taken`), or None."""
@@ -192,6 +211,71 @@ class WarmPool:
             shutil.rmtree(claimed, ignore_errors=True)
         return machine
 
+    def machine_for(self, image: Image, *, workdir: Path, project_dir: Path | None):
+        """(a warm machine, None), or (None, why not): then the session boots cold, and
+        the refill waits that boot out rather than compete with it."""
+        from vmd.machine import timeout_scale
+
+        claimed = self.take(image) or self._wait_for_the_slot_being_made(image)
+        if claimed is None:
+            note = "no warm machine was ready, so this one booted cold"
+        else:
+            with self._handing_lock:
+                self._handing_out[SLOT_PREFIX + claimed.name.removesuffix(".taken")] = time.monotonic()
+            try:
+                return self.hand_out(claimed, image, workdir=workdir, project_dir=project_dir), None
+            except WarmFailed as exc:
+                note = f"the warm machine could not be handed out ({exc}); it was discarded and this one booted cold"
+        self.defer(30 * timeout_scale())  # about a cold boot
+        return None, note
+
+    def _wait_for_the_slot_being_made(self, image: Image) -> Path | None:
+        """Claims the slot being made once it is saved, for one session that found none
+        ready: the slot has booted for a while already, so it is ready sooner than a cold
+        boot started now, which would also compete with it for the cores. It boots at the
+        sessions' priority from here. None when no slot is being made, another session
+        waits for it, or it is not made within half again the last slot's time."""
+        from vmd.machine import timeout_scale
+
+        with self._changed:
+            name = self._making
+            if name is None or self._waited_for is not None:
+                return None
+            self._waited_for = name
+            expected = self._made_in or 60 * timeout_scale()
+            deadline = self._making_since + 1.5 * expected
+        try:
+            _renice(name, 0)
+            with self._changed:
+                while self._making == name and not self._stop.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._changed.wait(min(left, 2.0))
+            return self.take(image)
+        finally:
+            with self._changed:
+                self._waited_for = None
+
+    def handing_out(self, name: str, window_s: float = 300) -> bool:
+        """Whether `name` is a slot handed to a session in the last `window_s` seconds."""
+        now = time.monotonic()
+        with self._handing_lock:
+            for old in [n for n, at in self._handing_out.items() if now - at > window_s]:
+                del self._handing_out[old]
+            return name in self._handing_out
+
+    def clear(self) -> None:
+        """Every slot gone, half-made ones' guests destroyed: a vmd started with the pool
+        off must not keep an earlier pool's saved guests on disk (each ~a guest's memory)."""
+        if not self.dir.is_dir():
+            return
+        for image_dir in self.dir.iterdir():
+            for slot in image_dir.iterdir() if image_dir.is_dir() else ():
+                if slot.name.endswith(".making"):
+                    self._discard_half_made(slot)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     # --- the refill ------------------------------------------------------------------------
 
     def defer(self, seconds: float) -> None:
@@ -210,13 +294,17 @@ class WarmPool:
         if mine.is_dir():
             for slot in mine.iterdir():
                 if slot.name.endswith(".making"):  # an earlier vmd died while it booted: its guest goes too
-                    from vmd.machine import Machine
-                    try:
-                        Machine.discard(SLOT_PREFIX + slot.name.strip(".").removesuffix(".making"), slot, self.uri)
-                    except Exception as exc:
-                        log.warning("could not destroy the half-made slot %s: %s", slot.name, exc)
+                    self._discard_half_made(slot)
                 if slot.name.endswith(".taken") or slot.name.endswith(".making"):
                     shutil.rmtree(slot, ignore_errors=True)
+
+    def _discard_half_made(self, slot: Path) -> None:
+        """The guest of `.<id>.making`, a slot an earlier vmd was booting when it stopped."""
+        from vmd.machine import Machine
+        try:
+            Machine.discard(SLOT_PREFIX + slot.name.strip(".").removesuffix(".making"), slot, self.uri)
+        except Exception as exc:
+            log.warning("could not destroy the half-made slot %s: %s", slot.name, exc)
 
     def start(self, find_image) -> "WarmPool":
         if self.size <= 0:
@@ -249,10 +337,14 @@ class WarmPool:
                 if image is None or current.dir != image.dir:
                     image = current
                     self.discard_stale(image)
-                if (len(self.ready_slots(image)) < self.size and not _host_busy()
-                        and time.monotonic() >= self._quiet_until):
-                    self.make_slot(image)
-                    continue
+                if len(self.ready_slots(image)) < self.size and time.monotonic() >= self._quiet_until:
+                    why_not = no_room(self.dir)
+                    if why_not is None:
+                        self.make_slot(image)
+                        continue
+                    if why_not != self.waiting_because:
+                        log.info("the warm pool waits to refill: %s", why_not)
+                    self.waiting_because = why_not
             except Exception as exc:
                 if self._stop.is_set():
                     return
@@ -262,11 +354,57 @@ class WarmPool:
             self._stop.wait(2)
 
 
-def _host_busy() -> bool:
-    """Runnable work past twice the cores: a slot's boot now would slow the sessions' work.
-    (An idle TCG guest alone keeps the load near 1 on a small host, so one core's worth
-    would stop every refill while any session runs.)"""
-    return os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
+def host_pool_size(cores: int | None = None, memory_mib: int | None = None,
+                   guest_mib: int | None = None) -> int:
+    """The pool size "auto" means: one slot per two cores, since a slot's boot takes about
+    a core for its length and the sessions need the rest; no more than a quarter of the
+    host's memory in guests being made and restored at once; and at most 4, because past
+    that the slots wait on disk for sessions a host of this size could not run together
+    anyway. A 2-core host gets 1; a 1-core host none."""
+    from vmd.machine import GUEST_MEMORY_MIB
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    memory_mib = memory_mib if memory_mib is not None else _meminfo_mib("MemTotal")
+    guest_mib = guest_mib or GUEST_MEMORY_MIB
+    by_memory = memory_mib // (4 * guest_mib) if memory_mib is not None else 4
+    return max(0, min(4, cores // 2, by_memory))
+
+
+def no_room(folder: Path, guest_mib: int | None = None) -> str | None:
+    """Why the host has no room to make a slot now, or None.
+
+    - Runnable work past twice the cores: a slot's boot now would slow the sessions'
+      work. (An idle TCG guest alone keeps the load near 1 on a small host, so one
+      core's worth would stop every refill while any session runs.)
+    - Less memory available than two guests: the slot's guest would push the sessions'
+      guests into swap.
+    - Less free disk than the slot's saved memory and overlay plus 2 GiB: vmd's own
+      records and the sessions' disks need it more (a full disk pauses their guests)."""
+    from vmd.machine import GUEST_MEMORY_MIB
+    guest_mib = guest_mib or GUEST_MEMORY_MIB
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load > 2 * cores:
+        return f"the host is busy (load {load:.1f} on {cores} cores)"
+    available = _meminfo_mib("MemAvailable")
+    if available is not None and available < 2 * guest_mib:
+        return f"the host has {available} MiB of memory available, under two guests' {2 * guest_mib} MiB"
+    try:
+        free_mib = shutil.disk_usage(folder).free // 2**20
+    except OSError:
+        return None
+    if free_mib < guest_mib + 3072:
+        return f"the disk under {folder} has {free_mib} MiB free, under a slot's {guest_mib + 3072} MiB"
+    return None
+
+
+def _meminfo_mib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _renice(name: str, niceness: int = 10) -> None:
