@@ -413,8 +413,29 @@ def test_real_worker_runs_a_job_to_a_verified_report(tmp_path):
             # vmd's verdict: the check passed, and failed on the project before the job
             assert done["verification"] == {"passed": True, "proven": True, "attempts": 1}
             assert done["session_id"] and done["preview_ready"] is True
+            assert done["machine"]["came"] == "cold", done["machine"]  # the stand-in machines boot
             events = alice.get(f"/jobs/{job['id']}/events", params={"follow": "false"}).text
             assert '"command": "python3 hello.py"' in events and '"line": "hello"' in events
+        finally:
+            svc.stop()
+            stop_workers(svc)
+
+
+def test_the_job_says_its_machine_came_warm_and_how_fast(tmp_path):
+    """vmd handed the session a machine from its pool: the job API, its status line and the
+    events say so, before the job ends and after."""
+    with running_vmd(tmp_path, came="warm") as vmd, start_ollama(finish_script()) as server:
+        svc = real_service(tmp_path, vmd, server).start()
+        try:
+            alice = svc.client()
+            job = start(alice, "write hello.py that prints hello", project="hello")
+            assert job["machine"] is None  # queued: no machine yet
+            wait_for_event(alice, job["id"], lambda e: e.get("type") == "machine", timeout=60)
+            done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=60)
+            assert done["state"] == "done", done["report"]
+            assert done["machine"]["came"] == "warm" and done["machine"]["seconds"] >= 0, done["machine"]
+            events = alice.get(f"/jobs/{job['id']}/events", params={"follow": "false"}).text
+            assert "(warm)" in events  # "machine up after 0 s (warm)", the status line people see
         finally:
             svc.stop()
             stop_workers(svc)

@@ -313,6 +313,8 @@ def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: 
     job.phase = "working"
     came = f" ({job.machine_came})" if job.machine_came else ""
     events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s{came}"})
+    if job.machine_came:  # the job API's `machine` (vmagent/service/workers.py)
+        events.emit({"type": "machine", "came": job.machine_came, "seconds": job.boot_seconds})
     job.messages.append({"role": "user", "content": machine_up_message(job, facts)})
     return None
 

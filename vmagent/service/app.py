@@ -121,6 +121,13 @@ class PushView(BaseModel):
     error: str | None = None
 
 
+class MachineView(BaseModel):
+    """How the job's machine came: `warm` (handed out from vmd's pool of saved guests) or
+    `cold` (booted for this job), and the seconds until it was ready."""
+    came: str
+    seconds: float | None = None
+
+
 class JobView(BaseModel):
     id: str
     owner: str
@@ -137,6 +144,7 @@ class JobView(BaseModel):
     verification_passed: bool | None  # verification.passed, kept for older clients
     verification: VerificationView
     push: PushView | None  # None: nothing to push (no project, no Gitea) or not closed yet
+    machine: MachineView | None  # None: no machine is up yet (or the job never got one)
     steps: int
     status_line: str
     tasks: str
@@ -271,6 +279,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
                                           proven=_flag(job["verification_proven"]),
                                           attempts=job["verification_attempts"] or 0),
             push=push_of(job),
+            machine=MachineView(came=job["machine_came"], seconds=job["machine_seconds"])
+            if job.get("machine_came") else None,
             tasks=job["tasks_text"], preview_ready=bool(job["preview_ready"]),
             preview_url=f"{base_url(request)}/jobs/{job['id']}/preview?token={token}",
         ).model_dump()

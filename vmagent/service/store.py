@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_pid INTEGER,
     frames_offset INTEGER NOT NULL DEFAULT 0,
     push_json TEXT,
+    machine_came TEXT,
+    machine_seconds REAL,
     created REAL NOT NULL,
     updated REAL NOT NULL,
     ended REAL
@@ -66,7 +68,7 @@ _COLUMNS = (
     "question", "report", "session_id", "verification_passed", "verification_proven",
     "verification_attempts", "steps", "status_line", "tasks_text", "preview_ready",
     "screenshot_seq", "preview_secret", "worker_pid", "frames_offset", "created", "updated",
-    "ended", "push_json",
+    "ended", "push_json", "machine_came", "machine_seconds",
 )
 # Columns added after the first release, added to an older database: (name, SQL type,
 # the value its rows get, as SQL over their other columns; None leaves the default).
@@ -79,6 +81,9 @@ _ADDED_COLUMNS = (
      "CASE WHEN verification_passed IS NULL THEN 0 ELSE 1 END"),
     # vmd's push at close, as JSON; jobs from before it was kept have none.
     ("push_json", "TEXT", None),
+    # How the job's machine came (vmd's warm pool or a cold boot) and in how many seconds.
+    ("machine_came", "TEXT", None),
+    ("machine_seconds", "REAL", None),
 )
 
 
@@ -126,6 +131,7 @@ class Store:
             "tasks_text": "", "preview_ready": 0, "screenshot_seq": 0,
             "preview_secret": secrets.token_hex(32), "worker_pid": None, "frames_offset": 0,
             "created": now, "updated": now, "ended": None, "push_json": None,
+            "machine_came": None, "machine_seconds": None,
         }
         with self._lock:
             self._db.execute(

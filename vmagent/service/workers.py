@@ -354,6 +354,10 @@ class WorkerPool:
             self.store.update_job(job_id, question=str(frame["question"]))
         elif kind == "session" and frame.get("session_id"):
             self.store.update_job(job_id, session_id=str(frame["session_id"]))
+        elif kind == "machine" and frame.get("came") in ("warm", "cold"):
+            seconds = frame.get("seconds")
+            self.store.update_job(job_id, machine_came=frame["came"],
+                                  machine_seconds=float(seconds) if isinstance(seconds, (int, float)) else None)
 
     def _save_screenshot(self, job_id: str, frame: dict) -> None:
         try:
