@@ -80,10 +80,11 @@ def wait_for_pool(folder: Path, size: int) -> None:
     print(f"pool fill (not counted)  {time.monotonic() - started:8.1f} s  ({size} slots)", flush=True)
 
 
-def session_facts(vmd, sid: str | None, created: float) -> tuple[float | None, str | None]:
-    """(seconds from the job's creation to vmd's first recorded `run`, how the machine came)."""
+def session_facts(vmd, sid: str | None, created: float) -> tuple[float | None, str | None, str]:
+    """(seconds from the job's creation to vmd's first recorded `run`, how the machine came,
+    why it came cold when it could have come warm)."""
     if not sid:
-        return None, None
+        return None, None, ""
     try:
         record = vmd.record(sid)
     except (OSError, ValueError):
@@ -91,12 +92,12 @@ def session_facts(vmd, sid: str | None, created: float) -> tuple[float | None, s
     first = next((datetime.fromisoformat(e["time"]).timestamp() - created for e in record
                   if e.get("kind") == "verb" and e.get("verb") == "run"), None)
     try:
-        came = vmd.session(sid).get("machine_came")
+        session = vmd.session(sid)
     except (OSError, ValueError):
-        came = None
-    came = came or next((e.get("came") for e in record
-                         if e.get("kind") == "machine" and e.get("event") == "ready"), None)
-    return first, came
+        session = {}
+    came = session.get("machine_came") or next((e.get("came") for e in record
+                                                if e.get("kind") == "machine" and e.get("event") == "ready"), None)
+    return first, came, session.get("came_note") or ""
 
 
 def run_config(name: str, pool: int, args, image, conn) -> dict:
@@ -146,14 +147,15 @@ def run_config(name: str, pool: int, args, image, conn) -> dict:
                     if job.get("state") in LIVE:
                         continue
                     del pending[n]
-                    first, came = session_facts(vmd, job.get("session_id"), created)
-                    row = {"state": job.get("state"), "first": first, "came": came,
+                    first, came, note = session_facts(vmd, job.get("session_id"), created)
+                    row = {"state": job.get("state"), "first": first, "came": came, "note": note,
                            "ended": time.time() - started, "session": job.get("session_id"),
                            "error": "" if job.get("state") == "done" else
                            (job.get("status_line") or (job.get("report") or "")[:300]).replace("\n", " ")}
                     rows[n] = row
                     print(f"{name:<4} job {n}  {row['state']:<9} first-cmd {fmt(first)}  came {came or '-':<5} "
-                          f"ended at {row['ended']:7.1f} s  {row['error'][:160]}", flush=True)
+                          f"ended at {row['ended']:7.1f} s  {row['error'][:160]}"
+                          f"{'  (' + note[:100] + ')' if note and name == 'on' else ''}", flush=True)
                 time.sleep(1)
             for n, (job_id, created) in pending.items():
                 rows[n] = {"state": "timeout", "error": f"still unfinished after {args.timeout:.0f} s"}

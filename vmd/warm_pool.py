@@ -44,6 +44,10 @@ from vmd.images import Image
 log = logging.getLogger("vmd.warm_pool")
 
 SLOT_PREFIX = "vmagent-w-"
+# A slot's boot to a ready desktop, in KVM seconds (x4 under TCG), and its whole making
+# with the identity and the save: the longest a session waits for a slot being made.
+SLOT_READY_S = 75
+SLOT_MAKE_S = 90
 # What makes a booted guest a slot: its own SSH host keys and machine-id (every guest of
 # an image would share the image's), nothing of the placeholder share mounted, and no
 # process of ours left in the guest.
@@ -78,7 +82,6 @@ class WarmPool:
         self._thread: threading.Thread | None = None
         self._making: str | None = None  # the slot domain booting now
         self._making_since = 0.0  # when it began (monotonic)
-        self._made_in: float | None = None  # how long the last slot took to make, in seconds
         # A session that found no ready slot waits for the one being made when that comes
         # sooner than its own cold boot would (machine_for); one session per slot.
         self._changed = threading.Condition()
@@ -122,7 +125,7 @@ class WarmPool:
                                      qemu_user=self.qemu_user)
             if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
                 _renice(name)
-            machine.ready(75 * timeout_scale(machine.accel), desktop=True)
+            machine.ready(SLOT_READY_S * timeout_scale(machine.accel), desktop=True)
             machine.guest.runners.close()  # its processes sit in the share: it must unmount
             machine.guest.use_runner = False
             prepared = machine.guest.run(f"sudo sh -c {shlex.quote(IDENTITY)} && sudo umount {image.project_path}",
@@ -144,7 +147,6 @@ class WarmPool:
             # The saved XML names the folder it was made in; a hand-out edits those paths.
             os.rename(folder, final)
             self.made += 1
-            self._made_in = round(time.monotonic() - started, 1)
             return final
         except BaseException:
             if machine is not None:
@@ -234,7 +236,11 @@ class WarmPool:
         ready: the slot has booted for a while already, so it is ready sooner than a cold
         boot started now, which would also compete with it for the cores. It boots at the
         sessions' priority from here. None when no slot is being made, another session
-        waits for it, or it is not made within half again the last slot's time."""
+        waits for it, or its making fails or runs past its own bounds (make_slot).
+
+        The wait is not cut shorter than that: a session that gave up on a slot at its
+        last slot's pace then boots cold beside the slot it gave up on (seen in
+        bench/load.py: 256 s to the first command against 164 s for a plain cold boot)."""
         from vmd.machine import timeout_scale
 
         with self._changed:
@@ -242,8 +248,7 @@ class WarmPool:
             if name is None or self._waited_for is not None:
                 return None
             self._waited_for = name
-            expected = self._made_in or 60 * timeout_scale()
-            deadline = self._making_since + 1.5 * expected
+            deadline = self._making_since + SLOT_MAKE_S * timeout_scale()
         try:
             _renice(name, 0)
             with self._changed:
