@@ -31,6 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.guests import clean_up_domains  # noqa: E402 (the repository is on the path now)
+from tests.loop_harness import call, calls, is_summary_request  # noqa: E402
+from tests.ollama_server import Turn, start_ollama  # noqa: E402
+from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, stop_workers  # noqa: E402
+from tests.vmd_process import VmdProcess  # noqa: E402
+
 FILL_WAIT_S = 900
 CHECK = "cd /mnt/project && grep -qx hello hello.txt"
 LIVE = ("queued", "running")  # any other state: the job ended (or waits for a person: stuck)
@@ -39,9 +45,6 @@ LIVE = ("queued", "running")  # any other state: the job ended (or waits for a p
 def model(body: dict):
     """One model turn, chosen from the conversation it is asked in (the scripted server
     plays one sequence for every request, so each job's history says where it is)."""
-    from tests.loop_harness import call, calls, is_summary_request
-    from tests.ollama_server import Turn
-
     if is_summary_request(body):
         return Turn(content="Summary: planned, wrote hello.txt with echo, marked the task done.")
     made = [c.get("function") or {} for m in body.get("messages") or [] if m.get("role") == "assistant"
@@ -101,12 +104,6 @@ def session_facts(vmd, sid: str | None, created: float) -> tuple[float | None, s
 
 
 def run_config(name: str, pool: int, args, image, conn) -> dict:
-    from tests.ollama_server import start_ollama
-    from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, stop_workers
-    from tests.guests import clean_up_domains
-    from tests.loop_harness import call  # noqa: F401 (imported here, not first in a server thread)
-    from tests.vmd_process import VmdProcess
-
     work = Path(tempfile.mkdtemp(prefix=f"vmd-load-{name}-", dir="/var/tmp"))
     os.chmod(work, 0o711)  # QEMU runs as its own user and must pass through to the guests' files
     vmd = VmdProcess(work, image.dir.parent, VMD_WARM_POOL_SIZE=str(pool))

@@ -712,7 +712,6 @@ def start_gitea(tmp_path: Path, token: str = "s3cret-token-for-tests", **options
     gitea = FakeGitea(root=root, token=token, **options)
     handler = type("Handler", (_Handler,), {"gitea": gitea})
     server = StandInHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
     gitea.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               daemon=True)
@@ -745,7 +744,6 @@ def start_recorder(host: str = "127.0.0.1") -> Iterator[tuple[str, list[Recorded
         do_GET = do_POST = do_PUT = _any
 
     server = StandInHTTPServer(("127.0.0.1", 0), Recorder)
-    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:

@@ -175,7 +175,6 @@ class OllamaScriptServer:
             if self._httpd is not None:
                 return self
             self._httpd = StandInHTTPServer(("127.0.0.1", self._port), Handler)
-            self._httpd.daemon_threads = True
             host, port = self._httpd.server_address[:2]
             self._port = port
             self._url = f"http://{host}:{port}"

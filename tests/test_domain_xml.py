@@ -25,10 +25,14 @@ TEST_URI = "test:///default"
 GOLDEN = Path(__file__).parent / "golden" / "domain.xml"
 
 
+# The addresses in tests/golden/domain.xml.
+MACS = {"ssh_mac": "52:54:00:a9:00:01", "egress_mac": "52:54:00:e9:00:01"}
+
+
 def _domain(**overrides) -> Domain:
     spec = dict(name="t", memory_mib=1024, vcpus=2, accel="qemu",
                 boot=DirectKernel("/img/vmlinuz", "/img/initrd.img", "root=/dev/vda rw"),
-                disk=Disk("/srv/vm/overlay.qcow2"), network=UserNetwork(ssh_port=40022),
+                disk=Disk("/srv/vm/overlay.qcow2"), network=UserNetwork(ssh_port=40022, **MACS),
                 video=Video(1280, 800), shared=SharedFolder("/projects/p"),
                 serial=SerialLog("/srv/vm/console.log"))
     spec.update(overrides)
@@ -58,7 +62,7 @@ def test_the_xml_asks_for_what_the_agent_relies_on():
 
 
 def test_egress_is_opened_only_when_asked_and_kvm_gets_host_cpu():
-    root = ET.fromstring(_domain(accel="kvm", network=UserNetwork(40022, egress=True)).to_xml())
+    root = ET.fromstring(_domain(accel="kvm", network=UserNetwork(40022, **MACS, egress=True)).to_xml())
     assert root.get("type") == "kvm"
     assert root.find("cpu").get("mode") == "host-passthrough"
     args = [a.get("value") for a in root.find(f"{{{QEMU_NS}}}commandline")]

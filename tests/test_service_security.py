@@ -17,9 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service_harness import (ALICE, BOB, SERVICE, ServiceProcess, uses_scripted_worker,
+from tests.service_harness import (ALICE, BOB, SERVICE, ServiceProcess, stop_workers, uses_scripted_worker,
                                    vmd_project_repo, wait_for_state)
-from tests.service_harness import stop_workers
 from tests.test_service_api import start, worker_pid
 from vmagent.service.ask import project_files_in, project_history
 from vmagent.service.auth import preview_token_valid, redact_query, sign_preview

@@ -330,7 +330,6 @@ def gitea_on(tmp_path: Path, port: int):
     root.mkdir(parents=True, exist_ok=True)
     gitea = FakeGitea(root=root, token=TOKEN)
     server = StandInHTTPServer(("127.0.0.1", port), type("Handler", (_Handler,), {"gitea": gitea}))
-    server.daemon_threads = True
     gitea.url = f"http://127.0.0.1:{port}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

@@ -151,6 +151,12 @@ def test_the_refill_waits_while_the_host_has_no_room(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert "memory available" in no_room(tmp_path, guest_mib=10**9)  # no host has two such guests' memory
     assert no_room(tmp_path, guest_mib=1) is None or "disk" in no_room(tmp_path, guest_mib=1)
+    # Before the first slot the pool's folder does not exist: the disk it will be made on counts.
+    import shutil
+    seen = []
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: seen.append(p) or SimpleNamespace(free=1024 * 2**20))
+    assert "MiB free" in no_room(tmp_path / "state" / "warm", guest_mib=1)
+    assert seen == [tmp_path]
 
 
 def test_a_vmd_started_with_the_pool_off_removes_an_earlier_pools_slots(tmp_path):

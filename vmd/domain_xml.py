@@ -130,13 +130,13 @@ class GuestAgentChannel:
         _sub(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
 
 
+EGRESS_NET = "10.0.3.0/24"
+HOTPLUG_PORT = "ua-hotplug0"
+
+
 # The guest tells its SSH NIC by its fixed PCI slot (UserNetwork.pci_addr;
 # images/debian/rootfs/etc/systemd/network/10-vmd-ssh.network), not by its address: every
-# machine has addresses of its own (nic_macs). These are the defaults of a bare UserNetwork.
-SSH_NIC_MAC = "52:54:00:a9:00:01"
-EGRESS_NIC_MAC = "52:54:00:e9:00:01"
-
-
+# machine has addresses of its own, and no default that machines could end up sharing.
 def nic_macs(name: str) -> tuple[str, str]:
     """(SSH NIC, egress NIC) MAC addresses of the machine named `name`: its own, so no two
     machines share one, and derived from the name, so that vmd knows them again after a
@@ -148,11 +148,9 @@ def nic_macs(name: str) -> tuple[str, str]:
     if egress == ssh:
         egress = egress[:-2] + f"{int(egress[-2:], 16) ^ 1:02x}"
     return ssh, egress
-EGRESS_NET = "10.0.3.0/24"
-HOTPLUG_PORT = "ua-hotplug0"
 
 
-def egress_netdev_args(mac: str = EGRESS_NIC_MAC) -> tuple[str, str]:
+def egress_netdev_args(mac: str) -> tuple[str, str]:
     """(netdev, device) for the egress NIC: unrestricted user networking on its own
     subnet, so its route never competes with the SSH NIC's."""
     return (f"user,id=vmdegress,net={EGRESS_NET}",
@@ -169,13 +167,13 @@ class UserNetwork:
     or hot-plugged later when a person approves it.
     """
     ssh_port: int
+    ssh_mac: str  # the machine's own: nic_macs(name)
+    egress_mac: str
     egress: bool = False
     # Fixed PCI slots far from libvirt's own allocations, which do not know about them. The
     # guest finds its SSH NIC by this slot (pci-0000:00:1e.0).
     pci_addr: str = "0x1e"
     egress_pci_addr: str = "0x1d"
-    ssh_mac: str = SSH_NIC_MAC  # a machine's own: nic_macs(name)
-    egress_mac: str = EGRESS_NIC_MAC
 
     def args(self) -> list[str]:
         args = ["-netdev", f"user,id=vmdnet0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",

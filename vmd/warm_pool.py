@@ -87,7 +87,7 @@ class WarmPool:
         self._changed = threading.Condition()
         self._waited_for: str | None = None
         self._quiet_until = 0.0  # no refill before (monotonic): a session boots cold meanwhile
-        self.waiting_because: str | None = None  # why the refill waits (no_room), for the log
+        self._waiting_because: str | None = None  # why the refill waits (no_room): logged once
         # Slot domains restored for a session in the last few minutes: the session may not
         # have stored its machine's name yet, and the sweep must not take them meanwhile.
         self._handing_out: dict[str, float] = {}
@@ -344,12 +344,12 @@ class WarmPool:
                     self.discard_stale(image)
                 if len(self.ready_slots(image)) < self.size and time.monotonic() >= self._quiet_until:
                     why_not = no_room(self.dir)
+                    if why_not != self._waiting_because and why_not is not None:
+                        log.info("the warm pool waits to refill: %s", why_not)
+                    self._waiting_because = why_not
                     if why_not is None:
                         self.make_slot(image)
                         continue
-                    if why_not != self.waiting_because:
-                        log.info("the warm pool waits to refill: %s", why_not)
-                    self.waiting_because = why_not
             except Exception as exc:
                 if self._stop.is_set():
                     return
@@ -382,8 +382,10 @@ def no_room(folder: Path, guest_mib: int | None = None) -> str | None:
       core's worth would stop every refill while any session runs.)
     - Less memory available than two guests: the slot's guest would push the sessions'
       guests into swap.
-    - Less free disk than the slot's saved memory and overlay plus 2 GiB: vmd's own
-      records and the sessions' disks need it more (a full disk pauses their guests)."""
+    - Less free disk than the slot's saved memory and overlay plus 3 GiB: vmd's own
+      records and the sessions' disks need it more (a full disk pauses their guests).
+      Measured on `folder`'s nearest existing folder: before the first slot there is no
+      pool folder yet, and the disk is the one it will be made on."""
     from vmd.machine import GUEST_MEMORY_MIB
     guest_mib = guest_mib or GUEST_MEMORY_MIB
     cores = os.cpu_count() or 1
@@ -393,8 +395,9 @@ def no_room(folder: Path, guest_mib: int | None = None) -> str | None:
     available = _meminfo_mib("MemAvailable")
     if available is not None and available < 2 * guest_mib:
         return f"the host has {available} MiB of memory available, under two guests' {2 * guest_mib} MiB"
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
     try:
-        free_mib = shutil.disk_usage(folder).free // 2**20
+        free_mib = shutil.disk_usage(existing).free // 2**20
     except OSError:
         return None
     if free_mib < guest_mib + 3072:
