@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vmd.record import read_record
 from vmd.tasks import TaskList
-from vmd.verbs import POLICY, REFUSED
+from vmd.verbs import POLICY, REFUSED, fence
 
 FILE_VERBS = ("write_file", "append_file", "edit_file")
 # Reads of the session, not steps of the work (vmd/verbs.py POLICY).
@@ -41,13 +41,6 @@ def _duration(seconds: float) -> str:
     if hours:
         return f"{hours} h {minutes:02d} m"
     return f"{minutes} m {secs:02d} s" if minutes else f"{secs} s"
-
-
-def _fence(text: str) -> str:
-    fence = "```"
-    while fence in text:
-        fence += "`"
-    return f"{fence}text\n{text.rstrip()}\n{fence}"
 
 
 def build_report(record_path: str | Path, events: list[dict] | None = None) -> Report:
@@ -121,7 +114,7 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
                f"- exit code: {outcome['exit_code']} (expected {outcome['expect_exit']})",
                f"- took {outcome.get('duration') or 0:.1f} s"]
         if outcome.get("output_tail"):
-            md += ["", "Output (tail):", "", _fence(outcome["output_tail"])]
+            md += ["", "Output (tail):", "", fence(outcome["output_tail"])]
     if attempts:
         md += ["", f"### Attempts ({len(attempts)})", ""]
         for a in attempts:

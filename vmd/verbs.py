@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 # The result models are part of this contract: `from vmd.verbs import RunResult` works.
 from vmd.verb_results import *  # noqa: F401,F403
 from vmd.verb_results import RESULTS, SessionStateName, result_problem  # noqa: F401
+# How text from a guest or a model is shown (terminals, logs, reports): one rule for both sides.
+from vmd.shown_text import fence, one_line, printable  # noqa: F401
 
 TaskStatus = Literal["pending", "in_progress", "done", "blocked"]
 MouseButton = Literal["left", "right", "middle"]
