@@ -78,3 +78,34 @@ def test_by_default_the_probe_of_this_host_decides(monkeypatch):
     assert machine.accel() == "qemu" and machine.timeout_scale() == 4.0
     monkeypatch.setattr(accel, "kvm_works", lambda: True)
     assert machine.accel() == "kvm" and machine.timeout_scale() == 1.0
+
+
+def fake_qemu_booting(tmp_path: Path, banner: bool) -> str:
+    """A qemu-system-x86_64 whose paused start works, and whose kernel boot prints the
+    kernel's banner (`banner`) or only the real-mode setup's line and then hangs, as KVM
+    did on a nested host."""
+    script = tmp_path / "qemu-system-x86_64"
+    line = "Linux version 6.1.0-fake" if banner else "Probing EDD (edd=off to disable)... ok"
+    script.write_text('#!/bin/sh\ncase "$*" in *-kernel*) echo "' + line + '"; exec sleep 60;; esac\n'
+                      'cat >/dev/null\nexit 0\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("banner, works", [(True, True), (False, False)])
+def test_kvm_that_starts_but_cannot_run_a_kernel_is_tcg(tmp_path, banner, works):
+    device = tmp_path / "kvm"
+    device.write_text("")
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_bytes(b"\0")
+    assert accel.probe_kvm(device, fake_qemu_booting(tmp_path, banner), kernel=kernel) is works
+
+
+def test_the_probe_kernel_is_a_built_images_first(tmp_path):
+    (tmp_path / "images" / "debian-abc").mkdir(parents=True)
+    (tmp_path / "boot").mkdir()
+    assert accel.probe_kernel(tmp_path / "images", tmp_path / "boot") is None
+    (tmp_path / "boot" / "vmlinuz-6.1").write_bytes(b"\0")
+    assert accel.probe_kernel(tmp_path / "images", tmp_path / "boot") == tmp_path / "boot" / "vmlinuz-6.1"
+    (tmp_path / "images" / "debian-abc" / "vmlinuz").write_bytes(b"\0")
+    assert accel.probe_kernel(tmp_path / "images", tmp_path / "boot") == tmp_path / "images" / "debian-abc" / "vmlinuz"
