@@ -54,7 +54,6 @@ def test_the_xml_asks_for_what_the_agent_relies_on():
     assert fs.find("source").get("dir") == "/projects/p" and fs.find("target").get("dir") == "project"
     res = root.find("devices/video/model/resolution")
     assert (res.get("x"), res.get("y")) == ("1280", "800")
-    assert root.find("devices/graphics").get("listen") == "127.0.0.1"
     args = [a.get("value") for a in root.find(f"{{{QEMU_NS}}}commandline")]
     netdev = args[args.index("-netdev") + 1]
     assert "hostfwd=tcp:127.0.0.1:40022-:22" in netdev
@@ -158,3 +157,10 @@ def test_every_machine_has_nic_addresses_of_its_own_that_vmd_can_derive_again():
     args = UserNetwork(40022, egress=True, ssh_mac=first[0], egress_mac=first[1]).args()
     assert f"mac={first[0]},bus=pcie.0,addr=0x1e" in args[3]  # the guest finds its SSH NIC in this slot
     assert f"mac={first[1]}," in args[7]
+
+
+def test_no_guest_has_a_screen_server_on_any_port():
+    # A VNC listener on the host's loopback had no password; approved egress reached it.
+    root = ET.fromstring(_domain().to_xml())
+    assert root.findall("./devices/graphics") == []
+    assert root.find("./devices/video") is not None  # QEMU still renders; screendump reads it

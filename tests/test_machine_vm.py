@@ -312,9 +312,9 @@ def test_bad_screen_input_is_refused_with_the_valid_choices(booted):
 
 @pytest.fixture
 def host_listener():
-    """An HTTP server on the host's loopback: what a guest with egress could reach."""
+    """An HTTP server on every address of the host (0.0.0.0): its loopback and its own
+    interfaces, what a guest with egress must not reach."""
     import http.server
-    import threading
 
     class Hello(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -325,31 +325,76 @@ def host_listener():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Hello)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
 
 
-def test_egress_is_closed_until_opened_and_closes_again(booted, host_listener):
+@pytest.fixture
+def egress_world():
+    """The stand-in internet and a private-range host, each in a namespace of the test's
+    own, and the egress guard in force as vmd keeps it (vmd installs it at start)."""
+    from tests.egress_hosts import namespace_host
+    from vmd.egress_guard import EgressGuard
+
+    EgressGuard("libvirt-qemu").install()
+    with namespace_host("inet", "203.0.113", "reached-the-internet") as internet, \
+            namespace_host("lan", "192.168.231", "reached-a-private-range") as lan:
+        yield internet, lan
+
+
+def _reach(machine, host: str, port: int) -> str:
+    """What the guest reads from host:port in 5 s: the first bytes, or 'unreachable'."""
+    command = (f"timeout 8 bash -c 'exec 3<>/dev/tcp/{host}/{port} && printf \"GET / HTTP/1.0\\r\\n\\r\\n\" >&3 "
+               f"&& head -c 300 <&3' 2>/dev/null || echo unreachable")
+    return machine.guest.run(command, timeout=30).stdout
+
+
+def test_egress_reaches_the_internet_and_never_the_host(booted, host_listener, egress_world, debian_image,
+                                                        tmp_path):
+    from tests.egress_hosts import host_addresses
+
     machine, _, _ = booted
-    fetch = "curl -s -m 5 http://{gw}:%d/ || echo unreachable" % host_listener
+    internet, lan = egress_world
     # Closed by default: restrict=on keeps the SSH forward but lets nothing out.
-    assert "unreachable" in machine.guest.run(fetch.format(gw="10.0.2.2"), timeout=30).stdout
+    assert "unreachable" in _reach(machine, internet.address, 80)
+    assert "unreachable" in _reach(machine, "10.0.2.2", host_listener)
     # The guest knows its SSH NIC by its PCI slot (each machine has its own MAC address) and
     # gives it no default route: without egress a connection fails at once.
     routes = machine.guest.run("ip -4 route", timeout=30).stdout
     assert "default" not in routes and "10.0.2.0/24" in routes, routes
     assert not machine.egress_open()
-    machine.set_egress(True)
-    assert machine.egress_open()
-    assert _wait_for(machine, "ip -4 route | grep -q '^default via 10.0.3.2' && echo routed", timeout=60)
-    routes = machine.guest.run("ip -4 route", timeout=30).stdout
-    assert routes.count("default") == 1, routes  # the egress NIC's route only
-    assert machine.guest.run(fetch.format(gw="10.0.3.2"), timeout=30).stdout.strip() == "reached-the-host"
-    machine.set_egress(False)
-    assert not machine.egress_open()
-    assert "unreachable" in machine.guest.run(fetch.format(gw="10.0.3.2"), timeout=30).stdout
+    # Another running guest: its QEMU listens on the host's loopback for its SSH forward.
+    other, _ = machine_with_project(debian_image, tmp_path)
+    try:
+        with socket.create_connection(("127.0.0.1", other.ssh_port), timeout=5):
+            pass  # it listens (the host reaches it), so a refusal below is the guard's
+        machine.set_egress(True)
+        assert machine.egress_open()
+        assert _wait_for(machine, "ip -4 route | grep -q '^default via 10.0.3.2' && echo routed", timeout=60)
+        routes = machine.guest.run("ip -4 route", timeout=30).stdout
+        assert routes.count("default") == 1, routes  # the egress NIC's route only
+        assert "reached-the-internet" in _reach(machine, internet.address, 80)
+        # Not the host: its loopback through slirp's gateway, its loopback's other names,
+        # its own interfaces' addresses (found, not named), its end of the test's veth.
+        refused = {"gateway (host loopback)": ("10.0.3.2", host_listener),
+                   "another guest's SSH forward": ("10.0.3.2", other.ssh_port),
+                   "the host's veth address": (internet.host_side, host_listener),
+                   "a private range": (lan.address, 80)}
+        for i, address in enumerate(host_addresses()):
+            refused[f"host address {i}"] = (address, host_listener)
+        reached = {what: out for what, (host, port) in refused.items()
+                   if "unreachable" not in (out := _reach(machine, host, port))}
+        assert not reached, reached
+        # The host itself reaches the private-range server: the route is there, the guard holds.
+        with socket.create_connection((lan.address, 80), timeout=5):
+            pass
+        machine.set_egress(False)
+        assert not machine.egress_open()
+        assert "unreachable" in _reach(machine, internet.address, 80)
+    finally:
+        other.destroy()
 
 
 def test_destroy_leaves_nothing_but_the_project_folder(debian_image, tmp_path):

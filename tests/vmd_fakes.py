@@ -212,6 +212,7 @@ class LocalMachines:
         self.input: list[tuple] = []
         self.shots: list[float] = []  # each screenshot's max_age
         self.probes: list[str] = []  # the hosts check_internet probed
+        self.egress_refusal: str | None = None  # what egress_problem() answers
 
     def create(self, spec):
         if self.fail:
@@ -220,6 +221,9 @@ class LocalMachines:
         if self.came is not None:
             machine.came, machine.came_note = self.came, None
         return machine
+
+    def egress_problem(self):
+        return self.egress_refusal  # None: these machines' egress is a flag, nothing to guard
 
     def attach(self, spec):
         time.sleep(self.attach_seconds)

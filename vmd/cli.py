@@ -51,6 +51,24 @@ def _sessions(args) -> int:
     return 0
 
 
+def _guard(args) -> int:
+    from vmd.egress_guard import EgressGuard, EgressGuardError
+    try:
+        guard = EgressGuard.from_config(VmdConfig.load(args.config))
+        if args.guard_command == "install":
+            print(f"vmd guard: installed (nftables table inet vmagent_egress, rules {guard.install()})")
+            return 0
+        if args.guard_command == "show":
+            print(guard.ruleset().render(), end="")
+            return 0
+    except (FileNotFoundError, ValueError, EgressGuardError) as exc:
+        print(f"vmd guard: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, EgressGuardError) else 2
+    problem = guard.problem() or guard.probe()
+    print(f"vmd guard: {problem}" if problem else "vmd guard: in force, and it holds")
+    return 1 if problem else 0
+
+
 def _images(args) -> int:
     from vmd.images import cli_build, cli_list  # lazily: serving needs no image tooling
     return cli_build(args) if args.images_command == "build" else cli_list(args)
@@ -82,6 +100,10 @@ def parser() -> argparse.ArgumentParser:
     listing = images_sub.add_parser("list", help="list built images")
     listing.add_argument("--images-dir", help="where images live (env VMD_IMAGES_DIR)")
     images.set_defaults(func=_images)
+    guard = sub.add_parser("guard", help="the egress guard: guests with egress reach the internet, not this host")
+    guard.add_argument("guard_command", choices=("install", "check", "show"))
+    guard.add_argument("--config", help="a TOML file of VmdConfig fields (env VMD_CONFIG)")
+    guard.set_defaults(func=_guard)
     doctor.add_parser(sub)
     return p
 

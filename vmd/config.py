@@ -13,6 +13,7 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from vmd.egress_guard import Allowed
 from vmd.owners import DEFAULT_ORG, GiteaOrgName, PersonMap
 
 # Environment variable -> field. The environment wins over the file.
@@ -47,6 +48,7 @@ ENV_FIELDS = {
     "VMD_ACCEL": "accel",
     "VMD_WARM_POOL_SIZE": "warm_pool_size",
     "VMD_INTERNET_PROBE": "internet_probe",
+    "VMD_EGRESS_ALLOW": "egress_allow",
     "VMD_SOCKET_GROUP": "socket_group",
     "GITEA_TOKEN_FILE": "gitea_token_file",
     "OLLAMA_HOST": "ollama_host",
@@ -141,6 +143,11 @@ class VmdConfig(BaseModel):
     # Where check_internet tries to connect: any public host answering on port 80 will do
     # (another for a host behind a proxy).
     internet_probe: str = Field(default="example.com", min_length=1)
+    # Approved egress reaches public addresses only (vmd/egress_guard.py): never the host,
+    # its networks, or private and link-local ranges. An operator lets guests reach a range
+    # here anyway, each with its reason: `CIDR[:PORT]=why` entries, separated by `;` in the
+    # variable (a package mirror or a proxy on the LAN). The reason is kept in the rules.
+    egress_allow: list[str] = Field(default_factory=list)
     # The record cuts long strings to record_output_chars; the verification's output tail
     # gets this larger budget there, enough for a test runner's summary and a failure.
     record_output_tail_chars: int = Field(default=8000, gt=0)
@@ -209,6 +216,21 @@ class VmdConfig(BaseModel):
                     raise ValueError("give a number of warm machines (0 turns the pool off) or auto") from None
         if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 16:
             raise ValueError("give between 0 (no pool) and 16 warm machines, or auto")
+        return value
+
+    @field_validator("egress_allow", mode="before")
+    @classmethod
+    def _egress_allow(cls, value):
+        # From the environment: "10.1.2.0/24=the apt mirror; 10.1.2.3:3128=the proxy".
+        if isinstance(value, str):
+            value = [entry.strip() for entry in value.split(";") if entry.strip()]
+        return value
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress_allow_entries(cls, value):
+        for entry in value:
+            Allowed.parse(entry)
         return value
 
     @model_validator(mode="after")

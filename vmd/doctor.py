@@ -6,6 +6,8 @@ sentence saying what is there, or what is missing and what to do about it. The c
 - `libvirtd`: libvirtd answers at vmd's libvirt URI.
 - `accel`: QEMU is installed, and guests get KVM (or run under TCG, 4x slower).
 - `image`: the default guest image is built, is being built (how far), or is missing.
+- `egress`: the egress guard (vmd/egress_guard.py) is in force for QEMU's user, and a
+  process running as that user is refused the host's loopback when it tries.
 - `socket`: vmd listens on its socket, and the job service's group may connect to it.
 - `gitea`: Gitea answers with the token, and the token has the scopes vmd uses.
 - `ollama`: Ollama answers, the model is pulled, and it can call tools and see (or vmd
@@ -38,9 +40,10 @@ from typing import Callable, Literal
 from pydantic import SecretStr
 
 from vmd.config import VmdConfig
+from vmd.egress_guard import EgressGuard
 
 Status = Literal["ok", "warn", "wait", "fail"]
-CHECKS = ("libvirtd", "accel", "image", "socket", "gitea", "ollama")
+CHECKS = ("libvirtd", "accel", "egress", "image", "socket", "gitea", "ollama")
 HTTP_TIMEOUT_S = 10.0
 # A repository name nobody has: the write probe on it answers 404 with the scope and 403
 # without, and changes nothing either way.
@@ -60,6 +63,20 @@ class Finding:
 
 
 # --- libvirt and QEMU ---------------------------------------------------------------------
+
+def check_egress(guard: EgressGuard) -> Finding:
+    problem = guard.problem()
+    if problem is None:
+        problem = guard.probe() if os.geteuid() == 0 else None
+        if problem is None:
+            return Finding("egress", "ok", f"the egress guard is in force: guests that get egress reach the "
+                                           f"internet only, not this host or its networks ({len(guard.allowed)} "
+                                           f"allow-listed range(s))")
+        return Finding("egress", "fail", f"the egress guard is installed but does not hold: {problem}; check "
+                                         f"the host's other nftables/iptables rules")
+    return Finding("egress", "fail", f"{problem}. Until then vmd refuses to open a guest's network egress "
+                                     f"(a person's approval is answered with this sentence)")
+
 
 def check_libvirtd(uri: str) -> Finding:
     try:
@@ -350,6 +367,7 @@ def run_checks(names: list[str] | tuple[str, ...] = CHECKS, config: VmdConfig | 
     table: dict[str, Callable[[], Finding]] = {
         "libvirtd": lambda: check_libvirtd(config.libvirt_uri),
         "accel": lambda: check_accel(setting=config.accel),
+        "egress": lambda: check_egress(EgressGuard.from_config(config)),
         "image": lambda: check_image(config.images_dir, config.default_os),
         "socket": lambda: check_socket(config.socket, config.socket_group or None),
         "gitea": lambda: check_gitea(config),
@@ -370,7 +388,7 @@ def ready(findings: list[Finding]) -> bool:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """`vmd doctor` on the subcommands of vmd's command line."""
-    doctor = sub.add_parser("doctor", help="say what this setup is missing (libvirtd, KVM, image, socket, Gitea, Ollama)")
+    doctor = sub.add_parser("doctor", help="say what this setup is missing (libvirtd, KVM, egress guard, image, socket, Gitea, Ollama)")
     doctor.add_argument("--check", action="append", choices=CHECKS, metavar="NAME",
                         help=f"run only these checks (repeatable): {', '.join(CHECKS)}; default all")
     doctor.add_argument("--config", help="a TOML file of VmdConfig fields (env VMD_CONFIG)")

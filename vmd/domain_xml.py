@@ -102,10 +102,10 @@ class Video:
         video = _sub(devices, "video")
         model = _sub(video, "model", type=self.model, heads="1", primary="yes")
         _sub(model, "resolution", x=str(self.width), y=str(self.height))
-        # A VNC server (loopback only) gives QEMU a display to render into; vmd reads the
-        # screen through libvirt's screenshot API, people through the preview.
-        graphics = _sub(devices, "graphics", type="vnc", autoport="yes", listen="127.0.0.1")
-        _sub(graphics, "listen", type="address", address="127.0.0.1")
+        # No <graphics>: no screen server on any port (a VNC server on the host's loopback
+        # had no password, and approved egress could reach it). QEMU renders into the video
+        # device all the same; vmd reads it with QMP's screendump and sends input with
+        # input-send-event, people see it through the preview, which goes through vmd.
 
 
 @dataclass
@@ -197,6 +197,43 @@ class HotplugPort:
 
 
 @dataclass
+class VmdOwner:
+    """Whose domain this is: the vmd (by its state dir, exactly) and the session. Kept in
+    vmd's own <metadata> element, so that the sweep of guests no session owns matches on
+    these facts and not on a path somewhere in the XML (a vmd under /srv/x once took the
+    guests of one under /data/srv/x for its own). `session` is None for a warm pool slot
+    (vmd/warm_pool.py), which no session owns yet; its hand-out sets it."""
+    state_dir: str
+    session: str | None = None
+
+    def write(self, machine: ET.Element) -> None:
+        _sub(machine, f"{{{VMD_NS}}}state-dir", self.state_dir)
+        if self.session:
+            _sub(machine, f"{{{VMD_NS}}}session", self.session)
+
+
+def vmd_owner(xml: str | ET.Element) -> VmdOwner | None:
+    """The owner a vmd wrote into a domain's XML, or None (a domain of another program, or
+    of a vmd older than this element)."""
+    root = ET.fromstring(xml) if isinstance(xml, str) else xml
+    machine = root.find(f"metadata/{{{VMD_NS}}}machine")
+    state_dir = machine.findtext(f"{{{VMD_NS}}}state-dir") if machine is not None else None
+    if not state_dir:
+        return None
+    return VmdOwner(state_dir=state_dir, session=machine.findtext(f"{{{VMD_NS}}}session") or None)
+
+
+def set_session(root: ET.Element, session: str) -> None:
+    """Names `session` as the owner in a domain's XML (a warm slot handed to a session)."""
+    machine = root.find(f"metadata/{{{VMD_NS}}}machine")
+    if machine is None:
+        return
+    for old in machine.findall(f"{{{VMD_NS}}}session"):
+        machine.remove(old)
+    _sub(machine, f"{{{VMD_NS}}}session", session)
+
+
+@dataclass
 class Domain:
     name: str
     memory_mib: int
@@ -212,13 +249,17 @@ class Domain:
     extra_devices: list = field(default_factory=list)
     description: str = "vmagent guest"
     run_as: RunAs | None = None
+    owner: VmdOwner | None = None
 
     def to_element(self) -> ET.Element:
         dom = ET.Element("domain", {"type": self.accel})
         _sub(dom, "name", self.name)
         _sub(dom, "description", self.description)
         metadata = _sub(dom, "metadata")
-        ET.SubElement(metadata, f"{{{VMD_NS}}}machine", {"ssh-port": str(self.network.ssh_port)})
+        # One element in vmd's namespace (libvirt keeps one per namespace), its facts inside.
+        machine = ET.SubElement(metadata, f"{{{VMD_NS}}}machine", {"ssh-port": str(self.network.ssh_port)})
+        if self.owner:
+            self.owner.write(machine)
         _sub(dom, "memory", str(self.memory_mib), unit="MiB")
         _sub(dom, "vcpu", str(self.vcpus))
         os_el = _sub(dom, "os")

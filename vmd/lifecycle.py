@@ -62,6 +62,9 @@ class Lifecycle:
             if self._started:
                 return
             self._started = True
+        install_guard = getattr(self.sessions.machines, "install_guard", None)
+        if install_guard is not None:  # before adoption: an adopted guest may have egress open
+            install_guard()
         self.adopt()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="vmd-reaper")
         self._thread.start()
@@ -173,13 +176,14 @@ class Lifecycle:
         if sweep is None:
             return
         live = {s.s.machine_name for s in self.sessions.live() if s.s.state != "closed"}
-        for name in sweep(lambda name: name in live or self._owned(name)):
+        for name in sweep(lambda name, session: name in live or self._owned(session)):
             log.warning("destroyed the guest %s: no session of this vmd owns it any more", name)
 
-    def _owned(self, name: str) -> bool:
-        """Whether the session that made guest `name` is still open on disk (a session
-        being opened right now is, before it is among the live ones)."""
-        path = self.config.sessions_dir / name.removeprefix("vmagent-") / "session.json"
+    def _owned(self, session_id: str) -> bool:
+        """Whether session `session_id` (the owner a guest's <metadata> names) is still open
+        on disk: a session being opened right now is, before it is among the live ones. By
+        the session's id, not the guest's name: a warm machine keeps its slot's name."""
+        path = self.config.sessions_dir / session_id / "session.json"
         try:
             return SessionState.model_validate_json(path.read_text()).state != "closed"
         except FileNotFoundError:

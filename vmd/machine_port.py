@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from vmd.config import VmdConfig
+from vmd.egress_guard import EgressGuard, EgressGuardError
 
 log = logging.getLogger("vmd.machine_port")
 
@@ -72,6 +73,9 @@ class SessionMachine(Protocol):
 class MachineFactory(Protocol):
     def create(self, spec: MachineSpec) -> SessionMachine: ...
     def attach(self, spec: MachineSpec) -> SessionMachine: ...
+    # None when a machine's egress may be opened; else the sentence that says what is
+    # missing (vmd/egress_guard.py). Egress is never opened unguarded.
+    def egress_problem(self) -> str | None: ...
 
 
 class LibvirtMachine:
@@ -80,7 +84,7 @@ class LibvirtMachine:
     (the desktop, or a shell-only machine) and `alive` are made here."""
 
     def __init__(self, machine, image, desktop_wait_s: float = 30.0, came: str = "cold",
-                 came_note: str | None = None):
+                 came_note: str | None = None, guard: EgressGuard | None = None):
         self.machine = machine
         self.name = machine.name  # a warm machine keeps its slot's domain name
         self.came = came  # "warm" (restored from the pool) or "cold" (booted)
@@ -94,8 +98,13 @@ class LibvirtMachine:
         self.suspend = machine.suspend
         self.resume = machine.resume
         self.destroy = machine.destroy
-        self.set_egress = machine.set_egress
         self.stalled = machine.stalled
+        self.guard = guard
+
+    def set_egress(self, open_: bool) -> None:
+        if open_ and self.guard is not None:
+            self.guard.require()  # raises EgressGuardError with what to install
+        self.machine.set_egress(open_)
 
     def ready(self, timeout, desktop=False):
         """SSH, and the desktop when the image has one: the machine is handed over with a
@@ -126,6 +135,23 @@ class LibvirtMachines:
     def __init__(self, config: VmdConfig):
         self.config = config
         self.pool = None  # vmd.warm_pool.WarmPool once started (start_pool)
+        self.guard = EgressGuard.from_config(config)
+
+    def install_guard(self) -> None:
+        """At vmd's start: the egress guard in place before any guest can ask for egress
+        (rules do not survive a host reboot). Failing is no reason not to serve: egress
+        is then refused, with the sentence, until it is fixed."""
+        try:
+            self.guard.install()
+        except EgressGuardError as exc:
+            log.warning("egress guard: %s; approved egress will be refused until it is installed", exc)
+
+    def egress_problem(self) -> str | None:
+        try:
+            self.guard.require()
+        except EgressGuardError as exc:
+            return str(exc)
+        return None
 
     def start_pool(self) -> None:
         if self.pool is not None:
@@ -152,7 +178,7 @@ class LibvirtMachines:
 
     def _adapter(self, machine, image, came: str = "cold", came_note: str | None = None) -> LibvirtMachine:
         return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came=came,
-                              came_note=came_note)
+                              came_note=came_note, guard=self.guard)
 
     def _image(self, spec: MachineSpec):
         from vmd.images import find_image  # lazily: tests without libvirt never import it
@@ -163,13 +189,18 @@ class LibvirtMachines:
         from vmd.machine import Machine
         note = None
         if self.pool is not None:
-            machine, note = self.pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir)
+            machine, note = self.pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir,
+                                                  session_id=spec.session_id)
             if machine is not None:
                 return self._adapter(machine, image, came="warm")
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
-                                 uri=self.config.libvirt_uri, egress=spec.egress,
-                                 qemu_user=self.config.share_user)
+                                 uri=self.config.libvirt_uri, egress=spec.egress and self.egress_problem() is None,
+                                 qemu_user=self.config.share_user, owner=self._owner(spec))
         return self._adapter(machine, image, came_note=note)
+
+    def _owner(self, spec: MachineSpec):
+        from vmd.domain_xml import VmdOwner
+        return VmdOwner(state_dir=str(self.config.state_dir), session=spec.session_id)
 
     def attach(self, spec: MachineSpec) -> SessionMachine:
         image = self._image(spec)
@@ -184,14 +215,15 @@ class LibvirtMachines:
         from vmd.machine import Machine
         return Machine.discard(spec.name, spec.workdir, self.config.libvirt_uri)
 
-    def sweep(self, keep: Callable[[str], bool]) -> list[str]:
+    def sweep(self, keep: Callable[[str, str | None], bool]) -> list[str]:
         """Destroys and undefines the guests of this vmd's state dir that no session owns
-        any more (`keep(name)` is False): no guest may run without a live or pending session.
-        Only domains whose XML names a file under this vmd's sessions dir are looked at, so
-        the guests of another vmd on the same libvirt are never touched. Returns the names
-        destroyed; libvirt unreachable is no error here (the next sweep tries again)."""
+        any more (`keep(name, session id)` is False): no guest may run without a live or
+        pending session. A domain is this vmd's when its <metadata> names this state dir
+        exactly (vmd/domain_xml.py `VmdOwner`), so the guests of another vmd on the same
+        libvirt are never touched; warm pool slots (no session yet) are the pool's.
+        Returns the names destroyed; libvirt unreachable is no error here (the next sweep
+        tries again)."""
         import libvirt
-        marker = f"{self.config.sessions_dir}/"
         try:
             conn = libvirt.open(self.config.libvirt_uri)
         except libvirt.libvirtError:
@@ -201,7 +233,10 @@ class LibvirtMachines:
             for domain in conn.listAllDomains():
                 try:
                     name = domain.name()
-                    if (not name.startswith("vmagent-") or marker not in domain.XMLDesc(0) or keep(name)
+                    if not name.startswith("vmagent-"):
+                        continue
+                    session = self._session_of(domain.XMLDesc(0))
+                    if (session is None or keep(name, session)
                             or (self.pool is not None and self.pool.handing_out(name))):
                         continue
                     if domain.isActive():
@@ -209,9 +244,30 @@ class LibvirtMachines:
                     domain.undefine()
                 except libvirt.libvirtError:
                     continue
-                overlay = self.config.sessions_dir / name.removeprefix("vmagent-") / "machine" / "overlay.qcow2"
-                overlay.unlink(missing_ok=True)
+                # A warm machine keeps its slot's name: its files are under its session's id.
+                (self.config.sessions_dir / session / "machine" / "overlay.qcow2").unlink(missing_ok=True)
                 destroyed.append(name)
         finally:
             conn.close()
         return destroyed
+
+    def _session_of(self, xml: str) -> str | None:
+        """The session of this vmd that a domain belongs to, or None when it is not this
+        vmd's (or a warm slot no session owns yet). A domain of a vmd older than the
+        <metadata> owner is this vmd's when its disk lies in a session folder of this
+        state dir (a path under it, compared by parts, never as a substring)."""
+        import xml.etree.ElementTree as ET
+
+        from vmd.domain_xml import vmd_owner
+        from vmd.session_state import SESSION_ID
+        root = ET.fromstring(xml)
+        owner = vmd_owner(root)
+        if owner is not None:
+            if Path(owner.state_dir) != Path(self.config.state_dir) or not owner.session:
+                return None
+            return owner.session if SESSION_ID.match(owner.session) else None
+        for source in root.iterfind("devices/disk/source"):
+            path = Path(source.get("file") or "")
+            if path.parent.parent.parent == Path(self.config.sessions_dir) and SESSION_ID.match(path.parent.parent.name):
+                return path.parent.parent.name
+        return None

@@ -120,6 +120,7 @@ def session_resume(session: Session, p: V.Answer, notify) -> dict:
         if session.needs_ready:
             session.s.facts = machine.ready(session.boot_timeout)
             session.needs_ready = False
+    problem = None
     with session.lock:
         if state == "question":
             session.s.answer = p.answer
@@ -129,17 +130,23 @@ def session_resume(session: Session, p: V.Answer, notify) -> dict:
             approved = bool(p.approved)
             text = (f"The user {'approved' if approved else 'declined'} your request "
                     f"({session.s.unfreeze_request!r})." + (f" They said: {p.answer}" if p.answer else ""))
-            if approved:
+            problem = session.machines.egress_problem() if approved else None
+            if problem:
+                # An approval is not turned into an unguarded network (vmd/egress_guard.py).
+                text += (f" But vmd cannot open network egress on this host: {problem}. The machine stays "
+                         f"offline; go on without the network, or tell the user what the operator must fix.")
+            elif approved:
                 session.s.egress = True
                 if machine is not None:  # every SessionMachine can (vmd/machine_port.py)
                     machine.set_egress(True)
-                    text += " Network egress is open now."
+                    text += " Network egress is open now (the internet only: not this host or its networks)."
                 else:  # no machine yet: the one that boots is made with egress open
-                    text += " Network egress will be open on the machine."
+                    text += " Network egress will be open on the machine (the internet only)."
             session.s.unfreeze_request = ""
         session.s.state = session.s.resume_state if session.s.resume_state in ("booting", "ready", "finished") else "ready"
         session.save()
-    session.record.append("answer", state=state, answer=p.answer, approved=p.approved)
+    session.record.append("answer", state=state, answer=p.answer, approved=p.approved,
+                          **({"egress_refused": problem} if problem else {}))
     return {"state": session.s.state, "text": text}
 
 
