@@ -10,7 +10,7 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
         libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils \
         python3 python3-venv python3-libvirt \
         git openssh-client genisoimage debootstrap e2fsprogs ca-certificates \
-        tesseract-ocr tesseract-ocr-eng \
+        tesseract-ocr tesseract-ocr-eng nftables \
     && rm -rf /var/lib/apt/lists/*
 # libvirtd in a container, with the capabilities the compose file grants and no more:
 # - namespaces: a private mount namespace per guest needs CAP_SYS_ADMIN; the container

@@ -24,7 +24,7 @@ apt-get update -q
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
-    chromium xvfb xdotool ca-certificates tesseract-ocr tesseract-ocr-eng >/dev/null
+    chromium xvfb xdotool ca-certificates tesseract-ocr tesseract-ocr-eng nftables >/dev/null
 
 say "libvirt"
 # QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the
@@ -69,6 +69,13 @@ if [ -n "${CI:-}" ] || [ "${1:-}" = "--tests" ]; then
         docker info >/dev/null 2>&1 || { echo "dockerd did not start: see /var/log/dockerd.log" >&2; exit 1; }
     fi
 fi
+
+say "egress guard"
+# A guest whose egress a person approves reaches the internet, never this host (its
+# loopback, its addresses, private ranges): an nftables table for QEMU's user. vmd puts it
+# back at every start; this shows it works now (and the tests rely on it).
+.venv/bin/vmd guard install
+.venv/bin/vmd guard check
 
 say "guest image"
 .venv/bin/vmd images build debian

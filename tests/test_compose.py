@@ -40,7 +40,7 @@ def test_vmd_is_not_privileged_and_names_each_capability_it_adds():
     assert not vmd.get("privileged")
     # Each added capability is explained in a comment; SYS_RESOURCE (which CI hosts lack
     # in their bounding set) is not asked for.
-    assert vmd["cap_add"] == ["SYS_ADMIN"]
+    assert vmd["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]  # NET_ADMIN: the egress guard's nftables table
     assert "SYS_RESOURCE" not in (REPO / "docker-compose.yml").read_text()
     # /dev/kvm is allowed, not required: the container starts on a host without it.
     assert "devices" not in vmd and vmd["device_cgroup_rules"] == ["c 10:232 rwm"]
@@ -65,6 +65,8 @@ def test_vmd_keeps_images_state_and_projects_and_serves_the_service_group():
 def test_health_is_the_doctor_and_waits_for_the_first_image_build():
     vmd = SERVICES["vmd"]["healthcheck"]
     assert vmd["test"][:4] == ["CMD", "python3", "-m", "vmd.doctor"] and "image" in vmd["test"]
+    # vmd is not healthy until the egress guard holds (nftables is in its image).
+    assert "egress" in vmd["test"] and "nftables" in (REPO / "docker" / "vmd.Dockerfile").read_text()
     assert vmd["start_period"].endswith("m") and int(vmd["start_period"][:-1]) >= 30
     assert "vmd.doctor --check socket" in SERVICES["vmagent"]["healthcheck"]["test"][1]
 
