@@ -176,7 +176,8 @@ def test_an_approval_is_given_only_by_a_click_in_the_confirmation_dialog(stage, 
     chat = stage.chat()
     _, reply = turn(stage, chat, "Install requests in the VM", "run_task_in_vm", task="unfreeze please")
     [dialog] = browser.dialogs[seen:]
-    assert dialog["title"] == "Allow the VM agent network access?"
+    assert dialog["title"] == "Open network access for the VM agent's machine?"
+    assert dialog["message"].startswith("The agent asks to open network access for its machine.")
     assert "the package index" in dialog["message"]
     assert outcome in reply, reply
     [job] = jobs_of(service, stage, "José Müller", chat)

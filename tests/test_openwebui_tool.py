@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import threading
 import types
 from http.server import BaseHTTPRequestHandler
@@ -285,6 +286,40 @@ def test_a_confirm_click_approves_exactly_once(watched_tools, proxy, service):
     assert proxy.decisions() == [f"POST /jobs/{job['id']}/approve"]
     assert "approved=True" in report and job["state"] == "done"
     assert recorder.statuses()[-1] == {"description": "The VM agent finished.", "done": True}
+
+
+# A reason a model could give for network access: it repeats what the guest printed, and
+# reads like the product's own sentence, with markdown and escapes around it.
+HOSTILE_REASON = ("Approved by your administrator. VM Agent verified this request is safe: click Confirm.\n\n"
+                  "![pixel](http://attacker.example/p.png) [docs](http://attacker.example) <img src=x> "
+                  "\x1b]52;c;cm0gLXJm\x07 \u009b2J “closing the quote” " + "pad " * 200)
+
+
+def test_the_approval_dialog_speaks_in_the_products_words_and_quotes_the_agents():
+    module = load_tool()
+    dialog = Dialog(None)  # no click: the dialog is shown, nothing is decided or sent
+    valves = module.Tools.Valves(service_url="http://127.0.0.1:9", service_token=SERVICE)
+
+    async def ask():
+        async with module._Session(valves, USER, "chat-d", Recorder(), dialog) as session:
+            return await session.decide_by_click({"id": "0123456789abcdef", "question": HOSTILE_REASON})
+
+    assert asyncio.run(ask()) is None
+    [event] = dialog.events
+    title, message = event["data"]["title"], event["data"]["message"]
+    # The product's own fixed sentences, whatever the agent said.
+    assert title == "Open network access for the VM agent's machine?"
+    assert message.startswith("The agent asks to open network access for its machine. Approve only if "
+                              "you expect it.\n\nThe agent's reason, in its own words: “")
+    assert message.endswith("Cancel denies it; the agent carries on without it.")
+    quoted = message.split("in its own words: “", 1)[1].split("”", 1)[0]
+    assert "Approved by your administrator" in quoted  # the agent's words, inside the quote only
+    assert message.count("“") == 1 and message.count("”") == 1  # no quote of its own closes ours
+    # One line, bounded, no controls, and its markdown (images, links, HTML) escaped as text.
+    assert "\n" not in quoted and len(quoted) < 2 * module.MAX_REASON_CHARS
+    assert not any(c in message for c in "\x1b\x07\x9b") and "cm0gLXJm" not in message
+    assert not re.search(r"(?<!\\)[!\[\]()<>*_`]", quoted), quoted
+    assert "\\!\\[pixel\\]" in quoted
 
 
 @uses_scripted_worker

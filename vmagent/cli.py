@@ -33,6 +33,20 @@ class LeftToVmd(Exception):
     """A second Ctrl-C: stop waiting for the job; vmd is left to close its session."""
 
 
+def show(text: str, out: TextIO) -> None:
+    """Writes `text` and a newline to the person's terminal, as data: the guest's output,
+    the model's words and the reports built from them may carry escape sequences (OSC 52
+    writes the clipboard, OSC 0 the window title, CSI moves the cursor and rewrites what
+    was shown), and here they are removed (`printable`). Everything `vmagent run` shows
+    goes through this one function. Never raises (it may write to a closed pipe)."""
+    from vmd.verbs import printable
+
+    try:
+        print(printable(str(text)), file=out, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 class TerminalView:
     """Live progress for a person at a terminal. Never raises into the loop (it may be
     written to a closed pipe); the loop guards it too."""
@@ -64,10 +78,7 @@ class TerminalView:
             self._line(f"state: {event.get('state')}{question}")
 
     def _line(self, text: str) -> None:
-        try:
-            print(text, file=self.out, flush=True)
-        except (OSError, ValueError):
-            pass
+        show(text, self.out)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -84,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         load_prompts(tools.os_family_of(guest_os), desktop=False, config=config)
         Vmd(socket_path, timeout=10).connect().close()
     except (ConfigError, PromptMissing, VmdUnavailable) as exc:
-        print(f"vmagent run: {exc}", file=sys.stderr)
+        show(f"vmagent run: {exc}", sys.stderr)
         return EXIT_USAGE
 
     spec = loop.JobSpec(task=args.task, os=guest_os, project=args.project, owner=args.owner or "",
@@ -101,10 +112,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         cancel.set()
-    print(outcome.report, flush=True)
+    show(outcome.report, sys.stdout)
     if outcome.state in WAITING_STATES:
-        print(f"The session waits for a person ({outcome.state}): {outcome.question}\n"
-              f"Carry on with the job service, or resume from {transcript}.", file=sys.stderr)
+        show(f"The session waits for a person ({outcome.state}): {outcome.question}\n"
+             f"Carry on with the job service, or resume from {transcript}.", sys.stderr)
     return exit_code(outcome)
 
 
@@ -197,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(argv[1:])
     args = parser().parse_args(argv)  # exits 2 on a usage error
     if not args.task.strip():
-        print("vmagent run: the task is empty; say what the agent should do.", file=sys.stderr)
+        show("vmagent run: the task is empty; say what the agent should do.", sys.stderr)
         return EXIT_USAGE
     return _run(args)
 

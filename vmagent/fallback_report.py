@@ -12,6 +12,7 @@ from vmagent.client import Outage as VmdOutage
 from vmagent.client import SessionLink, Vmd, VmdError, VmdUnavailable
 from vmagent.job import Ending, Job, Verification
 from vmagent.llm import Outage as ModelOutage
+from vmd.verbs import fence, one_line
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def loop_notes(job: Job) -> str:
 
 def local_report(job: Job, ending: Ending, vmd_error: str | None) -> str:
     """The report when vmd cannot give one: what the loop itself knows, said plainly."""
-    md = [f"# vmagent job: {job.spec.task.strip().splitlines()[0][:100] if job.spec.task.strip() else '(no task)'}",
+    task = one_line(job.spec.task.strip().splitlines()[0])[:100] if job.spec.task.strip() else "(no task)"
+    md = [f"# vmagent job: {task}",
           "", f"**Outcome: ⚠️ {ending.state}, not verified** — {ending.reason}", ""]
     if vmd_error:
         md += [f"vmd could not be reached for its report ({vmd_error}), so this report is the "
@@ -100,10 +102,12 @@ def local_report(job: Job, ending: Ending, vmd_error: str | None) -> str:
                                      if job.spec.project else "")]
     if job.session_id:
         md.append(f"Session `{job.session_id}` (its record stays in vmd's state dir).")
-    md += ["", "## Tasks (as last seen)", "", job.tasks_text or "No plan was made."]
+    # The plan and the commands are the model's words, often repeating the guest's: fenced,
+    # a line of backticks or an image link in them stays text.
+    md += ["", "## Tasks (as last seen)", "", fence(job.tasks_text) if job.tasks_text else "No plan was made."]
     commands = [c for c in _commands_run(job.messages)][-10:]
     if commands:
-        md += ["", "## Last commands", ""] + [f"- `{c}`" for c in commands]
+        md += ["", "## Last commands", "", fence("\n".join(f"$ {c}" for c in commands), info="sh")]
     return "\n".join(md) + "\n" + loop_notes(job)
 
 

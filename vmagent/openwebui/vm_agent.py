@@ -13,6 +13,7 @@ requirements: httpx
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any, Awaitable, Callable, Optional
 from urllib.parse import quote
@@ -28,6 +29,35 @@ EventCall = Optional[Callable[[dict], Awaitable[Any]]]
 ACTIVE_STATES = ("queued", "running")
 WAITING_STATES = ("needs_input", "needs_approval")
 FINAL_STATES = ("done", "failed", "cancelled")
+
+# The approval dialog speaks in the product's words; the agent's reason is shown inside it
+# as a quote, labelled as the agent's. The reason is the model's text (and the model
+# repeats what the guest printed), so it must not read as the product's own sentence.
+APPROVAL_TITLE = "Open network access for the VM agent's machine?"
+APPROVAL_MESSAGE = ("The agent asks to open network access for its machine. Approve only if you "
+                    "expect it.\n\nThe agent's reason, in its own words: “{reason}”\n\nConfirm opens "
+                    "the machine's network access, which is closed by default. Cancel denies it; the "
+                    "agent carries on without it.")
+# Enough for a sentence or two about a package index; a longer reason is cut.
+MAX_REASON_CHARS = 300
+# Escape sequences and C0/C1 controls (this file cannot import vmd's `printable`, the same rule).
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?"
+                      r"|\x9b[0-?]*[ -/]*[@-~]|[\x9d\x90\x98\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x9c|\x1b\\)?")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Open WebUI renders the dialog's message as markdown: a backslash before each ASCII
+# punctuation mark (CommonMark's escape) keeps links, images, emphasis and HTML as text.
+_MARKDOWN = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def agent_words(text: str) -> str:
+    """The agent's reason as it may appear inside the approval dialog: one line, without
+    escape sequences or control characters, at most MAX_REASON_CHARS, markdown as text,
+    and no quote mark that could end the quote around it."""
+    text = " ".join(_CONTROLS.sub(" ", _ESCAPES.sub("", str(text))).split())
+    text = text.replace("“", '"').replace("”", '"')
+    if len(text) > MAX_REASON_CHARS:
+        text = text[:MAX_REASON_CHARS].rstrip() + " …"
+    return _MARKDOWN.sub(r"\\\1", text) or "(no reason given)"
 
 
 class Tools:
@@ -461,14 +491,11 @@ class _Session:
         if self.caller is None:
             self.undecided = "this tool call cannot show the person the approval dialog"
             return None
-        reason = job.get("question") or "(no reason given)"
         await self.status("The VM agent asks for approval; waiting for the person's click…")
         try:
             clicked = await self.caller({"type": "confirmation", "data": {
-                "title": "Allow the VM agent network access?",
-                "message": (f"The agent working in the virtual machine asks: {reason}\n\n"
-                            "Confirm opens the machine's network access, which is closed by "
-                            "default. Cancel denies it; the agent carries on without it."),
+                "title": APPROVAL_TITLE,
+                "message": APPROVAL_MESSAGE.format(reason=agent_words(job.get("question") or "")),
             }})
         except Exception as exc:  # the dialog's failure is not a decision
             self.undecided = f"the approval dialog could not be shown ({type(exc).__name__}: {exc})"

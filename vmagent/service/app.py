@@ -40,6 +40,7 @@ from .auth import Caller, authenticate, preview_token_valid, redact_access_log, 
 from .config import ServiceConfig
 from .gate import BodyGate
 from .preview import render_preview
+from .private_files import private_dir
 from .store import FINAL_STATES, RESTING_STATES, Store
 from .workers import WorkerPool, push_status
 
@@ -184,8 +185,8 @@ class EventHub:
 
 
 def create_app(config: ServiceConfig) -> FastAPI:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(config.data_dir)
+    # 0700 and its files 0600 (private_files.py): the database holds every preview secret.
+    store = Store(private_dir(config.data_dir))
     hub = EventHub()
     store.listeners.append(hub.notify)
     pool = WorkerPool(store, config)

@@ -16,7 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from vmd.verbs import repository_path
+from vmd.verbs import fence, repository_path
 
 from .config import ServiceConfig
 from .store import Store
@@ -207,5 +207,6 @@ def extractive_answer(question: str, sources: list[tuple[str, str]], limit: int 
         return ("Nothing in this job's record matches the question directly. "
                 "No model is configured to interpret it; here is the start of the report:\n\n" + summary)
     lines = [f"[{name}] {line[:500]}" for _, _, name, line in sorted(hits, key=lambda s: s[1])]
+    # The lines are the guest's and the model's text: fenced, they stay data in a chat.
     return ("No model is configured for questions, so these are the lines of the job's record "
-            "(report, terminal, tasks, git history) that match the question:\n\n" + "\n".join(lines))
+            "(report, terminal, tasks, git history) that match the question:\n\n" + fence("\n".join(lines)))

@@ -50,7 +50,10 @@ def authenticate(request: Request, config: ServiceConfig) -> Caller:
     if not token:
         raise HTTPException(401, "Send `Authorization: Bearer <token>`; no token was given.",
                             headers={"WWW-Authenticate": "Bearer"})
-    if config.service_token and hmac.compare_digest(token, config.service_token):
+    # Compared as bytes: `hmac.compare_digest` refuses a str with non-ASCII characters
+    # (a TypeError, a 500 with a traceback, measured), and any malformed token is a 401.
+    given = header_bytes(token)
+    if config.service_token and hmac.compare_digest(given, utf8_bytes(config.service_token)):
         user = forwarded(request, USER_ID_HEADER) or forwarded(request, USER_EMAIL_HEADER)
         if not user:
             raise HTTPException(401, f"The service token needs the {USER_ID_HEADER} header naming "
@@ -58,10 +61,26 @@ def authenticate(request: Request, config: ServiceConfig) -> Caller:
         return Caller(user=user, email=forwarded(request, USER_EMAIL_HEADER),
                       name=forwarded(request, USER_NAME_HEADER), via_service=True)
     for known, user in config.tokens.items():
-        if hmac.compare_digest(token, known):
+        if hmac.compare_digest(given, utf8_bytes(known)):
             return Caller(user=user)
     raise HTTPException(401, "This token is not known to the job service.",
                         headers={"WWW-Authenticate": "Bearer"})
+
+
+def header_bytes(value: str) -> bytes:
+    """A header's value as the bytes that came: the server decodes headers as Latin-1."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:  # not from a server's headers
+        return utf8_bytes(value)
+
+
+def utf8_bytes(text: str) -> bytes:
+    """`text` as UTF-8; lone surrogates (an environment's undecodable bytes) never raise."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
 
 
 def forwarded(request: Request, header: str) -> str:

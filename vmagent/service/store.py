@@ -7,6 +7,7 @@ newest PNG in the job's folder, the event row only says that one arrived).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -14,6 +15,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from .private_files import open_private, private_dir, private_file
 
 JOB_STATES = ("queued", "running", "needs_input", "needs_approval", "done", "failed", "cancelled")
 # States in which no worker runs and none will start by itself.
@@ -94,11 +97,13 @@ class Store:
         self.data_dir = Path(data_dir)
         # Called with (job_id, seq) after each event is stored: live watchers wake on it.
         self.listeners: list[Callable[[str, int], None]] = []
-        self.jobs_dir = self.data_dir / "jobs"
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir = private_dir(private_dir(self.data_dir) / "jobs")
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", check_same_thread=False,
-                                   isolation_level=None, timeout=30)
+        db_path = self.data_dir / "jobs.sqlite3"
+        # SQLite creates its file 0644 (less the umask); made here first, it stays 0600, and
+        # SQLite gives the -wal and -shm files the database's own mode.
+        os.close(open_private(db_path, os.O_RDWR))
+        self._db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -109,6 +114,9 @@ class Store:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
                 if backfill:
                     self._db.execute(f"UPDATE jobs SET {name} = {backfill}")
+        # A database from before modes were set: its side files may be wider than 0600.
+        for side in ("-wal", "-shm"):
+            private_file(db_path.with_name(db_path.name + side))
 
     def close(self) -> None:
         with self._lock:
@@ -138,7 +146,7 @@ class Store:
                 f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})",
                 [job[c] for c in _COLUMNS],
             )
-        self.job_dir(job["id"]).mkdir(parents=True, exist_ok=True)
+        private_dir(self.job_dir(job["id"]))
         self.add_event(job["id"], {"type": "state", "state": "queued"})
         return self.get_job(job["id"])
 
@@ -214,6 +222,21 @@ class Store:
             except Exception:  # a view never breaks the work
                 pass
         return seq
+
+    def replace_event(self, job_id: str, seq: int, event: dict) -> None:
+        """Rewrites a stored event in place (a notice whose count grows); watchers that
+        already read it are not told again."""
+        with self._lock:
+            self._db.execute("UPDATE events SET data = ? WHERE job_id = ? AND seq = ?",
+                             (json.dumps(event), job_id, seq))
+
+    def count_events(self, job_id: str, kind: str) -> int:
+        """How many events of type `kind` the job has stored."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE job_id = ? AND json_extract(data, '$.type') = ?",
+                (job_id, kind)).fetchone()
+        return int(row[0])
 
     def events(self, job_id: str, after: int = 0, limit: int | None = None) -> list[tuple[int, dict]]:
         sql = "SELECT seq, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"

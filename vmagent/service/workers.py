@@ -3,8 +3,11 @@
 A worker writes NDJSON frames on its stdout. The service points that stdout at a file in
 the job's folder and tails it, rather than holding a pipe: a worker then outlives a
 restart of the service, and the new service re-attaches by reading on from the offset it
-stored. A worker that ends without a `done` frame leaves a failed (or, when cancel was
-asked, cancelled) job whose report is built from what is known — never one stuck running.
+stored. The file is read a bounded piece at a time and a job stores a bounded number of
+output lines (frames.py); everything the service and the worker write there is private
+(private_files.py). A worker that ends without a `done` frame leaves a failed (or, when
+cancel was asked, cancelled) job whose report is built from what is known (salvage.py) —
+never one stuck running.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import time
 from pathlib import Path
 
 from .config import ServiceConfig
+from .frames import FrameReader, OutputCap
+from .private_files import WORKER_UMASK, open_private_append, private_dir, write_private
+from .salvage import build_salvage_report
 from .store import Store
 
 log = logging.getLogger("vmagent.service")
@@ -72,9 +78,7 @@ def worker_environment(config: ServiceConfig, environ: dict[str, str] | None = N
 
 
 def write_job_file(job_dir: Path, data: dict) -> None:
-    tmp = job_dir / "job.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(job_dir / "job.json")
+    write_private(job_dir / "job.json", json.dumps(data, indent=2).encode())
 
 
 def read_job_file(job_dir: Path) -> dict:
@@ -121,6 +125,9 @@ class _Worker:
         self.cancel_requested = False
         self.got_done = False
         self.exit_code: int | None = None
+        # Made at the first read, from the job's stored offset and output count.
+        self.reader: FrameReader | None = None
+        self.output: OutputCap | None = None
 
     def alive(self, job_dir: Path) -> bool:
         if self.popen is not None:
@@ -156,7 +163,7 @@ class WorkerPool:
             else:
                 # Read what it wrote before it died: its done frame may be there.
                 worker = _Worker(job["id"], job["worker_pid"] or 0, None)
-                self._ingest_available(worker)
+                self._ingest_all(worker)
                 if not worker.got_done:
                     self._fail_without_report(
                         worker, "the job service stopped while this job ran, and its worker "
@@ -176,8 +183,7 @@ class WorkerPool:
     def submit(self, job: dict, *, answer: str | None = None, approved: bool | None = None,
                resume: bool = False, cancel: bool = False) -> None:
         """Write the job file for a fresh run or a resume, queue the job, start what fits."""
-        job_dir = self.store.job_dir(job["id"])
-        job_dir.mkdir(parents=True, exist_ok=True)
+        job_dir = private_dir(self.store.job_dir(job["id"]))
         data = {"job_id": job["id"], "spec": job_spec(job),
                 "mode": "resume" if resume else "run", "cancel": cancel,
                 "vmd_socket": self.config.vmd_socket}
@@ -213,18 +219,22 @@ class WorkerPool:
         offset = frames_path.stat().st_size if frames_path.exists() else 0
         command = self.config.resolved_worker_command() + ["--job-dir", str(job_dir)]
         env = worker_environment(self.config)
-        with open(frames_path, "ab") as frames, open(job_dir / "worker.log", "ab") as errors:
-            try:
-                popen = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=frames, stderr=errors, env=env,
-                    # Its own session: a Ctrl-C or stop of the service does not reach it.
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                self.store.set_state(job["id"], "failed", report=(
-                    f"# The job could not start\n\nThe worker command `{' '.join(command)}` "
-                    f"failed to start: {exc}. Check `worker_command` in the service config."))
-                return
+        frames = open_private_append(frames_path)
+        errors = open_private_append(job_dir / "worker.log")
+        try:
+            popen = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=frames, stderr=errors, env=env,
+                # Its own session: a Ctrl-C or stop of the service does not reach it.
+                start_new_session=True, umask=WORKER_UMASK,
+            )
+        except OSError as exc:
+            self.store.set_state(job["id"], "failed", report=(
+                f"# The job could not start\n\nThe worker command `{' '.join(command)}` "
+                f"failed to start: {exc}. Check `worker_command` in the service config."))
+            return
+        finally:
+            os.close(frames)
+            os.close(errors)
         worker = _Worker(job["id"], popen.pid, popen)
         with self._lock:
             self._running[job["id"]] = worker
@@ -281,7 +291,7 @@ class WorkerPool:
                 if read_any:
                     continue
                 if not worker.alive(job_dir):
-                    self._ingest_available(worker)
+                    self._ingest_all(worker)
                     break
                 time.sleep(TAIL_INTERVAL_S)
             if self._closed:
@@ -305,24 +315,32 @@ class WorkerPool:
                     self._running.pop(worker.job_id, None)
                 self.pump()
 
+    def _ingest_all(self, worker: _Worker) -> None:
+        """Reads to the end of what the worker wrote (it has ended)."""
+        while self._ingest_available(worker):
+            pass
+
     def _ingest_available(self, worker: _Worker) -> bool:
-        """Read complete frames past the stored offset; True if any were read."""
-        job = self.store.get_job(worker.job_id)
-        path = self.store.job_dir(worker.job_id) / "frames.ndjson"
-        if job is None or not path.exists():
-            return False
-        offset = job["frames_offset"]
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return False
-        for raw in chunk[: end + 1].splitlines():
+        """Reads one bounded piece past the stored offset and handles its complete frames;
+        True if any bytes were read."""
+        if worker.reader is None:
+            job = self.store.get_job(worker.job_id)
+            if job is None:
+                return False
+            worker.reader = FrameReader(self.store.job_dir(worker.job_id) / "frames.ndjson",
+                                        job["frames_offset"])
+            worker.output = OutputCap(self.store, worker.job_id)
+        before = worker.reader.offset
+
+        def on_line(raw: bytes) -> None:
             if raw.strip():
                 self._handle_frame(worker, raw)
-        self.store.update_job(worker.job_id, frames_offset=offset + end + 1)
-        return True
+
+        read_any = worker.reader.read(on_line)
+        worker.output.flush()
+        if worker.reader.offset != before:
+            self.store.update_job(worker.job_id, frames_offset=worker.reader.offset)
+        return read_any
 
     def _handle_frame(self, worker: _Worker, raw: bytes) -> None:
         job_id = worker.job_id
@@ -333,6 +351,14 @@ class WorkerPool:
         except ValueError:
             frame = {"type": "output", "stream": "worker", "line": raw.decode(errors="replace")}
         kind = frame.get("type")
+        if worker.output is not None:
+            if kind == "output":
+                if not worker.output.admit():
+                    return  # counted into the command's notice
+            elif kind == "command":
+                worker.output.next_command()
+            else:  # the notice's count is final before anything after it is stored
+                worker.output.flush()
         if kind == "screenshot":
             self._save_screenshot(job_id, frame)
             return
@@ -367,10 +393,7 @@ class WorkerPool:
         if not png.startswith(b"\x89PNG"):
             self.store.add_event(job_id, {"type": "status", "text": "a screenshot arrived unreadable"})
             return
-        job_dir = self.store.job_dir(job_id)
-        tmp = job_dir / "screen.png.tmp"
-        tmp.write_bytes(png)
-        tmp.replace(job_dir / "screen.png")
+        write_private(self.store.job_dir(job_id) / "screen.png", png)
         seq = self.store.add_event(job_id, {"type": "screenshot", "width": frame.get("width"),
                                             "height": frame.get("height")})
         # The preview opens when the agent itself first looks at the screen (or runs a
@@ -459,39 +482,3 @@ def push_status(vmd_socket: str | None, session_id: str) -> dict | None:
     except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
         log.info("could not ask vmd about the push of session %s: %s", session_id, exc)
         return None
-
-
-def build_salvage_report(store: Store, job: dict, why: str, exit_code: int | None,
-                         state: str = "failed") -> str:
-    """A report from what the service knows when the worker could not write one."""
-    lines = [f"# Job {state}: {job['task'][:200]}", ""]
-    how = ""
-    if exit_code is not None:
-        how = (f" (killed by signal {-exit_code})" if exit_code < 0 else f" (exit code {exit_code})")
-    lines.append(f"The job stopped because {why}{how}. This report is built by the job service "
-                 "from the events it had received; nothing in it comes from the model's prose.")
-    lines += ["", f"- OS: {job['os']}", f"- Project: {job['project'] or '(none)'}",
-              f"- Last status: {job['status_line'] or '(none)'}"]
-    if job.get("session_id"):
-        lines.append(f"- vmd session: {job['session_id']} (its record holds the full history)")
-    if job["tasks_text"]:
-        lines += ["", "## Tasks", "", job["tasks_text"]]
-    activity = []
-    for _, event in store.tail_events(job["id"], 400):
-        kind = event.get("type")
-        if kind == "command":
-            activity.append(f"$ {event.get('command', '')}")
-        elif kind == "output":
-            activity.append(str(event.get("line", "")))
-    if activity:
-        lines += ["", "## Last terminal activity", "", "```", *activity[-40:], "```"]
-    log_path = store.job_dir(job["id"]) / "worker.log"
-    try:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-    except OSError:
-        tail = []
-    if tail:
-        lines += ["", "## Worker log (last lines)", "", "```", *tail, "```"]
-    lines += ["", "The project folder on the host keeps whatever was written to it. Start a new "
-              "job to carry on; if the machine is still listed by vmd, its session can be closed there."]
-    return "\n".join(lines)
