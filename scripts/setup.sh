@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 / Ubuntu host for vmagent and (with --start) start it.
 #
-#   sudo bash scripts/setup.sh [--start]
+#   bash scripts/setup.sh [--start]        # as root (or: sudo bash scripts/setup.sh ...)
 #
 # Installs the system packages, configures and starts libvirtd, creates the Python
 # virtual environment in .venv, and builds the default guest image (skipped when an
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\n== %s\n' "$*"; }
 
-[ "$(id -u)" = 0 ] || { echo "setup.sh needs root (apt, libvirtd, debootstrap): run it with sudo" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "setup.sh needs root (apt, libvirtd, debootstrap): run it as root, or with sudo" >&2; exit 1; }
 
 say "system packages"
 export DEBIAN_FRONTEND=noninteractive
@@ -82,19 +82,39 @@ say "guest image"
 
 if [ "${1:-}" = "--start" ]; then
     say "starting vmd and the job service"
+    umask 077  # the logs and the token below are root's alone
     state=${VMD_STATE_DIR:-/var/lib/vmagent/state}
     sock=${VMD_SOCKET:-/run/vmd/vmd.sock}
-    mkdir -p "$state" "$(dirname "$sock")"
-    nohup .venv/bin/vmd serve --socket "$sock" --state-dir "$state" >"$state/vmd.log" 2>&1 &
+    service_user=${VMAGENT_USER:-vmagent}
+    data=${VMAGENT_DATA_DIR:-/var/lib/vmagent/service}
+    # The job service and its workers hold people's tokens and talk to the model: they run
+    # as a system user of their own, never as root (SECURITY.md). It reaches vmd through the
+    # socket's group and reads vmd's repositories (for /ask) through VMD_REPOS_GROUP.
+    id -u "$service_user" >/dev/null 2>&1 || useradd --system --user-group --home-dir "$data" \
+        --no-create-home --shell /usr/sbin/nologin "$service_user"
+    runuser -u "$service_user" -- test -r .venv/bin/vmagent -a -x .venv/bin/python || {
+        echo "setup.sh: the job service runs as $service_user, who cannot read this clone ($(pwd));" \
+             "clone it where other users may read it (say /opt/vmagent), or make its folders" \
+             "readable (chmod o+rx on each folder above it), then run setup.sh --start again" >&2; exit 1; }
+    mkdir -p "$state" "$data" "$(dirname "$sock")"
+    chown "$service_user:$service_user" "$data"
+    chmod 0700 "$data"
+    # vmd makes its socket 0660; its folder, with the service's group and the setgid bit,
+    # gives the socket that group, so the service connects and no other user can.
+    chgrp "$service_user" "$(dirname "$sock")"
+    chmod 2750 "$(dirname "$sock")"
+    VMD_REPOS_GROUP=$service_user VMD_SOCKET_GROUP=$service_user \
+        nohup .venv/bin/vmd serve --socket "$sock" --state-dir "$state" >"$state/vmd.log" 2>&1 &
     for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.2; done
     # The job service needs a token for its callers (Open WebUI's tool uses it): keep one
-    # beside the state, readable by root only.
+    # beside the state, readable by root only; the service gets it in its environment.
     token_file="$state/service-token"
-    [ -s "$token_file" ] || (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$token_file")
-    nohup env VMD_SOCKET="$sock" VMAGENT_SERVICE_TOKEN="$(cat "$token_file")" \
-        .venv/bin/vmagent serve --data-dir "$state/service" >"$state/vmagent.log" 2>&1 &
+    [ -s "$token_file" ] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$token_file"
+    VMD_SOCKET="$sock" VMD_STATE_DIR="$state" VMAGENT_SERVICE_TOKEN="$(cat "$token_file")" \
+        nohup runuser -u "$service_user" -- .venv/bin/vmagent serve --data-dir "$data" \
+        >"$data/vmagent.log" 2>&1 &
     echo "vmd:       $sock (log $state/vmd.log)"
-    echo "service:   http://127.0.0.1:8700 (log $state/vmagent.log; token in $token_file)"
+    echo "service:   http://127.0.0.1:8700, as $service_user (log $data/vmagent.log; token in $token_file)"
     echo "run a job: VMD_SOCKET=$sock OLLAMA_HOST=http://OLLAMA:11434 .venv/bin/vmagent run \"TASK\" --os debian --project demo"
 fi
 say "ready"

@@ -2,7 +2,7 @@
 
 `/api/v1`: GET /user; GET /users/search, /users/{name}; POST /admin/users (site admin);
 POST /orgs, GET /orgs/{org}; POST /user/repos, /orgs/{org}/repos, /admin/users/{u}/repos;
-GET /repos/{o}/{r}; GET /repos/{o}/{r}/branches/{b}; GET and PUT /repos/{o}/{r}/topics,
+GET and PATCH (its `name`: a rename) /repos/{o}/{r}; GET /repos/{o}/{r}/branches/{b}; GET and PUT /repos/{o}/{r}/topics,
 PUT /repos/{o}/{r}/topics/{t}; POST and GET /repos/{o}/{r}/statuses/{sha};
 GET /repos/{o}/{r}/commits. Git's smart HTTP on /{o}/{r}.git/… through `git http-backend`
 as CGI, so a push lands in a real bare repository.
@@ -350,6 +350,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._handle()
 
+    def do_PATCH(self) -> None:
+        self._handle()
+
     # --- plumbing -------------------------------------------------------------------
 
     def _body(self) -> bytes:
@@ -576,6 +579,20 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             return self._not_found()
         if method == "GET" and not rest:
+            return self._json(200, g.repo_json(repo))
+        if method == "PATCH" and not rest:
+            # Gitea's repo.Edit (routers/api/v1/repo/repo.go updateBasicProperties): a new
+            # name is checked as at creation; a taken one is 422; the old name redirects.
+            new = body.get("name")
+            if new is not None and str(new).lower() != repo.name.lower():
+                new = str(new)
+                if not ALPHA_DASH_DOT.match(new) or len(new) > 100:
+                    return self._error(422, "[Name]: AlphaDashDot" if len(new) <= 100 else "[Name]: MaxSize")
+                if problem := _reserved(new, RESERVED_REPO_NAMES, RESERVED_REPO_PATTERNS):
+                    return self._error(422, problem)
+                if g.repo(repo.owner.name, new):
+                    return self._error(422, f"repo name is already taken [name: {new}]")
+                g.rename_repo(repo.owner.name, repo.name, new)
             return self._json(200, g.repo_json(repo))
         if method == "GET" and len(rest) == 2 and rest[0] == "branches":
             sha = g.heads(repo).get(rest[1])

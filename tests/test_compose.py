@@ -100,6 +100,17 @@ def test_the_job_service_reaches_vmd_and_ollama_and_is_unprivileged():
     assert vmagent["depends_on"]["vmd"]["condition"] == "service_healthy"
 
 
+def test_the_job_service_sees_only_vmd_s_repositories_and_only_read_only():
+    # vmd's state holds every session's record, the guests' disks and memory images: the
+    # job service gets the repositories (for /ask), in a volume of their own, read-only.
+    vmagent, vmd = SERVICES["vmagent"], SERVICES["vmd"]
+    state = env_of("vmagent")["VMD_STATE_DIR"]
+    shared = {v.split(":")[0] for v in vmagent["volumes"]} & {v.split(":")[0] for v in vmd["volumes"]}
+    assert shared == {"vmd-socket", "vmd-repos"}
+    assert f"vmd-repos:{state}/repos:ro" in vmagent["volumes"]
+    assert f"vmd-repos:{env_of('vmd')['VMD_STATE_DIR']}/repos" in vmd["volumes"]
+
+
 def test_gitea_is_install_locked_and_a_one_shot_creates_the_admin_and_token():
     assert env_of("gitea")["GITEA__security__INSTALL_LOCK"] == "true"
     init = SERVICES["gitea-init"]
@@ -108,6 +119,11 @@ def test_gitea_is_install_locked_and_a_one_shot_creates_the_admin_and_token():
     assert "user" not in init
     script = (REPO / "docker" / "gitea-init.sh").read_text()
     assert "admin user create --admin" in script and "generate-access-token" in script
+    # vmd's token is a bot's that is no site admin; the admin's password stays in this step.
+    bot = next(line for line in script.splitlines() if "admin user create" in line and "GITEA_BOT_USER" in line)
+    assert "--admin" not in bot
+    assert '--username "$2"' in script and '"$GITEA_BOT_USER" "$GITEA_TOKEN_SCOPES"' in script
+    assert "GITEA_ADMIN_PASSWORD" not in str(SERVICES["vmd"].get("environment"))
     assert 'chown "$GITEA_USER" "$token_dir"' in script and "su-exec" in script
     assert SERVICES["vmd"]["depends_on"]["gitea-init"]["condition"] == "service_completed_successfully"
 

@@ -25,7 +25,9 @@ GITEA = {"gitea_url": "http://gitea:3000", "gitea_token": "t0ken"}
 def test_a_slug_is_deterministic_short_and_within_gitea_s_alphabets(person):
     slug = person_slug(person)
     assert slug == person_slug(person)
-    assert len(slug) <= 21 and re.fullmatch(r"[a-z0-9][a-z0-9-]*", slug)
+    assert len(slug) <= 39 and re.fullmatch(r"[a-z0-9][a-z0-9-]*", slug)
+    # 128 bits of hash or more (26 base32 characters), in the slug and in the topic.
+    assert re.search(r"(^|-)[a-z2-7]{26}$", slug) and re.fullmatch(r"person-[a-z2-7]{26}", person_topic(person))
     assert repository_name_problem(f"{slug}-calc") is None
     assert re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,34}", person_topic(person))  # Gitea's topic rule
 
@@ -57,7 +59,8 @@ def test_by_default_a_person_s_project_goes_to_the_service_org_with_a_topic():
 def test_a_mapped_person_goes_to_their_own_account_under_the_project_s_name():
     policy = OwnerPolicy(users={UUID: "jose", "p2": "zoe@example.org"})
     assert asdict(plan_place(policy, UUID, "calc")) == {
-        "owner": "jose", "repo": "calc", "kind": "owner", "topics": ("vmagent",), "email": ""}
+        "owner": "jose", "repo": "calc", "kind": "owner", "topics": ("vmagent",), "email": "",
+        "legacy": None}
     email = plan_place(policy, "p2", "calc")
     assert (email.kind, email.email, email.repo) == ("email", "zoe@example.org", "calc")
 

@@ -25,7 +25,7 @@ import pytest
 from tests.gitea_server import start_gitea, start_recorder
 from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.owners import person_slug
+from vmd.owners import person_slug, person_topic
 from vmd.project_tree import XATTR_MODE, Limits, walk
 from vmd.publish import (Committed, PublishError, PushResult, Remote, changed_files,
                          commit_project, prepare_project, push_project, remote_for)
@@ -550,7 +550,7 @@ def test_an_open_webui_users_push_lands_in_the_service_org_private_on_the_defaul
     repo = gitea.repo("vmagent-projects", name)
     assert repo.private and repo.default_branch == "main"
     assert git_log(gitea.repo_path("vmagent-projects", name)) == [f"{sha} Build a calculator"]
-    assert repo.topics == sorted(["vmagent", f"person-{slug}"])
+    assert repo.topics == sorted(["vmagent", person_topic(OPEN_WEBUI_USER)])
     assert gitea.statuses[f"vmagent-projects/{name}@{sha}"][0]["state"] == "success"
     # Nothing was asked of an account named after the person.
     assert not any(OPEN_WEBUI_USER in r.path for r in gitea.requests)

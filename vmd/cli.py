@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -18,6 +19,9 @@ def _serve(args) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"vmd serve: {exc}", file=sys.stderr)
         return 2
+    # vmd sets its own files' modes (vmd/private_fs.py); this covers what its children
+    # write beside them (git's FETCH_HEAD, qemu-img's files) before vmd gets to them.
+    os.umask(0o077)
     server = VmdServer(config)
     try:
         server.bind()

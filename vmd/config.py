@@ -127,9 +127,10 @@ class VmdConfig(BaseModel):
     # guest's root can then make neither root-owned nor setuid files on the host.
     share_user: str = "libvirt-qemu"
     # vmd's repositories are its own (0700). A job service running as another user (the
-    # compose setup's uid/gid 1001) reads a project's history for /ask; naming its group
-    # (a name or a gid) gives that group read access to repos/<owner>/ (0750). Empty: vmd's
-    # user only. The guest never reaches repos/ either way.
+    # compose setup's uid/gid 1001, setup.sh --start's `vmagent`) reads a project's history
+    # for /ask; naming its group (a name or a gid) gives that group read access to repos/:
+    # folders 0750, files 0640, kept so by git (core.sharedRepository). Empty: vmd's user
+    # only (0700/0600). The guest never reaches repos/ either way.
     repos_group: str = ""
     # What one commit takes from the project folder. 100 MiB is where GitHub refuses a
     # file and far past any source file; a larger one (a build output, a disk image) is

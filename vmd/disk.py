@@ -14,6 +14,8 @@ import errno
 import os
 from pathlib import Path
 
+from vmd.private_fs import open_private
+
 # What a host that ran out of space answers, as an errno and as git and other tools print it.
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # What host tools print for a full disk: the C library's ENOSPC and EDQUOT texts, and git
@@ -54,7 +56,7 @@ def _write(path: Path, fd: int, data: bytes) -> None:
 def append(path: Path, data: bytes) -> None:
     """Appends `data` to `path` whole or not at all: on an error the file is cut back to
     its size before (cutting needs no space), then the error is raised."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # 0600: the record is vmd's
     try:
         size = os.fstat(fd).st_size
         try:
@@ -74,7 +76,7 @@ def replace(path: Path, text: str) -> None:
     old file or the new one, never a truncated one; the temporary file goes on an error."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_private(tmp)  # 0600 whatever the umask: session.json is vmd's
         try:
             _write(tmp, fd, text.encode("utf-8"))
         finally:

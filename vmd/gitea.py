@@ -212,6 +212,18 @@ class GiteaClient:
         self._request("PUT", f"/repos/{_seg(owner)}/{_seg(repo)}/topics", json={"topics": topics},
                       what=f"set the topics of {owner}/{repo}")
 
+    def get_topics(self, owner: str, repo: str) -> list[str]:
+        response = self._request("GET", f"/repos/{_seg(owner)}/{_seg(repo)}/topics",
+                                 what=f"read the topics of {owner}/{repo}")
+        return [str(t) for t in response.json().get("topics") or []]
+
+    def rename_repo(self, owner: str, repo: str, new_name: str) -> RepoInfo:
+        """Gitea's repository edit (PATCH, EditRepoOption `name`); the old name then answers
+        with a redirect to the new one."""
+        response = self._request("PATCH", f"/repos/{_seg(owner)}/{_seg(repo)}", json={"name": new_name},
+                                 what=f"rename the repository {owner}/{repo} to {new_name}")
+        return _repo_info(response)
+
     def add_topic(self, owner: str, repo: str, topic: str) -> None:
         """Add one topic, keeping those a person gave the repository."""
         self._request("PUT", f"/repos/{_seg(owner)}/{_seg(repo)}/topics/{_seg(topic)}",

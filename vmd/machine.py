@@ -29,12 +29,13 @@ from vmd.accel import choose_accel
 from vmd.accel import timeout_scale as scale_for
 from vmd.config import VmdConfig
 from vmd.domain_xml import (EGRESS_NET, HOTPLUG_PORT, DirectKernel, Disk, Domain, RunAs, SerialLog,
-                            SharedFolder, UserNetwork, Video, nic_macs)
+                            SharedFolder, UserNetwork, Video, VmdOwner, nic_macs)
 from vmd.guest import Guest, GuestError, LinuxGuest
 from vmd.ssh import SshConnection
 from vmd.host_env import clean_env
 from vmd.images import Image
 from vmd.machine_port import Stall
+from vmd.private_fs import open_private, passable_dir, private_file, write_private
 from vmd.project_tree import share_owner
 from vmd.screen import Screen
 
@@ -150,7 +151,10 @@ class Machine:
     @classmethod
     def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
                uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = GUEST_MEMORY_MIB,
-               vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None) -> "Machine":
+               vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None,
+               owner: VmdOwner | None = None) -> "Machine":
+        """`owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
+        vmd's sweep tells its own guests (vmd/machine_port.py `sweep`)."""
         if image.os_family != "linux":
             raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
                                "Linux guests only so far.")
@@ -160,7 +164,9 @@ class Machine:
                                f"`vmd images build {image.name}`.")
         conn = connect(uri)
         run_as = share_owner(qemu_user)
-        workdir.mkdir(parents=True, exist_ok=True)
+        # QEMU passes through to the overlay and console log (which libvirt's DAC relabelling
+        # hands to its user while the guest runs); domain.xml and the rest stay vmd's.
+        passable_dir(workdir, run_as[1] if run_as else None)
         if run_as is not None and uri.startswith("qemu"):  # the test driver runs no QEMU
             for place in (workdir, project_dir, base):
                 if place is not None:
@@ -169,6 +175,8 @@ class Machine:
         overlay = workdir / "overlay.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
                         str(overlay)], check=True, capture_output=True, env=clean_env())
+        private_file(overlay)  # qemu-img follows the umask; the guest's disk is nobody else's
+        os.close(open_private(workdir / "console.log"))  # QEMU appends; libvirt gives it the file
         acc = accel(accel_setting)
         port = free_port()
         ssh_mac, egress_mac = nic_macs(name)
@@ -182,8 +190,9 @@ class Machine:
             serial=SerialLog(str(workdir / "console.log")),
             description=f"vmagent guest from image {image.dir.name}",
             run_as=RunAs(*run_as) if run_as else None,
+            owner=owner,
         )
-        (workdir / "domain.xml").write_text(spec.to_xml())
+        write_private(workdir / "domain.xml", spec.to_xml())
         try:
             domain = conn.defineXML(spec.to_xml())
             domain.create()

@@ -57,8 +57,15 @@ TOPIC = re.compile(r"^[a-z0-9][a-z0-9.-]{0,34}$")
 DEFAULT_ORG = "vmagent-projects"
 SERVICE_TOPIC = "vmagent"
 # The readable part of a person's slug; the rest is a hash of the whole id. 12 keeps the
-# first group of a UUID and leaves a project name 79 of Gitea's 100 characters.
+# first group of a UUID and leaves a project name 60 of Gitea's 100 characters.
 SLUG_READABLE = 12
+# The person's hash: 26 base32 characters, 130 bits of SHA-256 (at least the 128 that make a
+# collision out of reach where people choose their own ids; 32 hex characters would be the
+# same bits but push the topic, person-<hash>, past Gitea's 35 characters).
+DIGEST_CHARS = 26
+# What vmd used before: 8 characters, 40 bits, which a person choosing ids can collide with
+# another's in about 2^20 tries. Repositories named so are found and renamed (`resolve_place`).
+LEGACY_DIGEST_CHARS = 8
 
 
 def _reserved(name: str, names: tuple[str, ...], patterns: tuple[str, ...]) -> str | None:
@@ -109,34 +116,41 @@ def _suggestion(name: str) -> str:
 # --- people ---------------------------------------------------------------------------
 
 def _digest(text: str, length: int = 8) -> str:
-    # base32 keeps the hash inside Gitea's name and topic alphabets; 8 characters are 40
-    # bits, and two people collide only if the readable parts match as well.
+    # base32 keeps the hash inside Gitea's name and topic alphabets (5 bits a character).
     raw = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
     return base64.b32encode(raw).decode("ascii").lower()[:length]
 
 
-def person_slug(person: str) -> str:
-    """The person's part of repository names and topics: `<readable>-<hash>`.
+def person_slug(person: str, digest_chars: int = DIGEST_CHARS) -> str:
+    """The person's part of repository names: `<readable>-<hash>`.
 
     Deterministic (the same id always gives the same slug), within Gitea's repository and
-    topic alphabets, at most 21 characters, and collision-resistant: the hash covers the
-    exact id, so ids that differ only in case or punctuation get different slugs.
+    topic alphabets, at most 39 characters, and collision-resistant: the 128-bit hash covers
+    the exact id, so ids that differ only in case or punctuation get different slugs, and
+    nobody can choose an id that shares another person's repositories.
     """
     readable = re.sub(r"[^a-z0-9]+", "-", person.lower()).strip("-")
     readable = readable[:SLUG_READABLE].strip("-")
-    digest = _digest(person)
+    digest = _digest(person, digest_chars)
     return f"{readable}-{digest}" if readable else digest
 
 
 def person_topic(person: str) -> str:
-    """The topic that names the person on each of their repositories in the organisation."""
-    return f"person-{person_slug(person)}"
+    """The topic that names the person on each of their repositories in the organisation:
+    `person-<hash>` (33 characters; the readable part would not fit Gitea's 35)."""
+    return f"person-{_digest(person, DIGEST_CHARS)}"
 
 
-def org_repo_name(person: str, project: str) -> str:
+def legacy_place(person: str, project: str) -> tuple[str, str]:
+    """(repository name, person topic) as vmd named them with the 40-bit hash."""
+    return (org_repo_name(person, project, LEGACY_DIGEST_CHARS),
+            f"person-{person_slug(person, LEGACY_DIGEST_CHARS)}")
+
+
+def org_repo_name(person: str, project: str, digest_chars: int = DIGEST_CHARS) -> str:
     """`<person-slug>-<project>`, cut to Gitea's 100 characters with a hash of the project
     when it is longer, so that two long project names never meet."""
-    slug = person_slug(person)
+    slug = person_slug(person, digest_chars)
     name = f"{slug}-{project}"
     if len(name) <= 100:
         return name
@@ -219,6 +233,9 @@ class GiteaPlace:
     kind: Literal["org", "owner", "email"]
     topics: tuple[str, ...] = (SERVICE_TOPIC,)
     email: str = ""
+    # kind "org": (name, person topic) of the same project as an older vmd named it, which
+    # `resolve_place` renames to `repo` when only that one exists.
+    legacy: tuple[str, str] | None = None
 
     @property
     def display(self) -> str:
@@ -238,7 +255,7 @@ def plan_place(policy: OwnerPolicy, person: str, project: str) -> GiteaPlace:
 
         who = person or LOCAL_OWNER
         return GiteaPlace(owner=policy.org, repo=org_repo_name(who, project), kind="org",
-                          topics=(SERVICE_TOPIC, person_topic(who)))
+                          topics=(SERVICE_TOPIC, person_topic(who)), legacy=legacy_place(who, project))
     return GiteaPlace(owner=person, repo=project, kind="owner")
 
 
@@ -256,7 +273,9 @@ def resolve_place(client: GiteaClient, policy: OwnerPolicy, place: GiteaPlace,
             if not create:
                 return None
             found = client.create_org(place.owner)
-        return replace(place, owner=found)
+        place = replace(place, owner=found)
+        _rename_legacy(client, place)
+        return place
     if place.kind == "email":
         login = client.find_user_by_email(place.email)
         if login is None and create:
@@ -268,6 +287,27 @@ def resolve_place(client: GiteaClient, policy: OwnerPolicy, place: GiteaPlace,
             login = _create_user_for(client, place.email)
         return replace(place, owner=login, kind="owner") if login else None
     return place
+
+
+def _rename_legacy(client: GiteaClient, place: GiteaPlace) -> None:
+    """The person's repository as an older vmd named it (a 40-bit hash), renamed to its
+    name now and given the new person topic, so that the history carries on in one
+    repository rather than a second, empty one beside it. Found by its old name and
+    confirmed by its old person topic: a repository that lacks the topic is not one vmd
+    made for this person and is left alone. Done at open as well as at push, since the
+    open must restore that history into the folder."""
+    if place.legacy is None or client.get_repo(place.owner, place.repo) is not None:
+        return
+    old_name, old_topic = place.legacy
+    info = client.get_repo(place.owner, old_name)
+    if info is None or info.owner.lower() != place.owner.lower():
+        return
+    topics = client.get_topics(info.owner, info.name)
+    if old_topic not in topics:
+        return
+    client.rename_repo(info.owner, info.name, place.repo)
+    person = next(t for t in place.topics if t.startswith("person-"))
+    client.set_topics(info.owner, place.repo, sorted({*topics, person} - {old_topic}))
 
 
 def _create_user_for(client: GiteaClient, email: str) -> str:

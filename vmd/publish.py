@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 from vmd import verbs as V
 from vmd.gitea import GiteaClient, GiteaError, GiteaUnavailable, RepoInfo, StatusState
 from vmd.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_place
+from vmd.private_fs import passable_dir, private_dir
 from vmd.project_tree import Limits, present_to_guest, walk
 from vmd.repository import BRANCH, Identity, Repository, RepositoryError
 
@@ -185,13 +187,18 @@ def prepare_project(project_dir: Path, remote: Remote, share_owner: tuple[int, i
     text, branch = _sync_from_gitea(repo, remote) if remote.uses_gitea else (_local_story(repo, remote), BRANCH)
     if project_dir.exists() or project_dir.is_symlink():
         attic = attic or remote.state_dir / "attic"
-        kept = attic / (remote.owner or LOCAL_OWNER) / f"{remote.project}-{time.strftime('%Y%m%d-%H%M%S')}"
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(kept.parent.parent, 0o700)
+        # The time for people, a random part so that no two opens meet (three opens of a
+        # project in one second once found the second's folder in the third's way).
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+        kept = attic / (remote.owner or LOCAL_OWNER) / f"{remote.project}-{stamp}"
+        private_dir(kept.parent)
+        os.chmod(attic, 0o700)
         os.replace(project_dir, kept)
         text += f"; the previous folder was moved to {kept}"
-    project_dir.parent.mkdir(parents=True, exist_ok=True)
-    # QEMU's unprivileged user must pass through the owner folder, but not list it.
+    # QEMU's unprivileged user must pass through the projects folder and the owner folder,
+    # but not list them (made with explicit modes: mkdir's follow the umask).
+    passable_dir(project_dir.parent.parent, share_owner[1] if share_owner else None)
+    private_dir(project_dir.parent)
     os.chmod(project_dir.parent, 0o711)
     head = repo.head()
     try:

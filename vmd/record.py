@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from vmd import disk
+from vmd.private_fs import private_dir, write_private
 
 REDACTED = "[redacted]"
 # Argument and result keys whose values are file bodies: summarised, never stored.
@@ -95,7 +96,8 @@ class Record:
 
     def __init__(self, session_dir: Path, redactor: Redactor | None = None):
         self.dir = Path(session_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.dir.is_dir():  # the session's folder is made (with its modes) by Session
+            private_dir(self.dir)
         self.path = self.dir / "record.jsonl"
         self.redactor = redactor or Redactor()
         self._lock = threading.Lock()
@@ -152,11 +154,12 @@ class Record:
     def save_screenshot(self, png: bytes) -> str:
         """Stores a PNG beside the record; returns its path relative to the session dir."""
         folder = self.dir / "screenshots"
-        folder.mkdir(exist_ok=True)
+        if not folder.is_dir():
+            private_dir(folder)
         with self._lock:
             number = len(list(folder.glob("*.png"))) + 1
             name = f"screenshots/{number:04d}-{int(time.time())}.png"
-            (self.dir / name).write_bytes(png)
+            write_private(self.dir / name, png)
         return name
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmd.host_env import clean_env
+from vmd.private_fs import private_dir
 from vmd.project_tree import Walk, read_file
 
 BRANCH = "main"
@@ -93,14 +95,16 @@ class Repository:
         return (self.path / "HEAD").is_file()
 
     def ensure(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # vmd's alone, or also its readers' group (never other users): set on every use, so
-        # that a changed setting reaches repositories made before it.
-        if self.readers_gid is None:
-            os.chmod(self.path.parent, 0o700)
-        else:
-            os.chown(self.path.parent, -1, self.readers_gid)
-            os.chmod(self.path.parent, 0o750)
+        """The bare repository, made when missing, with its modes: vmd's alone (folders
+        0700, files 0600), or also its readers' group (0750/0640, that group, never other
+        users). Set on every use, so that a changed setting reaches repositories made
+        before it; git keeps the modes on what it writes later (core.sharedRepository)."""
+        gid = self.readers_gid
+        for folder in (self.path.parent.parent, self.path.parent):  # repos/, repos/<owner>/
+            private_dir(folder)
+            if gid is not None:
+                os.chown(folder, -1, gid)
+                os.chmod(folder, 0o750)
         if not self.exists():
             tmp = Path(tempfile.mkdtemp(prefix=".init-", dir=self.path.parent))
             subprocess.run(["git", "init", "-q", "--bare", "-b", BRANCH, str(tmp)], check=True,
@@ -108,9 +112,31 @@ class Repository:
             # Sample hooks are never run (hooksPath is off) but need not sit there either.
             shutil.rmtree(tmp / "hooks", ignore_errors=True)
             os.replace(tmp, self.path)
-        # mkdtemp made it 0700; the owner's folder above is the gate (0700 or 0750).
-        if self.readers_gid is not None:
-            os.chmod(self.path, 0o755)
+        self._keep_modes(gid)
+
+    def _keep_modes(self, gid: int | None) -> None:
+        """core.sharedRepository set to the file mode (0600, or 0640 for the readers' group):
+        git then gives every file it writes that mode (read-only objects 0400/0440) and
+        every folder 0700 (0750 with the setgid bit, so new entries take the group), whatever
+        the umask. What is there already is given the same once, when the setting changes."""
+        wanted = "0640" if gid is not None else "0600"
+        seen = self.git("config", "--get", "core.sharedRepository", check=False).stdout.decode().strip()
+        if seen == wanted:
+            return
+        self.git("config", "core.sharedRepository", wanted)
+        dir_mode = 0o2750 if gid is not None else 0o700
+        file_mode = 0o640 if gid is not None else 0o600
+        for top, dirs, files in os.walk(self.path):
+            for name in [top, *(os.path.join(top, f) for f in files)]:
+                st = os.lstat(name)
+                if stat.S_ISLNK(st.st_mode):
+                    continue
+                if gid is not None:
+                    os.chown(name, -1, gid)
+                if stat.S_ISDIR(st.st_mode):
+                    os.chmod(name, dir_mode)
+                else:  # git's own read-only files (objects, packs) stay read-only
+                    os.chmod(name, file_mode if st.st_mode & stat.S_IWUSR else file_mode & ~0o222)
 
     def resolve(self, ref: str) -> str | None:
         result = self.git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False)

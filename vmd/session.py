@@ -32,6 +32,7 @@ from vmd.errors import FAILED, INVALID_PARAMS, NOT_READY, VerbError, checked_res
 from vmd.handlers import HANDLERS
 from vmd.handlers.output import Notify
 from vmd.machine_port import MachineFactory, MachineSpec, SessionMachine, Stall
+from vmd.private_fs import passable_dir, qemu_gid
 from vmd.project_store import ProjectStore
 from vmd.record import Record, Redactor
 from vmd.session_state import SESSION_ID, SessionState, new_session_id
@@ -50,6 +51,8 @@ class Session:
         self.machines = machines
         self.store = _WatchedStore(store, self)
         self.dir = config.sessions_dir / state.id
+        # 0710 with QEMU's group: QEMU reaches the guest's disk below it, lists nothing.
+        passable_dir(self.dir, qemu_gid(config.share_user))
         self.record = Record(self.dir, Redactor([config.gitea_token.get_secret_value()],
                                                 text_limit=config.record_output_chars,
                                                 long_keys={"output_tail": config.record_output_tail_chars}))

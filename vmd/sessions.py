@@ -9,6 +9,7 @@ import time
 from vmd import verbs as V
 from vmd.config import VmdConfig
 from vmd.machine_port import LibvirtMachines, MachineFactory
+from vmd.private_fs import passable_dir, qemu_gid, state_root
 from vmd.project_store import ProjectStore
 from vmd.session import Session
 from vmd.session_state import SESSION_ID, SessionState
@@ -24,7 +25,8 @@ class Sessions:
         self.store = store or ProjectStore(config)
         self._live: dict[str, Session] = {}
         self._lock = threading.Lock()
-        config.sessions_dir.mkdir(parents=True, exist_ok=True)
+        state_root(config.state_dir)
+        passable_dir(config.sessions_dir, qemu_gid(config.share_user))
 
     def open(self, params: V.SessionOpen) -> Session:
         session = Session.open(params, self.config, self.machines, self.store)

@@ -39,7 +39,9 @@ from pathlib import Path
 import libvirt
 from pydantic import BaseModel
 
+from vmd.domain_xml import VmdOwner, set_session
 from vmd.images import Image
+from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
 
 log = logging.getLogger("vmd.warm_pool")
 
@@ -113,8 +115,13 @@ class WarmPool:
         slot_id = uuid.uuid4().hex[:12]
         folder = self._image_dir(image) / f".{slot_id}.making"  # not a slot until renamed
         share = folder / "share"
-        share.mkdir(parents=True)
-        os.chmod(folder, 0o755)
+        # Private folders QEMU may pass through (vmd/private_fs.py); the placeholder share
+        # is QEMU's own, as a session's project folder is.
+        gid = qemu_gid(self.qemu_user)
+        for place in (self.dir, self._image_dir(image)):
+            passable_dir(place, gid)
+        passable_dir(folder, gid)
+        _give_to_qemu(share, self.qemu_user)
         name = SLOT_PREFIX + slot_id
         started = time.monotonic()
         with self._changed:
@@ -122,7 +129,8 @@ class WarmPool:
         machine = None
         try:
             machine = Machine.create(image, name=name, workdir=folder, project_dir=share, uri=self.uri,
-                                     qemu_user=self.qemu_user)
+                                     qemu_user=self.qemu_user,
+                                     owner=VmdOwner(state_dir=str(self.dir.parent), session=None))
             if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
                 _renice(name)
             machine.ready(SLOT_READY_S * timeout_scale(machine.accel), desktop=True)
@@ -142,7 +150,8 @@ class WarmPool:
             info = SlotInfo(name=name, folder=str(folder), share=str(share),
                             ssh_port=machine.ssh_port, accel=machine.accel, boot_seconds=boot_seconds,
                             made_at=time.time())
-            (folder / "slot.json").write_text(info.model_dump_json())
+            write_private(folder / "slot.json", info.model_dump_json())
+            private_file(folder / "saved.img")  # the guest's memory: vmd's alone
             final = self._image_dir(image) / slot_id
             # The saved XML names the folder it was made in; a hand-out edits those paths.
             os.rename(folder, final)
@@ -174,7 +183,8 @@ class WarmPool:
             return claimed
         return None
 
-    def hand_out(self, claimed: Path, image: Image, *, workdir: Path, project_dir: Path | None):
+    def hand_out(self, claimed: Path, image: Image, *, workdir: Path, project_dir: Path | None,
+                 session_id: str | None = None):
         """Restores the claimed slot as a session's machine (vmd.machine.Machine). The slot
         is gone afterwards, handed out or discarded (WarmFailed)."""
         from vmd.machine import Machine, connect
@@ -184,16 +194,16 @@ class WarmPool:
             saved = claimed / "saved.img"
             conn = connect(self.uri)
             xml = conn.saveImageGetXMLDesc(str(saved), 0)
-            workdir.mkdir(parents=True, exist_ok=True)
+            passable_dir(workdir, qemu_gid(self.qemu_user))
             share = project_dir
             if share is None:  # a session without a project folder: an empty share of its own
                 share = workdir / "share"
-                share.mkdir(exist_ok=True)
+                _give_to_qemu(share, self.qemu_user)
             for part in ("overlay.qcow2", "console.log"):
                 if (claimed / part).exists():
                     shutil.move(str(claimed / part), str(workdir / part))
-            xml = _restore_xml(xml, info, workdir, share)
-            (workdir / "domain.xml").write_text(xml)
+            xml = _restore_xml(xml, info, workdir, share, session_id)
+            write_private(workdir / "domain.xml", xml)
             try:
                 conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
                 domain = conn.lookupByName(info.name)
@@ -213,7 +223,8 @@ class WarmPool:
             shutil.rmtree(claimed, ignore_errors=True)
         return machine
 
-    def machine_for(self, image: Image, *, workdir: Path, project_dir: Path | None):
+    def machine_for(self, image: Image, *, workdir: Path, project_dir: Path | None,
+                    session_id: str | None = None):
         """(a warm machine, None), or (None, why not): then the session boots cold, and
         the refill waits that boot out rather than compete with it."""
         from vmd.machine import timeout_scale
@@ -225,7 +236,8 @@ class WarmPool:
             with self._handing_lock:
                 self._handing_out[SLOT_PREFIX + claimed.name.removesuffix(".taken")] = time.monotonic()
             try:
-                return self.hand_out(claimed, image, workdir=workdir, project_dir=project_dir), None
+                return self.hand_out(claimed, image, workdir=workdir, project_dir=project_dir,
+                                     session_id=session_id), None
             except WarmFailed as exc:
                 note = f"the warm machine could not be handed out ({exc}); it was discarded and this one booted cold"
         self.defer(30 * timeout_scale())  # about a cold boot
@@ -426,10 +438,22 @@ def _renice(name: str, niceness: int = 10) -> None:
         pass  # not QEMU here (the test driver), or it went meanwhile
 
 
-def _restore_xml(xml: str, info: SlotInfo, workdir: Path, share: Path) -> str:
-    """The saved XML with the slot's files moved to the session's folder and the share
-    pointed at the session's project folder."""
+def _give_to_qemu(share: Path, qemu_user: str) -> None:
+    """An empty share folder of QEMU's user, 0700, as the project folders are."""
+    from vmd.project_tree import share_owner
+    private_dir(share)
+    owner = share_owner(qemu_user)
+    if owner is not None:
+        os.chown(share, *owner)
+
+
+def _restore_xml(xml: str, info: SlotInfo, workdir: Path, share: Path, session_id: str | None = None) -> str:
+    """The saved XML with the slot's files moved to the session's folder, the share
+    pointed at the session's project folder, and the session named as its owner in vmd's
+    <metadata> (the sweep finds the session by it; the domain keeps the slot's name)."""
     root = ET.fromstring(xml)
+    if session_id:
+        set_session(root, session_id)
     for source in root.iter("source"):
         for attr in ("file", "path"):
             value = source.get(attr)

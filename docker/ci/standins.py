@@ -56,7 +56,8 @@ def gitea() -> None:
     root = Path(os.environ.get("GITEA_STANDIN_ROOT", "/srv/gitea"))
     root.mkdir(parents=True, exist_ok=True)
     fake = FakeGitea(root=root, token=os.environ["GITEA_STANDIN_TOKEN"],
-                     user=os.environ.get("GITEA_ADMIN_USER", "vmagent"), admin=True,
+                     # vmd's token is the bot's, no site admin's (docker/gitea-init.sh).
+                     user=os.environ.get("GITEA_BOT_USER", "vmd-bot"), admin=False,
                      scopes={"write:repository", "write:organization", "read:user"})
     fake.url = os.environ.get("GITEA_STANDIN_URL", "http://gitea:3000")
     handler = type("Handler", (_Handler,), {"gitea": fake})
