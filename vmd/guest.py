@@ -25,7 +25,8 @@ import paramiko
 from pydantic import BaseModel
 
 from vmd.guest_verbs import LinuxVerbs
-from vmd.ssh import SshConnection
+from vmd.verbs import READ_LIMIT, one_line  # READ_LIMIT: the contract's bound on one read
+from vmd.ssh import LIST_TIME_S, NAME_MAX_BYTES, SshConnection
 from vmd.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
                              SshRunnerLauncher)
 
@@ -37,7 +38,8 @@ OutputCallback = Callable[[str, str], None]  # (stream, line)
 # 5 MB of build log; it can use the first and last few thousand lines.
 OUTPUT_HEAD = 32 * 1024
 OUTPUT_TAIL = 32 * 1024
-READ_LIMIT = 200_000
+# Characters of the guest's own words (an SFTP server's status text) in an error message.
+GUEST_TEXT_CHARS = 500
 
 
 class GuestError(Exception):
@@ -64,6 +66,17 @@ class DirEntry(BaseModel):
     name: str
     type: str  # "file" | "dir" | "link" | "other"
     size: int
+
+
+class DirListing(list):
+    """A folder's entries (a list of DirEntry), with `note`: a sentence when the listing
+    was cut (vmd/ssh.py LIST_MAX_ENTRIES, LIST_TIME_S), else ""."""
+    note: str = ""
+
+
+def _kind(mode: int) -> str:
+    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "link" if stat.S_ISLNK(mode) else "other")
 
 
 class Guest(ABC):
@@ -308,6 +321,11 @@ class LinuxGuest(LinuxVerbs, Guest):
         timed_out = False
         try:
             while True:
+                # Checked on every turn: checked only when nothing came, a guest printing
+                # without end kept run(timeout=1) going for 40 s and got exit 0.
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
                 if channel.recv_ready():
                     sink("stdout", channel.recv(65536))
                     continue
@@ -315,9 +333,6 @@ class LinuxGuest(LinuxVerbs, Guest):
                     sink("stderr", channel.recv_stderr(65536))
                     continue
                 if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
                     break
                 select.select([channel], [], [], 0.2)
             return (channel.recv_exit_status() if not timed_out else 124), timed_out
@@ -365,14 +380,12 @@ class LinuxGuest(LinuxVerbs, Guest):
             raise GuestError(f"{verb} {path}: the guest did not answer within {self.ssh.sftp_reply_timeout:g} s "
                              "(it is paused, overloaded or gone); try again, or run a command to see "
                              "whether it still answers") from None
-        except OSError as exc:
-            raise GuestError(f"{verb} {path}: {exc}") from None
-        except paramiko.SSHException as exc:
-            raise GuestError(f"{verb} {path}: {exc}") from None
+        except (OSError, paramiko.SSHException) as exc:  # its text may be the guest's: one line, cut
+            raise GuestError(f"{verb} {path}: {one_line(str(exc))[:GUEST_TEXT_CHARS]}") from None
 
     def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> FileChunk:
         full = self.resolve(path)
-        limit = limit or READ_LIMIT
+        limit = min(limit or READ_LIMIT, READ_LIMIT)  # one read holds this much in vmd at most
 
         def read():
             sftp = self.ssh.sftp()
@@ -420,17 +433,29 @@ class LinuxGuest(LinuxVerbs, Guest):
     def append_file(self, path: str, content: str | bytes) -> int:
         return self._write("append_file", path, content, "ab")
 
-    def list_dir(self, path: str) -> list[DirEntry]:
+    def list_dir(self, path: str) -> DirListing:
         full = self.resolve(path)
 
         def listing():
-            entries = []
-            for attr in self.ssh.sftp().listdir_attr(full):
-                mode = attr.st_mode or 0
-                kind = ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
-                        else "link" if stat.S_ISLNK(mode) else "other")
-                entries.append(DirEntry(name=attr.filename, type=kind, size=attr.st_size or 0))
-            return sorted(entries, key=lambda e: (e.type != "dir", e.name))
+            sftp = self.ssh.sftp()
+            folder = sftp.list_folder(full)
+            if folder.out_of_step:  # a reply was cut off by the time bound
+                self.ssh.drop_sftp()
+            entries = DirListing(sorted((DirEntry(name=e.name, type=_kind(e.mode), size=e.size)
+                                         for e in folder.entries), key=lambda e: (e.type != "dir", e.name)))
+            notes = []
+            if folder.more:
+                notes.append(f"the first {len(entries)} entries are listed and more entries were not listed; "
+                             "list a narrower folder or use run('ls | head')")
+            elif folder.timed_out:
+                notes.append(f"the guest took longer than {LIST_TIME_S:g} s to list the folder, so only the "
+                             f"{len(entries)} entries read by then are listed; list a narrower folder or use "
+                             "run('ls | head')")
+            if folder.long_names:
+                notes.append(f"{folder.long_names} entries with names over {NAME_MAX_BYTES} bytes (longer than "
+                             "any Linux file name) were left out")
+            entries.note = "; ".join(notes)
+            return entries
 
         return self._sftp_call("list_dir", full, listing)
 

@@ -16,11 +16,13 @@ JSON, and replies are always written as JSON any reader can parse.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import socket
 import threading
+import traceback
 import typing
 from pathlib import Path
 
@@ -225,7 +227,9 @@ class Connection:
 
 
 def _error(request_id, code: int, message: str, data: dict | None = None) -> dict:
-    error = {"code": code, "message": message}
+    # The one place every error reply's message is made: guest text in it (a path, a
+    # command's stderr, an SFTP server's status) reaches a terminal as data, escapes gone.
+    error = {"code": code, "message": V.printable(message)}
     if data is not None:  # JSON-RPC: `data` is absent, not null, when there is none
         error["data"] = data
     return {"id": request_id, "error": error}
@@ -312,6 +316,36 @@ def _leading_id(line: bytes):
         return _clean(_json(match[1].decode("utf-8")), 2)
     except (ValueError, VerbError):
         return None
+
+
+def _log_record_factory(base):
+    """Records of vmd's loggers ("vmd", "vmd.*") with their message as one printable line
+    and their traceback printable: the guest's text (a host name it reported, an error
+    it caused) is in them, and vmd's log is read on a terminal."""
+
+    def factory(*args, **kwargs):
+        record = base(*args, **kwargs)
+        if record.name == "vmd" or record.name.startswith("vmd."):
+            try:
+                record.msg, record.args = V.one_line(record.getMessage()), None
+            except Exception:  # a message that does not format: logging reports it as ever
+                pass
+            if record.exc_info and record.exc_info[0] is not None:
+                record.exc_text = V.printable("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
+        return record
+
+    factory.vmd_clean = True
+    return factory
+
+
+def install_log_cleaning() -> None:
+    """Makes every record of vmd's loggers printable (once, whoever calls it)."""
+    base = logging.getLogRecordFactory()
+    if not getattr(base, "vmd_clean", False):
+        logging.setLogRecordFactory(_log_record_factory(base))
+
+
+install_log_cleaning()
 
 
 class VmdServer:

@@ -49,6 +49,11 @@ class RunnerUnavailable(Exception):
         self.permanent = permanent
 
 
+class RunnerSilent(RunnerUnavailable):
+    """The runner did not say hello in time: the file at the path was not the cause (a
+    missing or different file stops it or names another hash), so it is not sent again."""
+
+
 class RunnerNotSent(Exception):
     """The link broke before the request was sent: the command did not run; another link may take it."""
 
@@ -87,6 +92,7 @@ class ChannelTransport:
     """A paramiko channel on which `python3 <runner>` was exec'd."""
 
     STDERR_KEEP = 2048
+    STDERR_DRAIN = 1024 * 1024
 
     def __init__(self, channel):
         self.channel = channel
@@ -104,8 +110,14 @@ class ChannelTransport:
             return None
 
     def _drain_stderr(self) -> None:
-        while self.channel.recv_stderr_ready():
-            self.stderr += self.channel.recv_stderr(65536)
+        # At most STDERR_DRAIN a call: a runner (or what the guest runs in its place) that
+        # writes stderr without end kept this loop, and the hello's deadline, from ever
+        # coming back.
+        drained = 0
+        while drained < self.STDERR_DRAIN and self.channel.recv_stderr_ready():
+            data = self.channel.recv_stderr(65536)
+            drained += len(data) or self.STDERR_DRAIN
+            self.stderr += data
             del self.stderr[:-self.STDERR_KEEP]
 
     def alive(self) -> bool:
@@ -198,7 +210,7 @@ class RunnerLink:
             hello = self._json(kind, payload)
         except TimeoutError:
             self._break()
-            raise RunnerUnavailable(f"the runner did not say hello within {timeout:.0f} s") from None
+            raise RunnerSilent(f"the runner did not say hello within {timeout:g} s") from None
         except _Closed:
             reason = self.transport.describe()
             self._break()
@@ -331,7 +343,9 @@ class SshRunnerLauncher:
         try:
             return self._launch()
         except RunnerUnavailable as exc:
-            if uploaded or not exc.permanent:
+            # A silent runner is not sent again: a guest that never says hello (to force the
+            # exec path) would otherwise cost the first command two start bounds.
+            if uploaded or not exc.permanent or isinstance(exc, RunnerSilent):
                 raise
         self._upload(force=True)  # a missing or different file at the path: send it again
         return self._launch()

@@ -56,6 +56,8 @@ ITEM_GAP = 1.5
 WORD_POINTS_UP_TO = 6  # an item of a few words lists each word's point (a menu bar)
 TEXT_CAP = 4000  # characters of the whole listing; the model's context is small
 MAX_WINDOWS = 25
+# X11 positions are 16-bit signed and sizes 16-bit unsigned: nothing on a screen is past this.
+COORD_LIMIT = 65535
 TITLE_CAP = 120
 WINDOWS_TIMEOUT_S = 20.0
 
@@ -213,7 +215,7 @@ def parse_tsv(tsv: str, factor: float, size: tuple[int, int]) -> list[Word]:
             continue
         text = _clean(fields[11], 60)
         try:
-            left, top, width, height = (int(v) for v in fields[6:10])
+            left, top, width, height = (_coordinate(v) for v in fields[6:10])
             confidence = float(fields[10])
         except ValueError:
             continue
@@ -278,10 +280,10 @@ def parse_windows(listing: str, scale: float, size: tuple[int, int]) -> list[Win
     windows = []
     for entry in found:
         try:
-            x, y = int(entry["Absolute upper-left X"]), int(entry["Absolute upper-left Y"])
-            width, height = int(entry["Width"]), int(entry["Height"])
+            x, y = _coordinate(entry["Absolute upper-left X"]), _coordinate(entry["Absolute upper-left Y"])
+            width, height = _coordinate(entry["Width"]), _coordinate(entry["Height"])
         except (KeyError, ValueError):
-            continue
+            continue  # a listing the guest made up costs its own window, not the verb
         if entry.get("Map State") != "IsViewable" or width < 8 or height < 8:
             continue
         x, y = max(0, round(x * scale)), max(0, round(y * scale))
@@ -290,7 +292,7 @@ def parse_windows(listing: str, scale: float, size: tuple[int, int]) -> list[Win
             continue  # off screen
         width, height = min(width, size[0] - x), min(height, size[1] - y)
         try:
-            frame = tuple(min(200, max(0, round(int(v) * scale)))
+            frame = tuple(min(200, max(0, round(_coordinate(v) * scale)))
                           for v in entry.get("Frame", "").split(","))
         except ValueError:
             frame = ()
@@ -390,6 +392,18 @@ def _capped(lines: list[str], cap: int) -> str:
 
 def _quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
+
+
+def _coordinate(text: str) -> int:
+    """A pixel position or size read from text; ValueError past X11's own 16-bit range,
+    where `round(x * scale)` of a huge number raised OverflowError and failed the verb."""
+    text = text.strip()
+    if len(text) > 7:  # -32768..65535 and a sign need 6
+        raise ValueError(f"{text[:20]!r} is no screen coordinate")
+    value = int(text)
+    if not -COORD_LIMIT <= value <= COORD_LIMIT:
+        raise ValueError(f"{value} is no screen coordinate")
+    return value
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")

@@ -14,7 +14,7 @@ Pure pydantic and stdlib: the agent imports this module.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
@@ -79,6 +79,46 @@ def repository_path(state_dir, owner: str, project: str):
     return Path(state_dir) / "repos" / owner / f"{project}.git"
 
 
+# --- sizes ------------------------------------------------------------------------------
+# Every number and text in a request has an upper bound: vmd is root and shared by every
+# session, and a size it takes from a request is memory or time it spends. Each bound is
+# well past what an honest agent sends; the reason of each is given with it.
+# What read_file returns at most in one call (vmd/guest.py reads limit + 1 bytes into
+# memory; before this bound a limit of 10**12 asked for a terabyte). Read on with offset.
+READ_LIMIT = 200_000
+# A file offset: JSON's safe integers (2**53, 8 PiB) are past any file in a guest.
+MAX_OFFSET = 2**53
+# A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
+# (MAX_ARG_STRLEN); longer scripts belong in a file.
+COMMAND_CHARS = 128 * 1024
+# A file's content and edit_file's texts: the request line's own bound (vmd/rpc.py MAX_LINE).
+CONTENT_CHARS = 64 * 1024 * 1024
+# A path in the guest (Linux's PATH_MAX), and a launched program's arguments.
+PATH_CHARS = 4096
+ARGS = 256
+# Text for people and the record: the job service allows a task or an answer 20,000
+# characters; a model's summary, note or question gets five times as much.
+TEXT_CHARS = 100_000
+# A task title, a key combination, a name or an id: short by nature.
+TITLE_CHARS = 1000
+TASKS = 200
+KEYS_CHARS = 200
+ID_CHARS = 1000
+# Typing paces each key (vmd/screen.py KEY_GAP_S, 12 ms): 10,000 characters are two minutes.
+TYPE_CHARS = 10_000
+# X11 positions are 16 bits; nothing on a screen is further than this.
+COORD = 65535
+# Scroll clicks in one call (vmd/screen.py sends at most 50).
+SCROLL = 1000
+# Seconds: the longest command (Run.timeout) and the longest wait for a boot.
+MAX_TIMEOUT_S = 7200
+# A turn number, a task id: counts far past any session.
+MAX_COUNT = 10**9
+
+Title = Annotated[str, Field(max_length=TITLE_CHARS)]
+Arg = Annotated[str, Field(max_length=PATH_CHARS)]
+
+
 class Params(BaseModel):
     # Extra keys are refused so that a typo in a param name gets an error, not silence.
     model_config = ConfigDict(extra="forbid")
@@ -88,22 +128,22 @@ class Params(BaseModel):
 
 class SessionOpen(Params):
     """-> SessionOpenResult"""
-    os: str = "debian"
-    project: str | None = None
-    owner: str = ""
-    task: str = ""
+    os: str = Field(default="debian", max_length=KEYS_CHARS)
+    project: str | None = Field(default=None, max_length=TITLE_CHARS)
+    owner: str = Field(default="", max_length=ID_CHARS)
+    task: str = Field(default="", max_length=TEXT_CHARS)
     wait: bool = False
-    chat_id: str = ""
+    chat_id: str = Field(default="", max_length=ID_CHARS)
 
 
 class SessionAttach(Params):
     """-> SessionAttachResult"""
-    session_id: str
+    session_id: str = Field(max_length=ID_CHARS)
 
 
 class SessionReady(Params):
     """Waits for the guest. -> SessionReadyResult"""
-    timeout: float = 300
+    timeout: float = Field(default=300, ge=0, le=MAX_TIMEOUT_S)
     desktop: bool = False
 
 
@@ -114,15 +154,15 @@ class Empty(Params):
 
 class Note(Params):
     """-> OkResult"""
-    turn: int = 0
-    text: str
+    turn: int = Field(default=0, ge=0, le=MAX_COUNT)
+    text: str = Field(max_length=TEXT_CHARS)
 
 
 # --- tasks -----------------------------------------------------------------------------
 
 class PlanTasks(Params):
     """-> TasksResult (tasks: the list rendered as text)"""
-    tasks: list[str] = Field(min_length=1)
+    tasks: list[Title] = Field(min_length=1, max_length=TASKS)
 
     @field_validator("tasks")
     @classmethod
@@ -135,53 +175,53 @@ class PlanTasks(Params):
 
 class AddTask(Params):
     """-> AddTaskResult"""
-    title: str = Field(min_length=1)
+    title: str = Field(min_length=1, max_length=TITLE_CHARS)
 
 
 class UpdateTask(Params):
     """-> TasksResult; blocked needs a note."""
-    id: int
+    id: int = Field(le=MAX_COUNT)
     status: TaskStatus
-    note: str = ""
+    note: str = Field(default="", max_length=TEXT_CHARS)
 
 
 # --- shell and files -------------------------------------------------------------------
 
 class Run(Params):
     """-> RunResult"""
-    command: str = Field(min_length=1)
-    timeout: float = Field(default=300, gt=0, le=7200)
-    cwd: str | None = None
+    command: str = Field(min_length=1, max_length=COMMAND_CHARS)
+    timeout: float = Field(default=300, gt=0, le=MAX_TIMEOUT_S)
+    cwd: str | None = Field(default=None, max_length=PATH_CHARS)
 
 
 class ReadFile(Params):
     """-> ReadFileResult"""
-    path: str
-    offset: int = Field(default=0, ge=0)
-    limit: int | None = Field(default=None, gt=0)
+    path: str = Field(max_length=PATH_CHARS)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
+    limit: int | None = Field(default=None, gt=0, le=READ_LIMIT)
 
 
 class WriteFile(Params):
     """write_file and append_file -> WriteFileResult"""
-    path: str
-    content: str
+    path: str = Field(max_length=PATH_CHARS)
+    content: str = Field(max_length=CONTENT_CHARS)
 
 
 class EditFile(Params):
     """-> EditFileResult; fails unless `old` matches exactly once."""
-    path: str
-    old: str = Field(min_length=1)
-    new: str
+    path: str = Field(max_length=PATH_CHARS)
+    old: str = Field(min_length=1, max_length=CONTENT_CHARS)
+    new: str = Field(max_length=CONTENT_CHARS)
 
 
 class ListDir(Params):
     """-> ListDirResult"""
-    path: str = "."
+    path: str = Field(default=".", max_length=PATH_CHARS)
 
 
 class GitCommit(Params):
     """Host-side commit of the project folder. -> GitCommitResult"""
-    message: str = Field(min_length=1)
+    message: str = Field(min_length=1, max_length=TEXT_CHARS)
 
 
 # --- screen ----------------------------------------------------------------------------
@@ -196,34 +236,34 @@ class Screenshot(Params):
 
 
 class Click(Params):
-    x: int
-    y: int
+    x: int = Field(ge=-COORD, le=COORD)
+    y: int = Field(ge=-COORD, le=COORD)
     button: MouseButton = "left"
     double: bool = False
 
 
 class Move(Params):
-    x: int
-    y: int
+    x: int = Field(ge=-COORD, le=COORD)
+    y: int = Field(ge=-COORD, le=COORD)
 
 
 class TypeText(Params):
-    text: str
+    text: str = Field(max_length=TYPE_CHARS)
 
 
 class Key(Params):
-    keys: str = Field(min_length=1, description='e.g. "ctrl+alt+t", "Return", "alt+F4"')
+    keys: str = Field(min_length=1, max_length=KEYS_CHARS, description='e.g. "ctrl+alt+t", "Return", "alt+F4"')
 
 
 class Scroll(Params):
-    x: int
-    y: int
-    amount: int = Field(description="positive scrolls down, negative up")
+    x: int = Field(ge=-COORD, le=COORD)
+    y: int = Field(ge=-COORD, le=COORD)
+    amount: int = Field(ge=-SCROLL, le=SCROLL, description="positive scrolls down, negative up")
 
 
 class LaunchApp(Params):
-    path: str
-    args: list[str] = []
+    path: str = Field(max_length=PATH_CHARS)
+    args: list[Arg] = Field(default=[], max_length=ARGS)
 
 
 class Wait(Params):
@@ -234,17 +274,17 @@ class Wait(Params):
 
 class AskUser(Params):
     """-> AskUserResult"""
-    question: str = Field(min_length=1)
+    question: str = Field(min_length=1, max_length=TEXT_CHARS)
 
 
 class RequestUnfreeze(Params):
     """-> RequestUnfreezeResult"""
-    reason: str = Field(min_length=1)
+    reason: str = Field(min_length=1, max_length=TEXT_CHARS)
 
 
 class Answer(Params):
     """Given by the job service when a person replies. -> ResumeResult"""
-    answer: str = ""
+    answer: str = Field(default="", max_length=TEXT_CHARS)
     # Strict: pydantic would read "yes" or "on" as True, and consent is never parsed from text.
     approved: StrictBool | None = None
 
@@ -252,15 +292,15 @@ class Answer(Params):
 # --- end -------------------------------------------------------------------------------
 
 class Verification(Params):
-    command: str = Field(min_length=1)
-    expect_exit: int = 0
+    command: str = Field(min_length=1, max_length=COMMAND_CHARS)
+    expect_exit: int = Field(default=0, ge=0, le=255)
 
 
 class Finish(Params):
     """-> FinishResult when vmd accepts the finish. Every refusal is an error with code
     REFUSED (tasks still open, no command run, no verification named, a failed check, a
     check that proves nothing); the last two carry `data` = FinishRefusalData (the attempt)."""
-    summary: str = ""
+    summary: str = Field(default="", max_length=TEXT_CHARS)
     verification: Verification | None = None
 
     @field_validator("verification", mode="before")

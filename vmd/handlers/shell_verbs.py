@@ -17,8 +17,12 @@ if TYPE_CHECKING:
 
 
 def run(session: Session, p: V.Run, notify) -> dict:
-    result = session.ready_machine().guest.run(p.command, timeout=p.timeout, cwd=p.cwd,
-                                               on_output=output_sink(notify))
+    sink = output_sink(notify)
+    try:
+        result = session.ready_machine().guest.run(p.command, timeout=p.timeout, cwd=p.cwd, on_output=sink)
+    finally:
+        if sink is not None:
+            sink.close()  # the lines it did not stream, said once
     with session.lock:
         session.s.runs += 1
         session.save()
@@ -52,6 +56,9 @@ def edit_file(session: Session, p: V.EditFile, notify) -> dict:
 def list_dir(session: Session, p: V.ListDir, notify) -> dict:
     entries = session.ready_machine().guest.list_dir(p.path)
     lines = [f"{e.name}{'/' if e.type == 'dir' else ''}  {e.size}" for e in entries]
+    note = getattr(entries, "note", "")  # the guest's listing was cut (vmd/guest.py DirListing)
+    if note:
+        lines.append(f"[vmd: {note}.]")
     return {"entries": [e.model_dump() for e in entries], "text": "\n".join(lines) or f"{p.path} is empty."}
 
 
