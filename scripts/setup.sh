@@ -92,10 +92,18 @@ if [ "${1:-}" = "--start" ]; then
     # socket's group and reads vmd's repositories (for /ask) through VMD_REPOS_GROUP.
     id -u "$service_user" >/dev/null 2>&1 || useradd --system --user-group --home-dir "$data" \
         --no-create-home --shell /usr/sbin/nologin "$service_user"
+    # A clone under /root is the usual case on a fresh host: let that user (and no one else)
+    # pass the folders above the clone and read the clone, with ACL entries.
+    if ! runuser -u "$service_user" -- test -r .venv/bin/vmagent -a -x .venv/bin/python; then
+        apt-get install -y -q --no-install-recommends acl >/dev/null
+        folder=$(pwd)
+        while [ "$folder" != / ]; do folder=$(dirname "$folder"); setfacl -m "u:$service_user:x" "$folder"; done
+        setfacl -R -m "u:$service_user:rX" "$(pwd)"
+    fi
     runuser -u "$service_user" -- test -r .venv/bin/vmagent -a -x .venv/bin/python || {
-        echo "setup.sh: the job service runs as $service_user, who cannot read this clone ($(pwd));" \
-             "clone it where other users may read it (say /opt/vmagent), or make its folders" \
-             "readable (chmod o+rx on each folder above it), then run setup.sh --start again" >&2; exit 1; }
+        echo "setup.sh: the job service runs as $service_user, who cannot read this clone ($(pwd))" \
+             "even with ACL entries (a file system without ACLs?); clone it where other users may" \
+             "read it (say /opt/vmagent), then run setup.sh --start again" >&2; exit 1; }
     mkdir -p "$state" "$data" "$(dirname "$sock")"
     chown "$service_user:$service_user" "$data"
     chmod 0700 "$data"
