@@ -111,6 +111,18 @@ class AgentConfig(BaseModel):
     repeat_notice_after: int = Field(3, ge=2)
     # Steps without the task list moving before a reminder shows it again.
     stall_reminder_steps: int = Field(12, ge=1)
+    # The stuck detector (vmagent/loop_guards.py), over the tool calls of the whole job.
+    # The same call with the same answer this many times in a row: a poll of something
+    # that does not change. Output that changes (a build log tailed every 30 s) is not one.
+    stuck_same_answer: int = Field(3, ge=2)
+    # The same call refused (REFUSED or ERROR) this many times in a row: a finish while a
+    # task is open was refused 100 times in a row until the step cap, before this guard.
+    stuck_refused: int = Field(3, ge=2)
+    # Calls in an A-B-A-B run of two calls whose answers do not change (OpenHands: 6).
+    stuck_alternation: int = Field(6, ge=4)
+    # Hits of one pattern that end the job: the first is told to the model with what to do
+    # instead; a model that goes on after that will not get out by itself.
+    stuck_hits_to_end: int = Field(2, ge=1)
 
     # --- the machine and the watchers ------------------------------------------------
     # How long phase two waits for the guest at most: a cold TCG boot of the Debian guest

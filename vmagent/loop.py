@@ -40,8 +40,9 @@ from vmagent.config import AgentConfig, ConfigError
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
 from vmagent.llm import LLM, ModelCancelled, OllamaError, drop_old_images, only_latest_thinking
-from vmagent.loop_guards import (at_step_cap, calls_written_as_text, cancelled, machine_gone, model_unfit,
-                                 past_deadline, prose_only, repeat_notice, stall_reminder)
+from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
+                                 model_unfit, past_deadline, prose_only, repeat_notice, stall_reminder,
+                                 stuck_ending, stuck_notice)
 from vmagent.loop_words import answer_text, machine_up_message, opening_message, result_lost, vmd_gone
 from vmagent.prompts import PromptMissing, load_prompts
 
@@ -242,6 +243,9 @@ def _turn(job: Job, vmd: SessionLink, llm: LLM, compactor: Compactor, config: Ag
                                          "the machine is kept suspended.")
         if outcome.state == "finished":
             return Ending("done", "The agent finished and vmd accepted it.")
+        ending = stuck_ending(job)  # the calls after it in this reply are not run
+        if ending:
+            return ending
     return None
 
 
@@ -268,8 +272,11 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
         outcome = tools.ToolOutcome(result_lost(verb or name, lost.seconds), verb=verb, ok=False)
 
     text = outcome.text
+    repeated = ""
     if verb == "run" and outcome.ok and outcome.result:
-        text += repeat_notice(job, params, outcome.result, config)
+        repeated = repeat_notice(job, params, outcome.result, config)
+    # The stuck detector sees every call; its notice says more than the run-only one.
+    text += stuck_notice(job, call_step(verb, params if parsed.ok else arguments, outcome), config) or repeated
     if notice:
         text = f"{notice}\n\n{text}"
     message: dict[str, Any] = {"role": "tool", "tool_name": verb or str(name),

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
+from dataclasses import dataclass
 
 from vmagent import tools
 from vmagent.config import AgentConfig
 from vmagent.job import Ending, Job
 from vmagent.llm import LLM, OllamaError, Reply
 from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
+from vmagent.tool_results import ToolOutcome
 
 
 def cancelled(cancel: threading.Event) -> Ending | None:
@@ -118,3 +121,136 @@ def stall_reminder(job: Job, config: AgentConfig) -> None:
         f"[vmagent: the task list has not changed in {config.stall_reminder_steps} steps.] Check it "
         "against what you have done: mark finished tasks done (with how you verified them), mark "
         "a task blocked if it cannot be done, or change approach.\n\n" + (job.tasks_text or "(no tasks)"))})
+
+
+# --- the stuck detector -------------------------------------------------------------------
+# A model in a loop does not get out by itself: one that repeated a refused finish got the
+# same refusal 100 times, to the step cap. Every tool call of the job leaves a step (its
+# call and its answer, as digests); each pattern below is one way of going in circles,
+# read over the newest steps. Answers are compared, not only calls: a build polled with
+# `sleep 30; tail log` whose output changes is work, not a loop. The first hit of a
+# pattern is told to the model with what to do instead; the next one ends the job.
+
+# Durations in an answer ("exit code 0 (0.4 s)") change from run to run; what they time does not.
+_DURATION = re.compile(r"\b\d+(?:\.\d+)?\s?m?s\b")
+
+
+@dataclass
+class Stuck:
+    pattern: str  # "refused" | "same_answer" | "alternation"
+    labels: list[str]
+    count: int
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha1(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _label(verb: str, params: object) -> str:
+    if verb == "run" and isinstance(params, dict) and params.get("command"):
+        shown = str(params["command"])
+    else:
+        shown = json.dumps(params, ensure_ascii=False, default=str) if params else ""
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"`{verb} {shown}`" if shown else f"`{verb}`"
+
+
+def call_step(verb: str, params: object, outcome: ToolOutcome) -> dict:
+    """What the stuck detector keeps of one tool call: which call, which answer, refused or not."""
+    result = outcome.result or {}
+    if verb == "run" and outcome.ok:  # the output itself, not the text that times it
+        answer = [result.get("exit_code"), result.get("stdout"), result.get("stderr")]
+    else:
+        answer = [_DURATION.sub("#", outcome.text), _digest(outcome.image_b64) if outcome.image_b64 else None]
+    return {"call": _digest([verb, params]), "answer": _digest(answer), "refused": not outcome.ok,
+            "verb": verb, "label": _label(verb, params)}
+
+
+def same_call_refused(steps: list[dict], n: int) -> Stuck | None:
+    # The same verb refused n times in a row, by the same call or with the same refusal
+    # (a finish with a reworded summary is refused in the same words while a task is open).
+    last = steps[-n:]
+    if len(last) < n or not all(s["refused"] and s["verb"] == last[0]["verb"] for s in last):
+        return None
+    if all(s["call"] == last[0]["call"] for s in last) or all(s["answer"] == last[0]["answer"] for s in last):
+        return Stuck("refused", [last[-1]["label"]], n)
+    return None
+
+
+def same_call_same_answer(steps: list[dict], n: int) -> Stuck | None:
+    last = steps[-n:]
+    if len(last) == n and all(s["call"] == last[0]["call"] and s["answer"] == last[0]["answer"] for s in last):
+        return Stuck("same_answer", [last[0]["label"]], n)
+    return None
+
+
+def alternation(steps: list[dict], n: int) -> Stuck | None:
+    # A-B-A-B: two calls taking turns, each answered the same every time.
+    last = steps[-n:]
+    if len(last) < n or last[0]["call"] == last[1]["call"]:
+        return None
+    pair = last[:2]
+    if all(s["call"] == pair[i % 2]["call"] and s["answer"] == pair[i % 2]["answer"] for i, s in enumerate(last)):
+        return Stuck("alternation", [pair[0]["label"], pair[1]["label"]], n)
+    return None
+
+
+def stuck_notice(job: Job, step: dict, config: AgentConfig) -> str:
+    """Records one tool call; a notice for its result when the newest calls go in circles.
+    A pattern hit for the stuck_hits_to_end-th time sets job.guards.stuck_end instead,
+    the sentence for the report (the loop ends the job on it, `stuck_ending`)."""
+    guards = job.guards
+    guards.recent_calls = (guards.recent_calls + [step])[-max(config.stuck_same_answer, config.stuck_refused,
+                                                               config.stuck_alternation):]
+    steps = guards.recent_calls
+    hit = (same_call_refused(steps, config.stuck_refused) or same_call_same_answer(steps, config.stuck_same_answer)
+           or alternation(steps, config.stuck_alternation))
+    if hit is None:
+        return ""
+    guards.recent_calls = []  # the next hit needs as many calls again, after the notice
+    guards.stuck_hits[hit.pattern] = hits = guards.stuck_hits.get(hit.pattern, 0) + 1
+    if hits >= config.stuck_hits_to_end:
+        guards.stuck_end = _stuck_report(hit, hits)
+        told = ", after you were told to change approach" if hits > 1 else ""
+        return f"\n[vmagent: {_stuck_what(hit, step)}{told}. The job ends here as failed.]"
+    return f"\n[vmagent: {_stuck_what(hit, step)}. {_STUCK_INSTEAD[hit.pattern]}]"
+
+
+_STUCK_INSTEAD = {
+    "refused": ("Calling it again will be refused again. Do what the refusal asks first, change approach, or "
+                "mark the task blocked with update_task and the reason. If you repeat it, the job ends as failed."),
+    "same_answer": ("Calling it again will not change it: read the answer and change the approach, or mark the "
+                    "task blocked with update_task and the reason. If you repeat it, the job ends as failed."),
+    "alternation": ("This is a loop: change approach, or mark the task blocked with update_task and the "
+                    "reason. If the loop goes on, the job ends as failed."),
+}
+
+
+def _stuck_what(hit: Stuck, step: dict) -> str:
+    if hit.pattern == "refused":
+        return f"{hit.labels[0]} was refused {hit.count} times in a row"
+    if hit.pattern == "same_answer":
+        what = "this command" if step["verb"] == "run" else f"this call ({hit.labels[0]})"
+        return f"{what} has given this same result {hit.count} times in a row"
+    return f"you alternated between {hit.labels[0]} and {hit.labels[1]} {hit.count} times, with the same answers"
+
+
+def _stuck_report(hit: Stuck, hits: int) -> str:
+    if hit.pattern == "refused":
+        what = f"{hit.labels[0]} was refused {hit.count} times in a row"
+    elif hit.pattern == "same_answer":
+        what = f"{hit.labels[0]} gave the same answer {hit.count} times in a row"
+    else:
+        what = f"it alternated between {hit.labels[0]} and {hit.labels[1]} ({hit.count} calls, the same answers)"
+    if hits == 1:
+        return f"Stopped: the model was stuck in a loop: {what}."
+    again = "again" if hits == 2 else f"{hits - 1} times more"
+    return (f"Stopped: the model was stuck in a loop: {what}, and {again} after it was told to change "
+            f"approach ({hits * hit.count} calls in all).")
+
+
+def stuck_ending(job: Job) -> Ending | None:
+    # Set by stuck_notice on a pattern's last allowed hit.
+    if job.guards.stuck_end:
+        return Ending("failed", job.guards.stuck_end)
+    return None
