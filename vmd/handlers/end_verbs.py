@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from vmd import disk, session_boot
 from vmd import verbs as V
 from vmd.errors import refused, sentence
-from vmd.handlers.output import output_sink
+from vmd.handlers.output import streamed
 
 if TYPE_CHECKING:
     from vmd.session import Session
@@ -47,7 +47,8 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
     command, expect = p.verification.command, p.verification.expect_exit
     cwd = session.s.facts.get("project_path") or machine.project_path if session.s.project_dir else None
     tail = session.config.output_tail_chars
-    run = check.run_check(machine.guest, command, expect, cwd, session.verify_timeout, output_sink(notify), tail)
+    with streamed(notify) as sink:
+        run = check.run_check(machine.guest, command, expect, cwd, session.verify_timeout, sink, tail)
     baseline = None
     if run.passed:
         archive = check.baseline_archive(_repository(session), session.s.base_commit) if session.s.project_dir else b""

@@ -10,8 +10,9 @@ The command's result keeps its own head and tail of the output (vmd/guest.py).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from vmd.verbs import printable
 
@@ -80,3 +81,14 @@ class OutputSink:
 
 def output_sink(notify: Notify | None) -> OutputSink | None:
     return None if notify is None else OutputSink(notify)
+
+
+@contextlib.contextmanager
+def streamed(notify: Notify | None) -> Iterator[OutputSink | None]:
+    """The sink for one command, closed when it ends: the lines it held back are said once."""
+    sink = output_sink(notify)
+    try:
+        yield sink
+    finally:
+        if sink is not None:
+            sink.close()

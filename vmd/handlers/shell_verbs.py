@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from vmd import verbs as V
 from vmd.errors import refused
-from vmd.handlers.output import output_sink
+from vmd.handlers.output import streamed
 
 if TYPE_CHECKING:
     from vmd.guest import CommandResult
@@ -17,12 +17,8 @@ if TYPE_CHECKING:
 
 
 def run(session: Session, p: V.Run, notify) -> dict:
-    sink = output_sink(notify)
-    try:
+    with streamed(notify) as sink:
         result = session.ready_machine().guest.run(p.command, timeout=p.timeout, cwd=p.cwd, on_output=sink)
-    finally:
-        if sink is not None:
-            sink.close()  # the lines it did not stream, said once
     with session.lock:
         session.s.runs += 1
         session.save()
