@@ -11,6 +11,7 @@ from vmagent.client import Vmd
 from vmd.machine_port import LibvirtMachines
 from vmd.rpc import VmdServer
 from tests.gitea_server import start_gitea
+from tests.test_private_state import entries, loose, readable_as
 from tests.vmd_fakes import make_config
 
 TOKEN = "gitea-token-the-guest-must-never-see"
@@ -76,3 +77,7 @@ def test_one_whole_session_on_a_real_guest(tmp_path, debian_image, gitea):
             assert TOKEN.encode() not in path.read_bytes(), path
     record = next(config.sessions_dir.glob("*/record.jsonl")).read_text()
     assert TOKEN not in record and TOKEN not in md
+    # vmd's state after a whole session on a real guest (QEMU, libvirt's relabelling, the
+    # share) is its own: another uid opens nothing in it, and no mode lets it.
+    assert loose(config) == []
+    assert readable_as(65534, 65534, entries(config.state_dir)) == []
