@@ -65,8 +65,9 @@ def model_unfit(llm: LLM) -> str | None:
 
 def calls_written_as_text(job: Job, reply: Reply) -> tuple[Reply, str]:
     """A reply with no tool_calls whose content holds calls as text: the calls, run as
-    calls (any known tool, so that one of the other phase gets its sentence from
-    tools.call), and the notice to use the tool interface, given once per job."""
+    calls in the order written (any tool named, so that one of the other phase, or one that
+    does not exist, gets its sentence from tools.call), and the notice to use the tool
+    interface, given once per job."""
     if reply.tool_calls:
         return reply, ""
     recovered = calls_in_text(reply.content, tools.TOOLS)
