@@ -175,3 +175,36 @@ def test_the_model_server_down_mid_reply_then_back_the_job_finishes_verified(tmp
         vmd.stop()
         clean_up_domains(conn, str(tmp_path))
         conn.close()
+
+
+def test_a_model_repeating_a_refused_finish_on_a_real_guest_ends_within_10_turns(tmp_path, debian_image):
+    import libvirt
+
+    # The task stays open, so every finish is refused; before the stuck detector the job ran to
+    # the step cap (110 turns) on this script.
+    script = [call("plan_tasks", {"tasks": ["write before.txt", "check it"]}),
+              calls(("write_file", {"path": "/mnt/project/before.txt", "content": BEFORE + "\n"}),
+                    ("run", {"command": "cat /mnt/project/before.txt"}))]
+    script += [call("finish", {"summary": "done", "verification": {"command": CHECK}})] * 30
+    conn = libvirt.open("qemu:///system")
+    vmd = VmdProcess(tmp_path, debian_image.dir.parent).start()
+    term = None
+    try:
+        with start_ollama(script) as server:
+            term = vmagent_run(agent_env(vmd, server.url), tmp_path, "stuck")
+            code, out, err = term.finish(timeout=1200)
+        session_id = session_of(tmp_path)
+        assert code == 1, err[-4000:] + out
+        assert len(server.chat_requests) <= 10, f"{len(server.chat_requests)} model turns"
+        assert "stuck in a loop" in out and "`finish" in out and "refused" in out, out
+        # the model was told once what to do instead before the job was ended
+        assert any("change approach" in r for r in tool_results(server.chat_requests[-1]))
+        # the honest work before it is kept: committed, and no guest left behind
+        assert committed(vmd, "stuck", "before.txt") == BEFORE + "\n"
+        assert f"vmagent-{session_id}" not in domains(conn)
+    finally:
+        if term is not None:
+            term.kill()
+        vmd.stop()
+        clean_up_domains(conn, str(tmp_path))
+        conn.close()
