@@ -220,12 +220,14 @@ def test_drop_old_images_keeps_only_the_newest():
     assert kept[3]["images"] == [png(4)] and SCREENSHOT_DROPPED in kept[3]["content"]
 
 
-def test_only_the_newest_screenshots_reach_the_model():
+def test_no_more_than_max_images_screenshots_reach_the_model():
+    # The loop drops old screenshots in batches (tests/test_prompt_prefix.py); the client
+    # still never sends more than the ceiling, whatever history it is given.
     history = [{"role": "user", "content": "task"}] + [
         {"role": "user", "content": f"screen {n}", "images": [png(n)]} for n in range(5)
     ]
     with start_ollama(["seen"]) as server:
-        make_llm(server.url, keep_images=2).chat(history)
+        make_llm(server.url, max_images=2).chat(history)
     sent = server.chat_requests[0]["messages"]
     assert [m.get("images") for m in sent[1:]] == [None, None, None, [png(3)], [png(4)]]
     assert all(SCREENSHOT_DROPPED in m["content"] for m in sent[1:4])

@@ -14,7 +14,7 @@ from tests.ollama_server import Turn, start_ollama, unused_port
 from vmagent.config import AgentConfig
 from vmagent.fallback_report import verification_of
 from vmagent.loop import JobSpec, Outcome, Verification, resume_job, run_job
-from vmagent.tools import PLANNING_TOOLS
+from vmagent.tools import OFFERED_TOOLS, PLANNING_TOOLS
 
 PLAN = call("plan_tasks", {"tasks": ["write hello.py", "check it prints hello"]}, content="Planning.")
 
@@ -145,13 +145,19 @@ def test_vmds_report_status_becomes_the_jobs_verification(outcome, verification)
     assert verification_of(outcome) == verification
 
 
-def test_planning_turn_offers_only_planning_tools_then_the_machine_is_handed_over(tmp_path):
+def test_the_planning_turn_offers_every_tool_says_which_wait_then_the_machine_is_handed_over(tmp_path):
+    # Mask, don't remove: the tool list is the same in both phases (a changed list would
+    # make the model server evaluate the whole prompt again); the opening message says
+    # which tools wait for the machine, and vmd refuses them until the plan exists.
     with running_vmd(tmp_path) as vmd, start_ollama(finish_script()) as server:
         run(tmp_path, vmd, server)
     first, second = server.chat_requests[0], server.chat_requests[1]
-    assert sent_tool_names(first) == list(PLANNING_TOOLS)
-    assert "run" in sent_tool_names(second) and "finish" in sent_tool_names(second)
-    assert "write hello.py" in user_texts(first)[0] and "plan_tasks" in user_texts(first)[0]
+    assert sent_tool_names(first) == sent_tool_names(second) == list(OFFERED_TOOLS)
+    assert set(PLANNING_TOOLS) < set(OFFERED_TOOLS) and "run" in OFFERED_TOOLS and "finish" in OFFERED_TOOLS
+    opening = user_texts(first)[0]
+    assert "write hello.py" in opening and "plan_tasks" in opening
+    waiting = opening.split("these wait for the machine:", 1)[1].split(".", 1)[0]
+    assert "run" in waiting and "finish" in waiting and "plan_tasks" not in waiting
     handover = user_texts(second)[-1]
     assert handover.startswith("The machine is up: it took") and "project_path" in handover
     assert "1. write hello.py" in handover
@@ -436,8 +442,8 @@ def as_json(name: str, arguments: dict, key: str = "arguments") -> str:
 
 def test_a_model_that_writes_every_call_as_text_finishes_verified(tmp_path):
     """Each shape real models use: a whole-content object (with "arguments" or
-    "parameters"), <tool_call> tags, a fenced JSON block; and a call to a tool of the
-    other phase, which Ollama leaves in the content as it is not in the request."""
+    "parameters"), <tool_call> tags, a fenced JSON block; and a call to a machine tool
+    before the plan, which vmd refuses with a sentence that says to plan first."""
     check = {"command": "python3 hello.py | grep -q hello"}
     script = [
         Turn(content=as_json("run", {"command": "ls"})),  # a working tool while planning
@@ -458,9 +464,9 @@ def test_a_model_that_writes_every_call_as_text_finishes_verified(tmp_path):
     assert outcome.state == "done" and outcome.verification_passed is True, outcome.report
     assert outcome.steps == len(script)
     assert (vmd.project("hello") / "hello.py").read_text() == "print('hello')\n"
-    # the early call is told when its tool becomes available, not counted as prose
+    # the early call is refused by vmd's gate, which says to plan first; not counted as prose
     first = tool_results(server.chat_requests[1])
-    assert len(first) == 1 and "run is not available yet" in first[0] and "plan_tasks" in first[0]
+    assert len(first) == 1 and "REFUSED: run needs a plan first" in first[0] and "plan_tasks" in first[0]
     # the model is told once, in a tool result, to use the tool interface
     last = tool_results(server.chat_requests[-1])
     told = [r for r in last if "tool-calling interface" in r]

@@ -3,8 +3,9 @@
 Before each model call the prompt is estimated in tokens (characters / a ratio learnt
 from Ollama's own prompt_eval_count). Past the target, the middle of the conversation
 is summarised by the model -- or, if that call fails, written out as a mechanical
-transcript -- while the system prompt, the task and a recent tail stay verbatim, and
-the current task list and planned verification are re-stated after the summary.
+transcript -- while the system prompt and the task (byte for byte: the model server's
+cache of that head holds) and a recent tail stay verbatim, and the machine's facts, the
+task list and the planned verification are re-stated after the summary.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel
 
 from .config import AgentConfig
-from .llm import LLM, OllamaError, image_count, wire_tools
+from .llm import LLM, OllamaError, drop_old_images, image_count, wire_tools
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ MIN_TAIL_RESULT_CHARS = 400
 
 COMPACTED_HEADER = "[Earlier work, condensed by vmagent"
 TASK_LIST_HEADER = "[Current task list]"
+MACHINE_HEADER = "[The machine]"
 VERIFICATION_HEADER = "[Planned verification]"
 
 SUMMARY_INSTRUCTIONS = """\
@@ -63,6 +65,9 @@ class PinnedContext(BaseModel):
 
     task_list: str
     verification: str | None = None
+    # The loop's word of the machine (facts, the screen's rules): a message after the
+    # task, not the system prompt, so a compaction restates it.
+    machine: str | None = None
 
 
 @dataclass
@@ -90,18 +95,11 @@ def _text_chars(messages: Iterable[Mapping[str, Any]], tools: list[dict[str, Any
     return chars
 
 
-def estimate_tokens(
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    *,
-    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
-    image_tokens: int = 1300,
-    keep_images: int | None = None,
-) -> int:
+def estimate_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN, image_tokens: int = 1300,
+                    keep_images: int | None = None) -> int:
     """Tokens the prompt will take: characters / ratio, each image at a fixed cost.
-
-    keep_images: count at most this many images (the client drops older ones).
-    """
+    keep_images: count at most this many images (the client sends no more: max_images)."""
     images = image_count(messages)
     if keep_images is not None:
         images = min(images, keep_images)
@@ -126,7 +124,8 @@ class Calibration:
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> "Calibration":
-        return cls(image_tokens=config.image_tokens, keep_images=config.keep_images, num_ctx=config.num_ctx)
+        # The history holds at most max_images (dropped in batches), and so does a request.
+        return cls(image_tokens=config.image_tokens, keep_images=config.max_images, num_ctx=config.num_ctx)
 
     def estimate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         return estimate_tokens(
@@ -236,6 +235,8 @@ class Compactor:
         middle = list(body[:tail_start])
         tail, middle, room = self._fit_tail(head, tail, middle, tools, pinned)
 
+        # The prompt is evaluated again from the note on anyway: old screenshots go now.
+        tail = drop_old_images(tail, self.config.keep_images)
         summary, by, error = self._summarise(head, middle, room)
         note = _compaction_message(summary, len(middle), by, pinned)
         result = head + [note] + tail
@@ -395,8 +396,10 @@ def _compaction_message(summary: str, count: int, by: str, pinned: PinnedContext
     verification = pinned.verification or (
         "None planned yet: decide the command that proves the result before calling finish."
     )
+    machine = f"{MACHINE_HEADER}\n{pinned.machine.strip()}\n\n" if pinned.machine and pinned.machine.strip() else ""
     content = (
         f"{COMPACTED_HEADER}: {count} messages {how}]\n{summary or '(nothing to add)'}\n\n"
+        f"{machine}"
         f"{TASK_LIST_HEADER}\n{pinned.task_list.strip() or '(no tasks planned yet)'}\n\n"
         f"{VERIFICATION_HEADER}\n{verification.strip()}\n\n"
         "Carry on from where the history stops; the most recent messages follow verbatim."
@@ -408,6 +411,7 @@ def _previous_summary(message: Mapping[str, Any]) -> str:
     """The summary part of an earlier compaction note, without its stale task list."""
     content = str(message.get("content") or "")
     body = content.split("\n", 1)[1] if "\n" in content else ""
+    body = body.split(f"\n\n{MACHINE_HEADER}", 1)[0]
     return body.split(f"\n\n{TASK_LIST_HEADER}", 1)[0].strip()
 
 

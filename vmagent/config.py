@@ -90,9 +90,15 @@ class AgentConfig(BaseModel):
     # A tool result longer than this keeps its head and tail only when it enters the
     # history: ~1500 tokens, so one `cat` of a big log cannot fill the context.
     tool_result_cap_chars: int = Field(6000, ge=500)
-    # Screenshots kept in the history; older ones become a text note. Each costs about
-    # image_tokens, and only the newest show the screen as it is.
+    # Screenshots kept in the history after old ones are dropped (they become a text note).
+    # Each costs about image_tokens, and only the newest show the screen as it is.
     keep_images: int = Field(2, ge=0)
+    # Screenshots the history holds at most. Old ones are dropped in a batch, down to
+    # keep_images, when a new one would pass this (and at a compaction), not one per new
+    # look: dropping one rewrites an old message, and the model server evaluates the prompt
+    # again from there. 6 x image_tokens is ~7800 tokens, a quarter of the default num_ctx,
+    # and a batch drop then comes once every 4 looks instead of at every look.
+    max_images: int = Field(6, ge=1)
     # What one screenshot costs in the prompt: a 1280x800 PNG is ~1300 tokens for
     # Qwen2.5-VL (28x28 pixel patches). Used by the estimate, corrected by calibration.
     image_tokens: int = Field(1300, ge=0)

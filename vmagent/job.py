@@ -102,6 +102,7 @@ class Job:
     desktop: bool = False
     boot_seconds: float | None = None
     machine_came: str | None = None  # "warm" (vmd's pool) or "cold" (booted), as vmd said
+    machine_text: str = ""  # the machine's facts told at the hand-over, restated by a compaction
     # Seconds worked in earlier runs of this job; time spent waiting for a person is not work.
     active_before_s: float = 0.0
     started_at: float = field(default_factory=time.time)
@@ -132,6 +133,7 @@ class Job:
             "desktop": self.desktop,
             "boot_seconds": self.boot_seconds,
             "machine_came": self.machine_came,
+            "machine_text": self.machine_text,
             "steps": self.steps,
             "started_at": self.started_at,
             "active_seconds": round(self.active_seconds(), 3),
@@ -158,6 +160,7 @@ class Job:
         job.desktop = bool(data.get("desktop"))
         job.boot_seconds = data.get("boot_seconds")
         job.machine_came = data.get("machine_came")
+        job.machine_text = str(data.get("machine_text") or "")
         job.active_before_s = float(data.get("active_seconds") or 0.0)
         job.started_at = float(data.get("started_at") or time.time())
         job.guards = Guards(**(data.get("guards") or {}))

@@ -21,13 +21,15 @@ import ollama
 from .config import AgentConfig
 from .llm_failures import Failures, ModelCancelled, OllamaError, Outage, Retryable, outage_cause
 from .reply import Reply, StreamState, ToolCall
-from .wire import SCREENSHOT_DROPPED, drop_old_images, image_count, only_latest_thinking, wire_messages, wire_tools
+from .wire import (SCREENSHOT_DROPPED, drop_images_in_batches, drop_old_images, image_count, only_latest_thinking,
+                   wire_messages, wire_tools)
 
 # The loop, compaction, the report and the tests import these from here, the one door to
 # the model; they live in the modules named for them.
 __all__ = [
     "LLM", "ModelCancelled", "OllamaError", "Outage", "Reply", "ToolCall", "SCREENSHOT_DROPPED",
-    "drop_old_images", "image_count", "only_latest_thinking", "wire_messages", "wire_tools",
+    "drop_images_in_batches", "drop_old_images", "image_count", "only_latest_thinking", "wire_messages",
+    "wire_tools",
 ]
 
 log = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ class LLM:
         options: dict[str, Any] = {"num_ctx": self.config.num_ctx}
         if max_tokens is not None:
             options["num_predict"] = max_tokens
-        wire = wire_messages(messages, self.config.keep_images)
+        wire = wire_messages(messages, self.config.max_images)
         state = StreamState(on_text, on_thinking)
 
         def attempt() -> Reply:

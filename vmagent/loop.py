@@ -3,11 +3,15 @@
     run_job(spec, on_event=..., transcript_path=...)      a new job
     resume_job(transcript_path, answer=..., on_event=...) the same job after a question
 
-A job opens a vmd session without waiting for the machine, and the first turns offer
-only the planning tools: the model writes the task list while the guest boots. Once a
-plan exists and the guest answers, the model is told the machine is up and gets every
-tool. Each turn then is: guards (vmagent/loop_guards.py), compaction, one model call,
-the tool calls it asked for, the transcript written to disk. What the loop itself says
+A job opens a vmd session without waiting for the machine, and the first turns are for
+the plan: the model writes the task list while the guest boots (vmd refuses the
+machine's tools until a plan exists, with a sentence that says so). Once a plan exists
+and the guest answers, the model is told the machine is up. Every request offers the
+same tools and starts with the same system prompt, written once per job: what becomes
+known later arrives as a message at the end, so the model server's cache of the prompt's
+head holds from the first turn to the last (old screenshots go in batches: wire.py's
+drop_images_in_batches). Each turn then is: guards (vmagent/loop_guards.py), compaction,
+one model call, the tool calls it asked for, the transcript written to disk. What the loop itself says
 to the model is in vmagent/loop_words.py.
 
 Every way out ends in `_end`: unless the session waits for a person, vmd closes it
@@ -39,12 +43,13 @@ from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
-from vmagent.llm import LLM, ModelCancelled, OllamaError, drop_old_images, only_latest_thinking
+from vmagent.llm import LLM, ModelCancelled, OllamaError, drop_images_in_batches, only_latest_thinking
 from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
                                  model_unfit, past_deadline, prose_only, repeat_notice, stall_reminder,
                                  stuck_ending, stuck_notice)
-from vmagent.loop_words import answer_text, machine_up_message, opening_message, result_lost, vmd_gone
-from vmagent.prompts import PromptMissing, load_prompts
+from vmagent.loop_words import (answer_text, machine_facts, machine_up_message, opening_message, result_lost,
+                                vmd_gone)
+from vmagent.prompts import PromptMissing, Prompts, load_prompts
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +75,8 @@ def run_job(
     job = Job(spec=spec, transcript_path=Path(transcript_path))
     try:
         config = _config_for(spec, config)
-        system = _system_prompt(job, config, desktop=False)
+        # A Windows guest always has a desktop: its screen rules join the prompt at once.
+        system = _prompts(job, config, desktop=job.os_family == "windows").system
     except (ConfigError, PromptMissing) as exc:
         return _end_without_session(job, events, f"The job could not start: {exc}")
     # Asked before session_open, so that a model that cannot do the work boots no machine.
@@ -209,9 +215,13 @@ def _turn(job: Job, vmd: SessionLink, llm: LLM, compactor: Compactor, config: Ag
             return ending
     stall_reminder(job, config)
 
-    offered = tools.tool_names(job.phase, job.desktop)
-    schemas = tools.schemas(job.os_family, job.phase, job.desktop)
-    pinned = PinnedContext(task_list=job.tasks_text or "(no tasks planned yet)", verification=job.verification)
+    # The same tool list in every phase; while planning every call goes to vmd, whose gate
+    # refuses what needs a plan. Once working, a screen tool on a guest without a desktop is
+    # answered here (tool_results.py): vmd has no screen to refuse it with.
+    offered = list(tools.OFFERED_TOOLS) if job.phase == "planning" else tools.tool_names(job.phase, job.desktop)
+    schemas = tools.offered_schemas(job.os_family)
+    pinned = PinnedContext(task_list=job.tasks_text or "(no tasks planned yet)", verification=job.verification,
+                           machine=job.machine_text or None)
     job.messages, compacted = compactor.maybe_compact(job.messages, schemas, pinned)
     if compacted:
         events.emit({"type": "status", "text": "compacted the conversation to stay within the model's context"})
@@ -288,13 +298,13 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
         events.emit({"type": "screenshot", "png_base64": outcome.image_b64,
                      "width": result.get("width"), "height": result.get("height")})
     job.messages.append(message)
-    job.messages = drop_old_images(job.messages, config.keep_images)
+    job.messages = drop_images_in_batches(job.messages, config.keep_images, config.max_images)
     return outcome
 
 
 def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: Events,
                        cancel: threading.Event) -> Ending | None:
-    """Phase two: wait for the guest, tell the agent what it has, offer every tool."""
+    """Phase two: wait for the guest, then tell the agent what it has, in a message."""
     events.emit({"type": "status", "text": "plan made; waiting for the machine"})
     waited = time.monotonic()
     while True:
@@ -315,14 +325,16 @@ def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: 
     job.boot_seconds = ready.get("seconds")
     job.machine_came = ready.get("came")
     job.desktop = facts.get("desktop") is True or job.os_family == "windows"
-    if job.desktop:  # the screen part of the prompt joins once a desktop is known to exist
-        job.messages[0] = {"role": "system", "content": _system_prompt(job, config, desktop=True)}
+    # The screen's rules come with the hand-over when the desktop was not known at the
+    # start; the system prompt is never written again (the head of every request).
+    screen_rules = _prompts(job, config, desktop=False).screen if job.desktop and job.os_family != "windows" else None
     job.phase = "working"
     came = f" ({job.machine_came})" if job.machine_came else ""
     events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s{came}"})
     if job.machine_came:  # the job API's `machine` (vmagent/service/workers.py)
         events.emit({"type": "machine", "came": job.machine_came, "seconds": job.boot_seconds})
-    job.messages.append({"role": "user", "content": machine_up_message(job, facts)})
+    job.machine_text = machine_facts(job, facts, screen_rules)  # restated by a compaction
+    job.messages.append({"role": "user", "content": machine_up_message(job, facts, screen_rules)})
     return None
 
 
@@ -401,11 +413,11 @@ def _config_for(spec: JobSpec, config: AgentConfig | None) -> AgentConfig:
     return config
 
 
-def _system_prompt(job: Job, config: AgentConfig, desktop: bool) -> str:
+def _prompts(job: Job, config: AgentConfig, desktop: bool) -> Prompts:
     prompts = load_prompts(job.os_family, desktop=desktop, config=config)
     for warning in prompts.warnings:
         log.warning("%s", warning)
-    return prompts.system
+    return prompts
 
 
 def _show_status(job: Job, status: dict, events: Events) -> None:

@@ -21,6 +21,11 @@ def result_lost(verb: str, seconds: float) -> str:
     return (RESULT_LOST_RUN if verb == "run" else RESULT_LOST).format(verb=verb, seconds=seconds)
 
 
+def waiting_tools() -> list[str]:
+    """The tools listed from the start that wait for the machine (all but the planning ones)."""
+    return [name for name in tools.OFFERED_TOOLS if name not in tools.PLANNING_TOOLS]
+
+
 def opening_message(spec: JobSpec, opened: dict) -> str:
     where = tools.OS_WORDS[tools.os_family_of(spec.os)]
     storage = opened.get("storage") or ""
@@ -29,21 +34,38 @@ def opening_message(spec: JobSpec, opened: dict) -> str:
         f"A {spec.os} machine is booting for you now ({where['shell']}; the project folder "
         f"will be {where['project']}). {('Storage: ' + storage + '.') if storage else ''}\n"
         "First write the task list with plan_tasks: short, checkable steps in the order you "
-        "will do them, the last one the check that proves the result. The machine's tools "
-        "appear once the plan exists and the machine is up."
+        "will do them, the last one the check that proves the result. Every tool is listed "
+        f"from the start, but these wait for the machine: {', '.join(waiting_tools())}. vmd "
+        "refuses the machine's tools until the plan exists; a message says when the machine is up."
     )
 
 
-def machine_up_message(job: Job, facts: dict) -> str:
+def machine_up_message(job: Job, facts: dict, screen_rules: str | None = None) -> str:
+    """The hand-over: what the machine is (machine_facts), then the task list. A message at
+    the end of the conversation: the system prompt, the head of every request, stays as it was."""
+    return (machine_facts(job, facts, screen_rules) + "\nWork through the task list, keeping it true as you go:\n"
+            + (job.tasks_text or ""))
+
+
+def machine_facts(job: Job, facts: dict, screen_rules: str | None = None) -> str:
+    """The machine's facts, whether it has a desktop (with the screen's rules when the
+    system prompt does not hold them) and the tools that work now; what a compaction
+    restates of the hand-over (the task list it restates from vmd's state)."""
     shown = {k: v for k, v in facts.items() if v not in (None, "", [], {}) and k != "boot_id"}
     if job.machine_came == "warm":
         lines = [f"The machine is up: a warm one, ready in {job.boot_seconds or 0:.0f} s."]
     else:
         lines = [f"The machine is up: it took {job.boot_seconds or 0:.0f} s to boot."]
     lines += [f"- {k}: {v}" for k, v in shown.items()]
-    offered = tools.tool_names("working", job.desktop)
-    lines.append(f"All tools are available now: {', '.join(offered)}.")
-    lines.append("Work through the task list, keeping it true as you go:\n" + (job.tasks_text or ""))
+    if job.desktop:
+        lines.append(f"It has a desktop: the screen tools work ({', '.join(tools.SCREEN_TOOLS)}).")
+        if screen_rules:
+            lines.append(screen_rules.strip())
+    else:
+        lines.append(f"It has no desktop: the screen tools ({', '.join(tools.SCREEN_TOOLS)}) do not work "
+                     "on this machine; use run and the file tools.")
+    usable = [name for name in tools.tool_names("working", job.desktop) if name not in tools.PLANNING_TOOLS]
+    lines.append(f"The machine's tools work now: {', '.join(usable)}.")
     return "\n".join(lines)
 
 

@@ -3,6 +3,8 @@
     prompt.md          required: the rules of the job
     prompt.<os>.md     optional: the guest's shell, paths and packages (linux, windows)
     prompt.screen.md   optional, only for a desktop session: how to use the screen tools
+                       (joined when the desktop is known at the start; else `Prompts.screen`,
+                       which the loop sends in a message once the machine has a desktop)
 
 They are looked for in the directory given by the caller, else in the configured one
 (AgentConfig.prompts_dir, from $VMAGENT_PROMPTS), then in this repository's own
@@ -32,6 +34,10 @@ class Prompts:
     warnings: list[str] = field(default_factory=list)
     # Where the parts were read from, for a startup log line.
     sources: list[Path] = field(default_factory=list)
+    # prompt.screen.md when it was not joined into `system` (desktop=False): a desktop
+    # found only once the machine is up gets it in a message, and the system prompt, the
+    # head of every request, is never written again.
+    screen: str | None = None
 
 
 def _family(os_family: str) -> str:
@@ -90,8 +96,9 @@ def load_prompts(
             )
         parts, sources = [main], [main_file]
         optional = [directory / f"prompt.{family}.md"]
+        screen_file = directory / "prompt.screen.md"
         if desktop:
-            optional.append(directory / "prompt.screen.md")
+            optional.append(screen_file)
         for path in optional:
             try:
                 text = _read(path)
@@ -103,7 +110,13 @@ def load_prompts(
                 continue
             parts.append(text)
             sources.append(path)
-        return Prompts(system="\n\n".join(parts) + "\n", warnings=warnings, sources=sources)
+        screen = None
+        if not desktop:
+            try:
+                screen = _read(screen_file)
+            except OSError:  # as a missing part: the job goes on without the screen's rules
+                screen = None
+        return Prompts(system="\n\n".join(parts) + "\n", warnings=warnings, sources=sources, screen=screen)
 
     raise PromptMissing(
         "The agent's system prompt prompt.md was not found, so no job can start. Looked in: "

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vmagent.tool_table import TOOLS, Phase, Tool, _words, os_family_of, tool_names
+from vmagent.tool_table import OFFERED_TOOLS, TOOLS, Phase, Tool, _words, os_family_of, tool_names
 
 
 def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
@@ -70,8 +70,18 @@ def parameters(tool: Tool, os_family: str) -> dict:
     return schema
 
 
+def offered_schemas(os_family: str) -> list[dict]:
+    """The tool list of every request of a job, whatever its phase: the same bytes from
+    the planning turn to the last, so the model server's cache of the prompt's head holds."""
+    return _schemas_of(os_family, OFFERED_TOOLS)
+
+
 def schemas(os_family: str, phase: Phase, desktop: bool) -> list[dict]:
-    """Function tool schemas (Ollama/OpenAI shape) offered to the model."""
+    """Function tool schemas (Ollama/OpenAI shape) of the tools a phase allows."""
+    return _schemas_of(os_family, tool_names(phase, desktop))
+
+
+def _schemas_of(os_family: str, names: "tuple[str, ...] | list[str]") -> list[dict]:
     family = os_family_of(os_family)
     return [
         {
@@ -82,7 +92,7 @@ def schemas(os_family: str, phase: Phase, desktop: bool) -> list[dict]:
                 "parameters": parameters(TOOLS[name], family),
             },
         }
-        for name in tool_names(phase, desktop)
+        for name in names
     ]
 
 

@@ -1,6 +1,6 @@
 """The tool table: every tool the model may be offered, its description and its fields'
 descriptions (worded for the guest's shell), the field a bare value is read as, the
-aliases it accepts, and which tools each phase offers.
+aliases it accepts, and which tools each phase allows.
 
 A tool's arguments are its verb's params model in vmd/verbs.py, the one contract: this
 table adds only what the model reads about them (vmagent/tool_schemas.py joins the two)."""
@@ -240,9 +240,15 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
                   "test_command": "verification"}),
 ]}
 
-# Which tools each phase offers comes from vmd's per-verb policy (vmd/verbs.py POLICY,
-# `agent_phase`): planning tools are offered from the start, working tools once the
-# machine is up, desktop tools only with a desktop. The order offered is the table's.
+# Which tools each phase allows comes from vmd's per-verb policy (vmd/verbs.py POLICY,
+# `agent_phase`): planning tools from the start, working tools once the machine is up,
+# desktop tools only with a desktop. What is *offered* is every one of them, in every
+# phase (OFFERED_TOOLS): the tool list sits before the messages in the prompt, so a list
+# that changed at the hand-over would make the model server evaluate the whole prompt
+# again ("mask, don't remove"). vmd's gate refuses a machine verb before the plan with a
+# sentence that says to plan first; the loop answers a screen tool on a guest without a
+# desktop itself (vmagent/tool_results.py). The order is the table's.
+OFFERED_TOOLS = tuple(v for v, p in POLICY.items() if p.agent_phase is not None and v in TOOLS)
 PLANNING_TOOLS = tuple(v for v, p in POLICY.items() if p.agent_phase == "planning" and v in TOOLS)
 SCREEN_TOOLS = tuple(v for v, p in POLICY.items() if p.agent_phase == "desktop" and v in TOOLS)
 # The tools that answer with a picture of the screen and can answer with the screen read
@@ -251,7 +257,8 @@ SCREEN_TEXT_TOOLS = ("screenshot",)
 
 
 def tool_names(phase: Phase, desktop: bool) -> list[str]:
-    """The tool names offered in a phase, in the order they are offered."""
+    """The tool names a phase allows, in the table's order (every request offers
+    OFFERED_TOOLS; this is what works now, for the loop's words and its own refusals)."""
     if phase == "planning":
         return list(PLANNING_TOOLS)
     if phase != "working":

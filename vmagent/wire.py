@@ -22,10 +22,11 @@ def wire_tools(tools: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]
     return [ollama.Tool.model_validate(tool).model_dump(exclude_none=True) for tool in tools or []]
 
 
-def wire_messages(messages: Iterable[Mapping[str, Any]], keep_images: int) -> list[dict[str, Any]]:
-    """The history as it is sent: old screenshots dropped, thinking only where it belongs
-    (only_latest_thinking), tool-call arguments as objects."""
-    kept = only_latest_thinking(drop_old_images(list(messages), keep_images))
+def wire_messages(messages: Iterable[Mapping[str, Any]], max_images: int) -> list[dict[str, Any]]:
+    """The history as it is sent: no more than `max_images` screenshots (the loop keeps
+    fewer already, dropped in batches: drop_images_in_batches), thinking only where it
+    belongs (only_latest_thinking), tool-call arguments as objects."""
+    kept = only_latest_thinking(drop_old_images(list(messages), max_images))
     return [_wire_message(m) for m in kept]
 
 
@@ -109,6 +110,16 @@ def drop_old_images(messages: list[dict[str, Any]], keep: int) -> list[dict[str,
         copy["content"] = f"{content}\n{note}" if content else note
         out.append(copy)
     return out
+
+
+def drop_images_in_batches(messages: list[dict[str, Any]], keep: int, ceiling: int) -> list[dict[str, Any]]:
+    """The history unchanged while it holds at most `ceiling` images; past it, all but the
+    newest `keep` dropped at once (drop_old_images). A drop rewrites old messages, which
+    makes the model server evaluate the prompt again from the first one changed: one drop
+    per batch of looks costs that once, one drop per look would cost it at every look."""
+    if image_count(messages) <= max(ceiling, keep):
+        return messages
+    return drop_old_images(messages, keep)
 
 
 def image_count(messages: Iterable[Mapping[str, Any]]) -> int:
