@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import make_traversable
+from tests.test_private_state import readable_as
 from tests.service_harness import ALICE, SERVICE, ServiceProcess, uses_scripted_worker, wait_for_state
 from tests.test_service_api import start
 from vmagent.service.frames import MAX_FRAME_BYTES, MAX_OUTPUT_LINES_PER_COMMAND, FrameReader
@@ -142,32 +143,7 @@ def test_nothing_the_service_writes_is_open_to_other_users_whatever_the_umask(tm
 
 def opened_by_nobody(paths: list[Path]) -> list[str]:
     """The paths that uid/gid 65534 (nobody) can list or open, tried from a forked child."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            opened = []
-            for path in paths:
-                try:
-                    if path.is_dir():
-                        os.listdir(path)
-                    else:
-                        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW))
-                    opened.append(str(path))
-                except OSError:
-                    pass
-            os.write(write, json.dumps(opened).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    return readable_as(65534, 65534, paths)
 
 
 # Authorization headers as they come over the wire.
