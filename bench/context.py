@@ -155,7 +155,7 @@ def replay(work_turns: int, thinking: bool) -> dict:
     from tests.vmd_fakes import LocalMachines, make_config
     from vmagent.config import AgentConfig
     from vmagent.loop import JobSpec, resume_job, run_job
-    from vmd.rpc import VmdServer
+    from vmd.server.rpc import VmdServer
 
     class DesktopMachines(LocalMachines):
         def create(self, spec):

@@ -192,7 +192,7 @@ def main() -> None:
 
     import libvirt
 
-    from vmd.images import find_image
+    from vmd.machines.images import find_image
 
     image = find_image("debian")
     conn = libvirt.open("qemu:///system")

@@ -3,9 +3,9 @@
     .venv/bin/python bench/machine.py [--runs 30]
 
 Prints: cold boot to ready (s), a warm hand-out from vmd's pool to ready (restore, share
-mounted, clock set, desktop checked: vmd/warm_pool.py) and a question's resume to the
+mounted, clock set, desktop checked: vmd/machines/warm_pool.py) and a question's resume to the
 first command answered, with their ratios to the cold boot; `run("true")` through vmd's runner in the guest
-(vmd/guest_runner.py), through one exec channel per command on the persistent SSH
+(vmd/guests/in_guest/runner.py), through one exec channel per command on the persistent SSH
 transport (the runner's fallback), and through a fresh `ssh` process per command (ms
 each, and the ratios); screenshot capture to a
 scaled PNG, every time (ms and bytes), and of an unchanged desktop, where the frame is
@@ -24,10 +24,10 @@ import time
 import uuid
 from pathlib import Path
 
-from vmd.guest import LinuxGuest
-from vmd.images import find_image
-from vmd.machine import Machine
-from vmd.warm_pool import WarmPool
+from vmd.guests.guest import LinuxGuest
+from vmd.machines.images import find_image
+from vmd.machines.machine import Machine
+from vmd.machines.warm_pool import WarmPool
 
 
 def median_ms(samples: list[float]) -> float:

@@ -13,7 +13,7 @@ COPY vmd ./vmd
 COPY configs ./configs
 COPY docker/openwebui-provision.py /app/docker/openwebui-provision.py
 # libvirt-python is a dependency of the vmd half of the package; the service never
-# imports it (nor does `python -m vmd.doctor --check socket --check ollama`, its health
+# imports it (nor does `python -m vmd.server.doctor --check socket --check ollama`, its health
 # check), so it is left out here (it needs libvirt headers to build).
 RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --no-deps . \
     && /opt/venv/bin/pip install --no-cache-dir "pydantic>=2.6" "httpx>=0.27" "ollama>=0.5.2" \

@@ -41,10 +41,10 @@ fi
 # The debian guest image is built from its recipe on first start (a no-op once built).
 # build.sh takes the Debian mirror from VMD_APT_MIRROR, else from apt's index targets,
 # which exist only once the package lists are there (the image leaves them out).
-# The health check (python -m vmd.doctor) says "being built" meanwhile, and vmd is
+# The health check (python -m vmd.server.doctor) says "being built" meanwhile, and vmd is
 # healthy only once it is built and serving.
 if [ -z "${VMD_APT_MIRROR:-}" ]; then
     apt-get update -qq || echo "vmd: apt-get update failed; set VMD_APT_MIRROR to a Debian mirror"
 fi
-vmd images build debian || echo "vmd: building the debian image failed; \`docker compose exec vmd python -m vmd.doctor\` says why"
+vmd images build debian || echo "vmd: building the debian image failed; \`docker compose exec vmd python -m vmd.server.doctor\` says why"
 exec vmd serve

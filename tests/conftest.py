@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vmd.images import ImageMissing, find_image
+from vmd.machines.images import ImageMissing, find_image
 
 # vmd's pool is "auto" by default: on a host with two cores or more every vmd a test starts
 # would boot a warm machine in the background, beside the guests the tests time. The pool's
@@ -65,7 +65,7 @@ def _tmp_reachable_by_qemu(request):
 @pytest.fixture
 def machine_factory(debian_image, tmp_path):
     """Creates machines and destroys whatever a test leaves behind."""
-    from vmd.machine import Machine
+    from vmd.machines.machine import Machine
 
     made: list[Machine] = []
 

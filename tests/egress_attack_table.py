@@ -8,9 +8,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.conftest import make_traversable
 from tests.egress_hosts import namespace_host, host_addresses
 from vmd.config import VmdConfig
-from vmd.images import find_image
-from vmd.machine import Machine
-from vmd.egress_guard import EgressGuard, TABLE
+from vmd.machines.images import find_image
+from vmd.machines.machine import Machine
+from vmd.machines.egress_guard import EgressGuard, TABLE
 import tests.test_machine_vm as T
 
 class Hello(http.server.BaseHTTPRequestHandler):

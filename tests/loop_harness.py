@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from tests.ollama_server import OllamaScriptServer, Turn
 from tests.vmd_fakes import LocalMachines, make_config
 from vmagent.config import AgentConfig
-from vmd.rpc import VmdServer
+from vmd.server.rpc import VmdServer
 
 
 def call(name: str, arguments: Any = None, content: str = "", **kw: Any) -> Turn:

@@ -47,7 +47,7 @@ def vmd_serve(tmp_path, debian_image):
     for name in ("VMD_CONFIG", "GITEA_URL", "GITEA_TOKEN"):
         env.pop(name, None)
     log = open(tmp_path / "vmd.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "vmd.cli", "serve", "--socket", str(socket),
+    proc = subprocess.Popen([sys.executable, "-m", "vmd.server.cli", "serve", "--socket", str(socket),
                              "--state-dir", str(state), "--images-dir", str(debian_image.dir.parent)],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30

@@ -1,4 +1,4 @@
-"""An earlier project folder goes to the attic under a name of its own (vmd/publish.py
+"""An earlier project folder goes to the attic under a name of its own (vmd/projects/publish.py
 `prepare_project`): the time for people and a random part, so that opens of one project
 within the same second never meet (the third once failed on the second's folder)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from vmd import publish
-from vmd.publish import Remote, prepare_project
+from vmd.projects import publish
+from vmd.projects.publish import Remote, prepare_project
 
 
 def test_three_opens_of_a_project_in_one_second_keep_both_earlier_folders(tmp_path, monkeypatch):

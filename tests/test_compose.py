@@ -64,11 +64,11 @@ def test_vmd_keeps_images_state_and_projects_and_serves_the_service_group():
 
 def test_health_is_the_doctor_and_waits_for_the_first_image_build():
     vmd = SERVICES["vmd"]["healthcheck"]
-    assert vmd["test"][:4] == ["CMD", "python3", "-m", "vmd.doctor"] and "image" in vmd["test"]
+    assert vmd["test"][:4] == ["CMD", "python3", "-m", "vmd.server.doctor"] and "image" in vmd["test"]
     # vmd is not healthy until the egress guard holds (nftables is in its image).
     assert "egress" in vmd["test"] and "nftables" in (REPO / "docker" / "vmd.Dockerfile").read_text()
     assert vmd["start_period"].endswith("m") and int(vmd["start_period"][:-1]) >= 30
-    assert "vmd.doctor --check socket" in SERVICES["vmagent"]["healthcheck"]["test"][1]
+    assert "vmd.server.doctor --check socket" in SERVICES["vmagent"]["healthcheck"]["test"][1]
 
 
 def test_dockerfiles_take_their_base_as_a_build_argument():

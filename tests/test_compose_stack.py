@@ -51,7 +51,7 @@ def missing() -> str:
     from tests.openwebui_harness import installed, missing_reason
     if installed() is None:
         return missing_reason()
-    from vmd.images import ImageMissing, find_image
+    from vmd.machines.images import ImageMissing, find_image
     try:
         find_image("debian")
     except ImageMissing as exc:
@@ -143,7 +143,7 @@ def test_the_stack_comes_up_runs_a_job_on_a_real_guest_and_pushes(stack):
     assert inspect["Privileged"] is False and sorted(inspect["CapAdd"]) == ["NET_ADMIN", "SYS_ADMIN"]
 
     # the doctor, inside vmd, finds the whole stack in order
-    doctor = compose("exec", "-T", "vmd", "python3", "-m", "vmd.doctor", "--json")
+    doctor = compose("exec", "-T", "vmd", "python3", "-m", "vmd.server.doctor", "--json")
     findings = {f["check"]: f for f in json.loads(doctor.stdout)}
     assert all(f["status"] in ("ok", "warn") for f in findings.values()), findings
     assert findings["gitea"]["status"] == "ok" and findings["socket"]["status"] == "ok"

@@ -1,4 +1,4 @@
-"""`vmd doctor` (vmd/doctor.py): each failure it names, made real with the stand-ins: the
+"""`vmd doctor` (vmd/server/doctor.py): each failure it names, made real with the stand-ins: the
 fake Gitea with a token lacking scopes, the Ollama stand-in without the model or its
 capabilities, sockets nobody may reach, image builds half done. Fast: no guest boots."""
 
@@ -17,9 +17,9 @@ import pytest
 from tests.gitea_server import start_gitea
 from tests.ollama_server import start_ollama, unused_port
 from tests.vmd_fakes import short_socket_dir
-from vmd import doctor
+from vmd.server import doctor
 from vmd.config import VmdConfig
-from vmd.images import recipe_hash
+from vmd.machines.images import recipe_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_GID = 4242  # the job service's group: a number no user here has
@@ -126,7 +126,7 @@ def run_dir():
 def listening(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
-    os.chmod(path, 0o660)  # as vmd/rpc.py makes it
+    os.chmod(path, 0o660)  # as vmd/server/rpc.py makes it
     sock.listen(4)
     return sock
 
@@ -300,11 +300,11 @@ def test_the_command_exits_nonzero_on_a_failure_and_prints_sentences(tmp_path):
     with start_ollama(models=["qwen3:32b"]) as server:
         env = {**os.environ, "OLLAMA_HOST": server.url, "VMAGENT_MODEL": "qwen3:32b",
                "VMD_SOCKET": str(tmp_path / "absent.sock")}
-        done = subprocess.run([sys.executable, "-m", "vmd.doctor", "--check", "ollama", "--json"],
+        done = subprocess.run([sys.executable, "-m", "vmd.server.doctor", "--check", "ollama", "--json"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         assert json.loads(done.stdout)[0]["status"] == "ok"
-        done = subprocess.run([sys.executable, "-m", "vmd.doctor", "--check", "socket", "--check", "ollama"],
+        done = subprocess.run([sys.executable, "-m", "vmd.server.doctor", "--check", "socket", "--check", "ollama"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "[FAIL] socket" in done.stdout and "does not exist" in done.stdout and "[ok  ] ollama" in done.stdout

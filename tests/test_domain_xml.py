@@ -15,9 +15,9 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from vmd.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, SerialLog, SharedFolder, UserNetwork, Video
-from vmd.images import Image, ImageMissing, find_image
-from vmd.machine import Machine, MachineError
+from vmd.machines.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, SerialLog, SharedFolder, UserNetwork, Video
+from vmd.machines.images import Image, ImageMissing, find_image
+from vmd.machines.machine import Machine, MachineError
 
 TEST_URI = "test:///default"
 # The whole domain of `_domain()`, as vmd would hand it to libvirt. A change to the XML
@@ -147,7 +147,7 @@ def test_libvirt_not_running_says_how_to_start_it(fake_image, tmp_path):
 def test_every_machine_has_nic_addresses_of_its_own_that_vmd_can_derive_again():
     import re
 
-    from vmd.domain_xml import nic_macs
+    from vmd.machines.domain_xml import nic_macs
 
     first, second = nic_macs("vmagent-w-0123456789ab"), nic_macs("vmagent-w-ba9876543210")
     assert nic_macs("vmagent-w-0123456789ab") == first  # known again after a restart or a restore

@@ -1,4 +1,4 @@
-"""The egress guard (vmd/egress_guard.py): the rules it writes, its refusals, and on this
+"""The egress guard (vmd/machines/egress_guard.py): the rules it writes, its refusals, and on this
 host the real nftables table, tried by a process running as QEMU's user. The guest-side
 proof (a real guest reaching the stand-in internet and nothing on the host) is
 tests/test_machine_vm.py::test_egress_reaches_the_internet_and_never_the_host."""
@@ -14,7 +14,7 @@ import pytest
 from tests.vmd_fakes import LocalMachines, local_vmd
 from vmagent.client import Vmd
 from vmd.config import VmdConfig, VmdConfigError
-from vmd.egress_guard import TABLE, Allowed, EgressGuard, EgressGuardError, Ruleset, host_dns_servers
+from vmd.machines.egress_guard import TABLE, Allowed, EgressGuard, EgressGuardError, Ruleset, host_dns_servers
 
 
 def test_an_allow_list_entry_needs_a_reason_and_a_real_range():

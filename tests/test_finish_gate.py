@@ -7,9 +7,9 @@ import pytest
 
 from vmd import verbs as V
 from vmd.errors import REFUSED
-from vmd.machine_port import LibvirtMachines
-from vmd.record import read_record
-from vmd.rpc import VmdServer
+from vmd.machines.port import LibvirtMachines
+from vmd.session.record import read_record
+from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, RpcClient, RpcError, make_config
 
 

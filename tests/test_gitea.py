@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from tests.gitea_server import start_gitea, start_recorder
-from vmd.gitea import GiteaAuthError, GiteaClient, GiteaError, GiteaUnavailable
+from vmd.projects.gitea import GiteaAuthError, GiteaClient, GiteaError, GiteaUnavailable
 
 TOKEN = "tok-4f9a1c-test"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -16,9 +16,9 @@ import pytest
 from tests.gitea_server import start_gitea
 from tests.gitea_spec import (error_problems, operation, request_problems, response_problems,
                               shape_problems, spec)
-from vmd.gitea import GiteaClient, GiteaError
-from vmd.owners import OwnerPolicy
-from vmd.publish import Remote, commit_project, prepare_project, push_project
+from vmd.projects.gitea import GiteaClient, GiteaError
+from vmd.projects.owners import OwnerPolicy
+from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
 
 TOKEN = "spec-check-token-9c1d"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -1,14 +1,14 @@
-"""The verbs whose command differs by OS (vmd/guest_verbs.py): the command each OS's
+"""The verbs whose command differs by OS (vmd/guests/os_verbs.py): the command each OS's
 guest sends, and what comes back of it, on a guest that only records its commands."""
 
 from __future__ import annotations
 
 import pytest
 
-from vmd import verification
+from vmd.session import verification
 from vmd.errors import VerbError
-from vmd.guest import CommandResult
-from vmd.guest_verbs import LinuxVerbs, WindowsVerbs
+from vmd.guests.guest import CommandResult
+from vmd.guests.os_verbs import LinuxVerbs, WindowsVerbs
 
 
 class _Recording:

@@ -1,4 +1,4 @@
-"""Guest images (vmd/images.py): where they live, the recipe hash that names them, how a
+"""Guest images (vmd/machines/images.py): where they live, the recipe hash that names them, how a
 missing one is reported, and a build run through a fake recipe whose build.sh only writes
 a manifest. No real image is built and no guest boots."""
 
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vmd import images
+from vmd.machines import images
 from vmd.host_env import clean_env
-from vmd.images import ImageBuildError, ImageMissing
+from vmd.machines.images import ImageBuildError, ImageMissing
 
 MANIFEST = {"name": "tiny", "os_family": "linux", "distro": "debian", "user": "agent",
             "project_path": "/mnt/project", "resolution": [1280, 800], "desktop": False,

@@ -1,4 +1,4 @@
-"""Key names and typed characters become the QMP qcodes of a US keyboard (vmd/keys.py)."""
+"""Key names and typed characters become the QMP qcodes of a US keyboard (vmd/machines/keys.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import string
 
 import pytest
 
-from vmd.keys import UnknownKey, char_keys, key_qcode, parse_combo
+from vmd.machines.keys import UnknownKey, char_keys, key_qcode, parse_combo
 
 
 @pytest.mark.parametrize("combo, codes", [

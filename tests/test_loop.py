@@ -407,7 +407,7 @@ def test_an_answer_right_after_a_vmd_restart_wakes_the_paused_machine(tmp_path):
     """After a restart vmd re-binds the machine in the background; an answer that arrives
     before that is done must still resume the paused guest, not skip it."""
     from tests.vmd_fakes import LocalMachines, make_config
-    from vmd.rpc import VmdServer
+    from vmd.server.rpc import VmdServer
 
     transcript = tmp_path / "job" / "transcript.json"
     machines = LocalMachines()

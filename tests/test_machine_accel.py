@@ -1,4 +1,4 @@
-"""The accelerator a guest gets (vmd/accel.py, through vmd/machine.py): KVM when QEMU can
+"""The accelerator a guest gets (vmd/machines/accel.py, through vmd/machines/machine.py): KVM when QEMU can
 really start a KVM guest, TCG otherwise, either forced by the accel setting (VMD_ACCEL).
 A fake qemu-system-x86_64 stands in for QEMU; no libvirt and no guest."""
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vmd import accel, machine
+from vmd.machines import accel
+from vmd.machines import machine
 
 
 def no_probe() -> bool:

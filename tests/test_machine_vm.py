@@ -23,10 +23,10 @@ from PIL import Image as PILImage, ImageStat
 
 from tests.conftest import make_traversable
 
-from vmd.guest import GuestError, LinuxGuest
-from vmd.machine import Machine
-from vmd.runner_link import RUNNER_PATH
-from vmd.screen import ScreenError
+from vmd.guests.guest import GuestError, LinuxGuest
+from vmd.machines.machine import Machine
+from vmd.guests.runner_link import RUNNER_PATH
+from vmd.machines.screen import ScreenError
 
 pytestmark = pytest.mark.vm
 
@@ -244,7 +244,7 @@ def test_the_screenshot_has_the_configured_size_and_is_not_blank(booted):
     stat = ImageStat.Stat(image.convert("L"))
     assert stat.stddev[0] > 10, "the screen is one flat colour"
     assert len(image.getcolors(1 << 20) or []) > 2
-    # The frame came from QEMU's own dump, not libvirt's slower stream (vmd/screen.py).
+    # The frame came from QEMU's own dump, not libvirt's slower stream (vmd/machines/screen.py).
     assert machine.screen.dump_off is None, machine.screen.dump_off
     assert not (machine.screen.dump_path.parent.stat().st_mode & 0o077), "the frame folder is QEMU's and vmd's only"
 
@@ -336,7 +336,7 @@ def egress_world():
     """The stand-in internet and a private-range host, each in a namespace of the test's
     own, and the egress guard in force as vmd keeps it (vmd installs it at start)."""
     from tests.egress_hosts import namespace_host
-    from vmd.egress_guard import EgressGuard
+    from vmd.machines.egress_guard import EgressGuard
 
     EgressGuard("libvirt-qemu").install()
     with namespace_host("inet", "203.0.113", "reached-the-internet") as internet, \

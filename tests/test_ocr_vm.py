@@ -17,8 +17,8 @@ from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
 from vmagent.job import JobSpec
 from vmagent.loop import run_job
-from vmd.machine_port import LibvirtMachines
-from vmd.rpc import VmdServer
+from vmd.machines.port import LibvirtMachines
+from vmd.server.rpc import VmdServer
 
 pytestmark = pytest.mark.vm
 

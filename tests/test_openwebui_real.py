@@ -259,7 +259,7 @@ def test_jose_mullers_job_runs_on_a_real_guest_through_open_webui(stage, tmp_pat
     import libvirt
 
     from tests.gitea_server import start_gitea
-    from vmd.owners import org_repo_name, person_topic
+    from vmd.projects.owners import org_repo_name, person_topic
 
     from tests.loop_harness import call, calls
     from tests.service_harness import REAL_WORKER, real_worker_env

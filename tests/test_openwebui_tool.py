@@ -417,7 +417,7 @@ def test_real_worker_question_then_both_services_restart_and_the_same_session_fi
     from tests.test_loop import PLAN, finish_script
     from tests.service_harness import stop_workers
     from tests.vmd_fakes import LocalMachines, make_config
-    from vmd.rpc import VmdServer
+    from vmd.server.rpc import VmdServer
 
     script = [PLAN, turn("run", {"command": "python3 --version"}),
               turn("ask_user", {"question": "Python 2 or 3?"}), *finish_script()[1:]]

@@ -1,11 +1,11 @@
-"""The live output of a `run` (vmd/handlers/output.py): what a watcher is sent is capped
+"""The live output of a `run` (vmd/session/handlers/output.py): what a watcher is sent is capped
 and rate-limited per command, each line cut and printable, and what was not sent is
 said once at the end. On a real guest `yes '' | head -n 1000000` put 1,000,090 lines on
 the operator's terminal; the result itself keeps the head and tail as before."""
 
 from __future__ import annotations
 
-from vmd.handlers.output import LINE_CHARS, STREAM_LINES, OutputSink
+from vmd.session.handlers.output import LINE_CHARS, STREAM_LINES, OutputSink
 from tests.vmd_fakes import RpcClient, local_vmd
 
 

@@ -1,4 +1,4 @@
-"""The person behind a job, mapped to a Gitea owner (vmd/owners.py): slugs, the configured
+"""The person behind a job, mapped to a Gitea owner (vmd/projects/owners.py): slugs, the configured
 policy, and the names Gitea refuses, refused when a session opens."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from vmd.config import VmdConfig
-from vmd.owners import (OwnerPolicy, gitea_name_problem, org_repo_name, owner_name_problem,
+from vmd.projects.owners import (OwnerPolicy, gitea_name_problem, org_repo_name, owner_name_problem,
                         person_slug, person_topic, plan_place, repository_name_problem)
 from vmd.verbs import NAME_PATTERN
 
@@ -145,7 +145,7 @@ def test_the_session_check_refuses_a_reserved_owner_only_where_it_names_a_gitea_
 def test_a_session_for_a_name_gitea_reserves_is_refused_when_it_opens(tmp_path):
     from tests.vmd_fakes import LocalMachines, make_config
     from vmagent.client import Vmd, VmdError
-    from vmd.rpc import VmdServer
+    from vmd.server.rpc import VmdServer
 
     config = make_config(tmp_path, gitea_url="http://127.0.0.1:9", gitea_token="t")
     server = VmdServer(config, LocalMachines()).start()

@@ -1,5 +1,5 @@
 """A person's repositories in the service's organisation are named with a 128-bit hash of
-their id (vmd/owners.py), and one an older vmd named with the 40-bit hash is found by its
+their id (vmd/projects/owners.py), and one an older vmd named with the 40-bit hash is found by its
 old name and person topic and renamed, at the next open, against the Gitea stand-in: its
 history reaches the folder, the push lands in it, and no second repository appears."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 
 from tests.gitea_server import start_gitea
-from vmd.owners import OwnerPolicy, legacy_place, org_repo_name, person_topic
-from vmd.publish import Remote, commit_project, prepare_project, push_project
+from vmd.projects.owners import OwnerPolicy, legacy_place, org_repo_name, person_topic
+from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
 
 TOKEN = "digest-token-5e1f"
 PERSON = "3f2a9c1e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"

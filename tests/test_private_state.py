@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.conftest import make_traversable
 from tests.vmd_fakes import LocalMachines, make_config
 from vmagent.client import Vmd
-from vmd.rpc import VmdServer
+from vmd.server.rpc import VmdServer
 
 NOBODY = 65534
 READERS_GID = 65000  # a group of the test's own, as VMD_REPOS_GROUP names one

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from vmd.project_tree import (GUEST_GID, GUEST_UID, XATTR_GID, XATTR_MODE, XATTR_UID, Limits,
+from vmd.projects.tree import (GUEST_GID, GUEST_UID, XATTR_GID, XATTR_MODE, XATTR_UID, Limits,
                               present_to_guest, walk)
-from vmd.repository import Repository
+from vmd.projects.repository import Repository
 
 MIB = 1024 * 1024
 

@@ -20,7 +20,7 @@ from vmagent.llm import SCREENSHOT_DROPPED, image_count
 from vmagent.loop import JobSpec, run_job
 from vmagent.prompts import load_prompts
 from vmagent.tools import OFFERED_TOOLS
-from vmd.rpc import VmdServer
+from vmd.server.rpc import VmdServer
 
 TITLES = ["look at the screen", "write notes.txt"]
 CHECK = {"command": "test -s notes.txt"}

@@ -8,9 +8,9 @@ import shutil
 import subprocess
 
 from vmagent.client import Vmd
-from vmd.record import Record, Redactor, read_record
-from vmd.report import build_report
-from vmd.rpc import VmdServer
+from vmd.session.record import Record, Redactor, read_record
+from vmd.session.report import build_report
+from vmd.server.rpc import VmdServer
 from tests.gitea_server import start_gitea
 from tests.vmd_fakes import LocalMachines, make_config
 

@@ -17,9 +17,9 @@ import time
 import pytest
 
 from vmagent.client import Vmd, VmdError
-from vmd import rpc
+from vmd.server import rpc
 from vmd.errors import REFUSED
-from vmd.rpc import VmdServer
+from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, make_config
 
 # The fuzzer lowers vmd's line limit so that lines over it stay cheap to send.

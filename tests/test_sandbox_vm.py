@@ -18,9 +18,9 @@ from tests.gitea_server import start_gitea
 from tests.vmd_fakes import make_config
 from vmagent.client import Vmd
 from vmd import verbs as V
-from vmd.publish import Remote, commit_project, prepare_project, push_project
-from vmd.machine_port import LibvirtMachines
-from vmd.rpc import VmdServer
+from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
+from vmd.machines.port import LibvirtMachines
+from vmd.server.rpc import VmdServer
 
 TOKEN = "gitea-token-" + secrets.token_hex(8)
 

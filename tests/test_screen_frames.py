@@ -1,4 +1,4 @@
-"""Screenshots of an unchanged screen (vmd/screen.py): the same framebuffer is not
+"""Screenshots of an unchanged screen (vmd/machines/screen.py): the same framebuffer is not
 decoded, scaled and encoded again, a changed one is, and the live preview may reuse a
 look taken a moment ago instead of capturing again."""
 
@@ -9,7 +9,7 @@ import io
 import pytest
 from PIL import Image, ImageDraw
 
-from vmd.screen import Screen, ScreenError
+from vmd.machines.screen import Screen, ScreenError
 
 
 def ppm(size=(1280, 800), mark=(10, 10)) -> bytes:

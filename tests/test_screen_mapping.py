@@ -1,4 +1,4 @@
-"""Screen coordinates (vmd/screen.py): a point in the screenshot the agent was shown maps
+"""Screen coordinates (vmd/machines/screen.py): a point in the screenshot the agent was shown maps
 back through the framebuffer to the USB tablet's absolute axis, and a point outside the
 shown image is refused with its size."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmd.screen import ABS_MAX, Screen, ScreenError
+from vmd.machines.screen import ABS_MAX, Screen, ScreenError
 
 
 def _screen(shown: tuple[int, int], framebuffer: tuple[int, int]) -> Screen:

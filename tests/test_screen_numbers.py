@@ -1,4 +1,4 @@
-"""A guest's window listing is text the guest wrote (vmd/screen_text.py): a number in it
+"""A guest's window listing is text the guest wrote (vmd/machines/screen_text.py): a number in it
 that no screen has costs that window's entry, never the screenshot verb. A position of
 10**400 made `round(x * scale)` raise OverflowError, which failed the whole verb."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmd import screen_text as st
+from vmd.machines import screen_text as st
 
 
 def window(name: str, x: str = "10", y: str = "20", width: str = "300", height: str = "200",

@@ -1,4 +1,4 @@
-"""The screen read as text (vmd/screen_text.py): words OCR finds on a screenshot rendered
+"""The screen read as text (vmd/machines/screen_text.py): words OCR finds on a screenshot rendered
 here, with points that land on them in the agent's coordinates (a scaled-down screen
 included), the guest's windows, the caps, what an unreadable PNG or a host without
 tesseract gives, and the path from vmagent's `call(..., sees_images=False)` to vmd and back."""
@@ -19,9 +19,9 @@ from tests.loop_harness import running_vmd
 from tests.vmd_fakes import LocalGuest, LocalScreen
 from vmagent import tools
 from vmagent.client import Vmd
-from vmd import screen_text as st
-from vmd.guest import CommandResult
-from vmd.screen import Screen, Shot
+from vmd.machines import screen_text as st
+from vmd.guests.guest import CommandResult
+from vmd.machines.screen import Screen, Shot
 
 # name -> (left, top, dark background), at 1280x800 like the guest's desktop
 WORDS = {
@@ -108,7 +108,7 @@ def ppm_of(image: Image.Image) -> bytes:
 
 
 def test_a_word_point_on_a_scaled_down_screen_clicks_the_word_on_the_framebuffer(tesseract):
-    # A 2560x1600 framebuffer shown to the agent at 1280x800, as vmd/screen.py does.
+    # A 2560x1600 framebuffer shown to the agent at 1280x800, as vmd/machines/screen.py does.
     framebuffer, boxes = render((2560, 1600), factor=2.0)
     screen = Screen(domain=None, size=(1280, 800))
     screen.grab_raw = lambda: ppm_of(framebuffer)  # what libvirt hands over for QEMU

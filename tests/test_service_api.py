@@ -445,7 +445,7 @@ def test_a_push_gitea_could_not_take_shows_pending_in_the_job_then_pushed_when_v
     from tests.loop_harness import Vmd as VmdHandle
     from tests.test_session_lifecycle import free_port, gitea_config, gitea_head, gitea_on
     from tests.vmd_fakes import LocalMachines
-    from vmd.rpc import VmdServer
+    from vmd.server.rpc import VmdServer
 
     port = free_port()  # Gitea is down at close: nothing listens here yet
     config = gitea_config(tmp_path, port)

@@ -1,4 +1,4 @@
-"""vmd owns the end of every session (vmd/lifecycle.py), with the stand-in machines of
+"""vmd owns the end of every session (vmd/server/lifecycle.py), with the stand-in machines of
 tests/vmd_fakes.py and a real VmdServer on a socket: adoption at start, the reaper, a
 close during boot, a push retried until Gitea is back, a full disk."""
 
@@ -21,12 +21,12 @@ from tests.gitea_server import FakeGitea, _Handler
 from tests.vmd_fakes import LocalMachines, make_config
 from tests.http_stand_in import StandInHTTPServer
 from vmagent.client import Vmd, VmdError
-from vmd import disk
-from vmd import session_boot
-from vmd.sessions import Sessions
-from vmd.project_store import ProjectStore
-from vmd.record import read_record
-from vmd.rpc import VmdServer
+from vmd.session import disk
+from vmd.session import boot as session_boot
+from vmd.session.registry import Sessions
+from vmd.projects.store import ProjectStore
+from vmd.session.record import read_record
+from vmd.server.rpc import VmdServer
 
 TOKEN = "lifecycle-token-0123456789abcdef"
 FAST = dict(reaper_interval_s=0.1)
@@ -57,7 +57,7 @@ def repo_head(config, project: str, owner: str = "local") -> str:
 
 
 def report_of(config, sid: str) -> str:
-    from vmd.report import build_report
+    from vmd.session.report import build_report
     return build_report(config.sessions_dir / sid / "record.jsonl").markdown
 
 
@@ -273,7 +273,7 @@ def test_a_close_while_the_machine_boots_destroys_it_and_blames_no_machine(tmp_p
 
 def test_a_close_before_the_boot_began_says_no_machine_was_started(tmp_path, monkeypatch):
     from vmd import verbs as V
-    from vmd.handlers.end_verbs import close
+    from vmd.session.handlers.end_verbs import close
 
     machines = LocalMachines()
     sessions = Sessions(make_config(tmp_path), machines)
@@ -462,7 +462,7 @@ def test_a_guest_qemu_paused_on_a_full_host_disk_ends_the_session_and_the_waitin
     """The guest's overlay could not grow (the host's disk is full) and QEMU paused the
     guest, which answers nothing from then on: the reaper sees it, ends the session, and
     the verb that was waiting on the guest answers with the full disk, not a lost link."""
-    from vmd.machine_port import Stall
+    from vmd.machines.port import Stall
     machines = LocalMachines()
     config = make_config(tmp_path, **FAST)
     with vmd(config, machines):
@@ -546,7 +546,7 @@ def test_an_append_cut_short_by_a_full_disk_leaves_no_half_line(tmp_path, monkey
 # --- vmd sessions -----------------------------------------------------------------------------
 
 def test_vmd_sessions_lists_state_age_clients_and_machine(tmp_path, capsys):
-    from vmd.cli import main
+    from vmd.server.cli import main
 
     config = make_config(tmp_path)
     with vmd(config, LocalMachines()):

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from vmagent.client import Vmd
-from vmd.machine_port import LibvirtMachines
-from vmd.rpc import VmdServer
+from vmd.machines.port import LibvirtMachines
+from vmd.server.rpc import VmdServer
 from tests.gitea_server import start_gitea
 from tests.test_private_state import entries, loose, readable_as
 from tests.vmd_fakes import make_config

@@ -16,8 +16,8 @@ import time
 import paramiko
 import pytest
 
-from vmd.guest import GuestError, LinuxGuest
-from vmd.ssh import GuestNotAnswering, SshConnection
+from vmd.guests.guest import GuestError, LinuxGuest
+from vmd.guests.ssh import GuestNotAnswering, SshConnection
 
 
 class _HangingServer(paramiko.ServerInterface):

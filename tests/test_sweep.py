@@ -1,6 +1,6 @@
-"""The sweep of guests no session owns (vmd/lifecycle.py `_sweep`, vmd/machine_port.py
+"""The sweep of guests no session owns (vmd/server/lifecycle.py `_sweep`, vmd/machines/port.py
 `sweep`) on libvirt's test:///default driver: a guest is this vmd's when its <metadata>
-names this vmd's state dir exactly and a session of it (vmd/domain_xml.py `VmdOwner`),
+names this vmd's state dir exactly and a session of it (vmd/machines/domain_xml.py `VmdOwner`),
 and it is kept while that session is open on disk, whatever the guest is named."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import libvirt
 import pytest
 
 from tests.vmd_fakes import make_config
-from vmd.domain_xml import (DirectKernel, Disk, Domain, UserNetwork, VmdOwner, nic_macs, set_session,
+from vmd.machines.domain_xml import (DirectKernel, Disk, Domain, UserNetwork, VmdOwner, nic_macs, set_session,
                             vmd_owner)
-from vmd.lifecycle import Lifecycle
-from vmd.machine_port import LibvirtMachines
-from vmd.session_state import SessionState
-from vmd.sessions import Sessions
+from vmd.server.lifecycle import Lifecycle
+from vmd.machines.port import LibvirtMachines
+from vmd.session.state import SessionState
+from vmd.session.registry import Sessions
 
 TEST_URI = "test:///default"
 

@@ -1,11 +1,11 @@
-"""The task list (vmd/tasks.py): ids that never change, a re-plan that only adds, and
+"""The task list (vmd/session/tasks.py): ids that never change, a re-plan that only adds, and
 statuses a finish can rely on."""
 
 from __future__ import annotations
 
 import pytest
 
-from vmd.tasks import TaskError, TaskList
+from vmd.session.tasks import TaskError, TaskList
 
 
 def test_a_plan_numbers_its_tasks_from_one_in_order():

@@ -78,7 +78,7 @@ def test_bad_arguments_never_reach_vmd():
     assert vmd.calls == []
 
 
-# What vmd/handlers/shell_verbs.py answers, word for word: vmd words the results, vmagent
+# What vmd/session/handlers/shell_verbs.py answers, word for word: vmd words the results, vmagent
 # passes them on (a second wording would say things twice, a timeout notice among them).
 RUN_RESULT = {"exit_code": 2, "stdout": "a\nb\n", "stderr": "oops\n", "duration": 1.234, "truncated": False,
               "timed_out": False, "text": "exit code 2 (1.2 s)\n--- stdout ---\na\nb\n--- stderr ---\noops"}

@@ -25,7 +25,7 @@ REQUIRED_PACKAGES = [
 
 
 def _load_seed_module():
-    # No __pycache__ in the recipe: vmd/images.py hashes every file under images/ubuntu/.
+    # No __pycache__ in the recipe: vmd/machines/images.py hashes every file under images/ubuntu/.
     spec = importlib.util.spec_from_file_location("ubuntu_seed", RECIPE / "seed.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

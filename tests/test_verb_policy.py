@@ -11,9 +11,9 @@ import pytest
 
 from vmd import verbs as V
 from vmd.errors import FAILED, INTERNAL_ERROR, REFUSED, VerbError, refused
-from vmd.record import Record, read_record
-from vmd.report import build_report
-from vmd.session import Session
+from vmd.session.record import Record, read_record
+from vmd.session.report import build_report
+from vmd.session.session import Session
 from tests.vmd_fakes import RpcClient, RpcError, local_vmd
 
 STATES = ("booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed")
@@ -37,7 +37,7 @@ def test_the_policy_is_frozen_data():
 
 
 def _gate_before(s, planned: bool, verb: str) -> str | None:
-    """The gate as it was written before the table (vmd/session.py's if-chain), the
+    """The gate as it was written before the table (vmd/session/session.py's if-chain), the
     reference the table must keep."""
     state = s.state
     if state == "closed" and verb not in ("session_status", "report", "session_close", "session_cancel", "note"):
@@ -54,7 +54,7 @@ def _gate_before(s, planned: bool, verb: str) -> str | None:
     return None
 
 
-# session_open and session_attach bind the connection in vmd/rpc.py; peek was served
+# session_open and session_attach bind the connection in vmd/server/rpc.py; peek was served
 # before the gate: its row lets it through in every state.
 GATED = [v for v in V.VERBS if v not in ("session_open", "session_attach")]
 
@@ -158,7 +158,7 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
 
 
 def test_a_result_that_breaks_its_contract_is_an_internal_error_naming_verb_and_field(vmd, monkeypatch):
-    from vmd import handlers
+    from vmd.session import handlers
     _, _, config = vmd
     monkeypatch.setitem(handlers.HANDLERS, "note", lambda session, p, notify: {"ok": "yes"})
     with RpcClient(config.socket) as c:
@@ -224,7 +224,7 @@ def test_the_report_counts_refusals_by_their_code(tmp_path):
 def test_session_json_keeps_the_state_as_the_contract_names_it(tmp_path):
     from pydantic import ValidationError
 
-    from vmd.session_state import SessionState
+    from vmd.session.state import SessionState
     state = SessionState(id="s-20260101-000000-abcdef", os="debian", state="question", resume_state="ready")
     assert SessionState.model_validate_json(state.model_dump_json()).state == "question"
     with pytest.raises(ValidationError):

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from vmd.config import ENV_FIELDS, VmdConfig, VmdConfigError
-from vmd.guest_verbs import LinuxVerbs
-from vmd.handlers import screen_verbs
-from vmd.machine_port import LibvirtMachine, LibvirtMachines
-from vmd.record import Redactor
+from vmd.guests.os_verbs import LinuxVerbs
+from vmd.session.handlers import screen_verbs
+from vmd.machines.port import LibvirtMachine, LibvirtMachines
+from vmd.session.record import Redactor
 
 
 def test_defaults_and_the_environment_over_a_file(tmp_path):

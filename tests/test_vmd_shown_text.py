@@ -9,11 +9,11 @@ import logging
 
 import pytest
 
-import vmd.rpc  # noqa: F401  (vmd's server: it makes vmd's log records printable)
+import vmd.server.rpc  # noqa: F401  (vmd's server: it makes vmd's log records printable)
 from tests.hostile_sshd import HANDLE, OPENDIR, HostileSshd, packet, string, u32
 from tests.vmd_fakes import RpcClient, RpcError, local_vmd
-from vmd.guest import GuestError, LinuxGuest
-from vmd.ssh import SshConnection
+from vmd.guests.guest import GuestError, LinuxGuest
+from vmd.guests.ssh import SshConnection
 
 EVIL = "\x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J\x9b1mboom\r\nvmd: FAKE LINE"
 

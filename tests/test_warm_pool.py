@@ -1,4 +1,4 @@
-"""The warm pool's bookkeeping without a guest (vmd/warm_pool.py): which slots a hand-out
+"""The warm pool's bookkeeping without a guest (vmd/machines/warm_pool.py): which slots a hand-out
 may take, what it restores, what goes stale; and how a session reports a machine that
 came warm. The hand-out itself, on real guests: tests/test_warm_pool_vm.py."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from tests.vmd_fakes import LocalMachine, LocalMachines, local_vmd
 from vmagent.client import Vmd
-from vmd.warm_pool import SlotInfo, WarmPool, _restore_xml
+from vmd.machines.warm_pool import SlotInfo, WarmPool, _restore_xml
 
 SAVED_XML = """<domain type='qemu'>
   <name>vmagent-w-0123456789ab</name>
@@ -121,7 +121,7 @@ def test_a_session_whose_machine_came_warm_says_so_and_keeps_the_slots_name(tmp_
 
 def test_auto_sizes_the_pool_for_the_host_and_a_bad_size_is_refused_with_what_to_give():
     from vmd.config import VmdConfig, VmdConfigError
-    from vmd.warm_pool import host_pool_size
+    from vmd.machines.warm_pool import host_pool_size
 
     gib = 1024
     assert host_pool_size(2, 24 * gib, 2048) == 1  # this kind of host: one slot, one core left to the sessions
@@ -143,7 +143,7 @@ def test_auto_sizes_the_pool_for_the_host_and_a_bad_size_is_refused_with_what_to
 def test_the_refill_waits_while_the_host_has_no_room(tmp_path, monkeypatch):
     import os
 
-    from vmd.warm_pool import no_room
+    from vmd.machines.warm_pool import no_room
 
     cores = os.cpu_count() or 1
     monkeypatch.setattr(os, "getloadavg", lambda: (2 * cores + 1.0, 0.0, 0.0))
@@ -161,7 +161,7 @@ def test_the_refill_waits_while_the_host_has_no_room(tmp_path, monkeypatch):
 
 def test_a_vmd_started_with_the_pool_off_removes_an_earlier_pools_slots(tmp_path):
     from tests.vmd_fakes import make_config
-    from vmd.machine_port import LibvirtMachines
+    from vmd.machines.port import LibvirtMachines
 
     config = make_config(tmp_path, warm_pool_size=0, libvirt_uri="test:///default")
     pool = WarmPool(config.state_dir, "test:///default", "nobody", size=1)
@@ -201,8 +201,8 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
     assert got["first"] is not None and got["first"].name == "cccccccccccc.taken", got
 
     # A slot whose making ran past its own bounds is not waited for any longer.
-    from vmd.machine import timeout_scale
-    from vmd.warm_pool import SLOT_MAKE_S
+    from vmd.machines.machine import timeout_scale
+    from vmd.machines.warm_pool import SLOT_MAKE_S
     with pool._changed:
         pool._making = "vmagent-w-dddddddddddd"
         pool._making_since = time.monotonic() - SLOT_MAKE_S * timeout_scale() + 0.5

@@ -1,4 +1,4 @@
-"""Warm machines on real guests (vmd/warm_pool.py), with `vmd serve` as its own process and
+"""Warm machines on real guests (vmd/machines/warm_pool.py), with `vmd serve` as its own process and
 a pool of one slot: what a person relies on when a session comes warm.
 
 - it comes warm, in a fraction of a cold boot, and session_status says so;

@@ -2,8 +2,8 @@
 host, in the session's project folder, which is what the real guest mounts. The fake
 gives no ground to the rules under test: vmd still runs the verification itself.
 
-It has the machine port's shape (vmd/machine_port.py): a `guest` (`LocalGuest`, a
-vmd.guest.Guest), a `screen` (`LocalScreen`, what vmd.screen.Screen offers) and the life
+It has the machine port's shape (vmd/machines/port.py): a `guest` (`LocalGuest`, a
+vmd.guests.guest.Guest), a `screen` (`LocalScreen`, what vmd.machines.screen.Screen offers) and the life
 cycle on `LocalMachine` itself."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from vmd.guest import CommandResult, DirEntry, FileChunk, Guest
-from vmd.machine_port import MachineSpec
-from vmd.screen import Shot
+from vmd.guests.guest import CommandResult, DirEntry, FileChunk, Guest
+from vmd.machines.port import MachineSpec
+from vmd.machines.screen import Shot
 
 # A 1x1 PNG: what the fake screen shows.
 PNG_1X1 = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
@@ -93,7 +93,7 @@ class LocalGuest(Guest):
 
     def run_baseline(self, command, archive, timeout):
         """The check in a copy of the baseline (the fake has no mount namespace to show it
-        at the project's own path; the real guest does, see vmd/guest_verbs.py)."""
+        at the project's own path; the real guest does, see vmd/guests/os_verbs.py)."""
         self.machine.reachable()
         folder = Path(tempfile.mkdtemp(prefix="vmd-fake-baseline-"))
         try:
@@ -152,7 +152,7 @@ class LocalMachine:
         # Set by a test to play a guest destroyed from outside (or crashed): alive() says
         # so and every machine call fails the way a dropped SSH connection does.
         self.gone = False
-        self.stall = None  # set by a test to a vmd.machine_port.Stall: QEMU paused the guest
+        self.stall = None  # set by a test to a vmd.machines.port.Stall: QEMU paused the guest
         self.guest = LocalGuest(self)
         self.screen = LocalScreen(self)
 
@@ -252,7 +252,7 @@ def make_config(tmp_path: Path, **overrides):
 @contextlib.contextmanager
 def local_vmd(tmp_path: Path, machines: "LocalMachines | None" = None):
     """A real vmd server on its socket over LocalMachines: (server, machines, config)."""
-    from vmd.rpc import VmdServer
+    from vmd.server.rpc import VmdServer
     machines = machines if machines is not None else LocalMachines()
     config = make_config(tmp_path)
     server = VmdServer(config, machines).start()

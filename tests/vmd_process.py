@@ -39,7 +39,7 @@ class VmdProcess:
         env.update(self.env)
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vmd.cli", "serve", "--socket", str(self.socket),
+                [sys.executable, "-m", "vmd.server.cli", "serve", "--socket", str(self.socket),
                  "--state-dir", str(self.state), "--images-dir", str(self.images_dir)],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

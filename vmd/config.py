@@ -13,8 +13,8 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from vmd.egress_guard import Allowed
-from vmd.owners import DEFAULT_ORG, GiteaOrgName, PersonMap
+from vmd.machines.egress_guard import Allowed
+from vmd.projects.owners import DEFAULT_ORG, GiteaOrgName, PersonMap
 
 # Environment variable -> field. The environment wins over the file.
 ENV_FIELDS = {
@@ -75,7 +75,7 @@ class VmdConfig(BaseModel):
     # Where people browse the repositories, when it differs from the API address
     # (e.g. the API is reached inside a compose network, people use a public name).
     gitea_web_url: str = ""
-    # Where a person's projects go on Gitea (vmd/owners.py). A job's owner is an Open WebUI
+    # Where a person's projects go on Gitea (vmd/projects/owners.py). A job's owner is an Open WebUI
     # user id or a terminal user's name, rarely a Gitea account. "org": one organisation of
     # the service holds every project, named <person>-<project> with a topic naming the
     # person, so nobody needs an account. "user": the owner is a Gitea user or organisation
@@ -96,12 +96,12 @@ class VmdConfig(BaseModel):
     # work is theirs to publish. Existing repositories keep what their owners chose.
     gitea_private: bool = True
     default_os: str = "debian"
-    # Timeouts are given for a KVM host and multiplied by vmd.machine.timeout_scale()
+    # Timeouts are given for a KVM host and multiplied by vmd.machines.machine.timeout_scale()
     # (4 without KVM). The Debian guest with its desktop boots in ~10 s with KVM and in
     # 30-40 s under TCG; 150 s (600 s under TCG) leaves room for a loaded host.
     boot_timeout_s: float = Field(default=150, gt=0)
     # How guests are run: "auto" asks QEMU whether it can really start a KVM guest here
-    # (vmd/accel.py), "kvm" or "qemu" (also "tcg") force one without asking: a host whose
+    # (vmd/machines/accel.py), "kvm" or "qemu" (also "tcg") force one without asking: a host whose
     # probe is wrong, or a KVM host made to show how a TCG-only one behaves.
     accel: Literal["auto", "kvm", "qemu", "tcg"] = "auto"
     # The verification command vmd re-runs at finish: a project's test suite can take
@@ -144,7 +144,7 @@ class VmdConfig(BaseModel):
     # Where check_internet tries to connect: any public host answering on port 80 will do
     # (another for a host behind a proxy).
     internet_probe: str = Field(default="example.com", min_length=1)
-    # Approved egress reaches public addresses only (vmd/egress_guard.py): never the host,
+    # Approved egress reaches public addresses only (vmd/machines/egress_guard.py): never the host,
     # its networks, or private and link-local ranges. An operator lets guests reach a range
     # here anyway, each with its reason: `CIDR[:PORT]=why` entries, separated by `;` in the
     # variable (a package mirror or a proxy on the LAN). The reason is kept in the rules.
@@ -153,7 +153,7 @@ class VmdConfig(BaseModel):
     # gets this larger budget there, enough for a test runner's summary and a failure.
     record_output_tail_chars: int = Field(default=8000, gt=0)
 
-    # vmd owns the end of every session (vmd/lifecycle.py). A session whose clients have
+    # vmd owns the end of every session (vmd/server/lifecycle.py). A session whose clients have
     # all gone is closed by vmd (commit, push, destroy) once none came back for this long.
     # It must outlast the agent's own reconnecting (vmagent's vmd_reconnect_s, 180 s: a
     # worker restarted by the service, a vmd restart) so that vmd never closes a session
@@ -176,7 +176,7 @@ class VmdConfig(BaseModel):
     push_retry_backoff_s: float = Field(default=30, gt=0)
     push_retry_backoff_max_s: float = Field(default=300, gt=0)
 
-    # Warm machines (vmd/warm_pool.py): this many guests of the default image booted ahead
+    # Warm machines (vmd/machines/warm_pool.py): this many guests of the default image booted ahead
     # and saved, each handed out by a restore in seconds instead of a cold boot. Each
     # costs a boot in the background and its memory image on disk (~the guest's memory).
     # "auto" sizes the pool for the host (warm_pool.host_pool_size: one slot per two

@@ -16,7 +16,7 @@ from vmd.verbs import (  # noqa: F401  (re-exported)
 
 class VerbError(Exception):
     """A verb that cannot be served; `message` is a sentence the model can act on, `data`
-    what a client may read besides it (vmd/rpc.py sends it as the error's `data` member).
+    what a client may read besides it (vmd/server/rpc.py sends it as the error's `data` member).
 
     A refusal (code REFUSED) always starts with REFUSED_PREFIX: clients and the model tell
     a rule of the session from a failure by it, so a refusal that lacks it gets it here."""

@@ -78,7 +78,7 @@ class SessionStatusResult(TextResult):
     machine_seconds: float | None = None  # its boot or warm hand-out, in seconds
     came_note: str | None = None  # why it came cold although the warm pool was on
     outcome: dict | None  # finish's outcome once accepted (FinishOutcome)
-    push: dict | None  # the push at close and its retries (vmd/push_retry.py PushState.view)
+    push: dict | None  # the push at close and its retries (vmd/server/push_retry.py PushState.view)
     clients: int  # connections bound to the session
     detached_s: float | None  # seconds since the last client went; None while one is bound
     ended_by: Literal["vmd", "client"] | None  # once closed
@@ -123,7 +123,7 @@ class PeekResult(TextResult):
 class ReportResult(Result):
     """Read by people and the agent's loop, not by the model: no text."""
     markdown: str
-    outcome: dict  # status, proven, attempts, the check (vmd/report.py)
+    outcome: dict  # status, proven, attempts, the check (vmd/session/report.py)
 
 
 class OkResult(TextResult):
@@ -222,7 +222,7 @@ class RequestUnfreezeResult(TextResult):
 # --- end -------------------------------------------------------------------------------
 
 class CheckRunResult(Result):
-    """One run of the agent's check by vmd (vmd/verification.py CheckRun)."""
+    """One run of the agent's check by vmd (vmd/session/verification.py CheckRun)."""
     exit_code: int | None
     passed: bool
     timed_out: bool = False

@@ -83,7 +83,7 @@ def repository_path(state_dir, owner: str, project: str):
 # Every number and text in a request has an upper bound: vmd is root and shared by every
 # session, and a size it takes from a request is memory or time it spends. Each bound is
 # well past what an honest agent sends; the reason of each is given with it.
-# What read_file returns at most in one call (vmd/guest.py reads limit + 1 bytes into
+# What read_file returns at most in one call (vmd/guests/guest.py reads limit + 1 bytes into
 # memory; before this bound a limit of 10**12 asked for a terabyte). Read on with offset.
 READ_LIMIT = 200_000
 # A file offset: JSON's safe integers (2**53, 8 PiB) are past any file in a guest.
@@ -91,7 +91,7 @@ MAX_OFFSET = 2**53
 # A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
 # (MAX_ARG_STRLEN); longer scripts belong in a file.
 COMMAND_CHARS = 128 * 1024
-# A file's content and edit_file's texts: the request line's own bound (vmd/rpc.py MAX_LINE).
+# A file's content and edit_file's texts: the request line's own bound (vmd/server/rpc.py MAX_LINE).
 CONTENT_CHARS = 64 * 1024 * 1024
 # A path in the guest (Linux's PATH_MAX), and a launched program's arguments.
 PATH_CHARS = 4096
@@ -104,11 +104,11 @@ TITLE_CHARS = 1000
 TASKS = 200
 KEYS_CHARS = 200
 ID_CHARS = 1000
-# Typing paces each key (vmd/screen.py KEY_GAP_S, 12 ms): 10,000 characters are two minutes.
+# Typing paces each key (vmd/machines/screen.py KEY_GAP_S, 12 ms): 10,000 characters are two minutes.
 TYPE_CHARS = 10_000
 # X11 positions are 16 bits; nothing on a screen is further than this.
 COORD = 65535
-# Scroll clicks in one call (vmd/screen.py sends at most 50).
+# Scroll clicks in one call (vmd/machines/screen.py sends at most 50).
 SCROLL = 1000
 # Seconds: the longest command (Run.timeout) and the longest wait for a boot.
 MAX_TIMEOUT_S = 7200
@@ -230,7 +230,7 @@ class GitCommit(Params):
 class Screenshot(Params):
     """-> ScreenshotResult; with text=True also screen_text: the screen read as text for a
     model that cannot see images (the windows with their places, the words on screen with
-    their centres, in screenshot pixels; vmd/screen_text.py), at most a few thousand
+    their centres, in screenshot pixels; vmd/machines/screen_text.py), at most a few thousand
     characters."""
     text: bool = False
 
@@ -353,7 +353,7 @@ VERBS: dict[str, type[Params]] = {
 
 
 # --- when a session serves a verb -------------------------------------------------------
-# One row per verb: the gate (vmd/session.py `Session._gate`) and the step count read this
+# One row per verb: the gate (vmd/session/session.py `Session._gate`) and the step count read this
 # table, and nothing else decides. The gate asks in this order: closed, cancelled,
 # waiting for a person, a plan; each refusal has its own sentence, saying what to do.
 
@@ -386,7 +386,7 @@ _READ = VerbPolicy(counts_as_step=False, when_closed="serve")
 _PLANNING = VerbPolicy(agent_phase="planning")
 
 POLICY: dict[str, VerbPolicy] = {
-    # Served by vmd/rpc.py, which binds the connection: never gated, counted or recorded as verbs.
+    # Served by vmd/server/rpc.py, which binds the connection: never gated, counted or recorded as verbs.
     "session_open": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
     "session_attach": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
     "session_ready": VerbPolicy(),

@@ -22,7 +22,7 @@ set -euo pipefail
 
 out=${1:?usage: build.sh OUTDIR}
 here=$(cd "$(dirname "$0")" && pwd)
-# Read by step() below; vmd/images.py parses "STEP n/N text" lines for its progress display.
+# Read by step() below; vmd/machines/images.py parses "STEP n/N text" lines for its progress display.
 total_steps=7
 step() { echo "STEP $1/$total_steps $2"; }
 die() { echo "build.sh: $*" >&2; exit 1; }

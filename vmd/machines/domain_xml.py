@@ -1,0 +1,306 @@
+"""libvirt domain XML built from small typed pieces (after virtinst's device modules).
+
+Each device is a dataclass that knows how to write its own element; `Domain.to_xml()`
+assembles them. Nothing here talks to libvirt, so the XML is testable on its own and
+against libvirt's `test:///default` driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+# vmd's own facts about a domain, kept in libvirt's <metadata> so that a restarted vmd
+# can re-bind to a running guest (the SSH port is otherwise only in QEMU's arguments).
+VMD_NS = "https://vmagent.invalid/xmlns/vmd/1"
+ET.register_namespace("qemu", QEMU_NS)
+ET.register_namespace("vmd", VMD_NS)
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k.rstrip("_"): v for k, v in attrs.items() if v is not None})
+    if text is not None:
+        el.text = text
+    return el
+
+
+@dataclass
+class DirectKernel:
+    """Boot a kernel and initrd from the host: no bootloader, no partition table."""
+    kernel: str
+    initrd: str
+    cmdline: str
+
+    def write(self, os_el: ET.Element) -> None:
+        _sub(os_el, "kernel", self.kernel)
+        _sub(os_el, "initrd", self.initrd)
+        _sub(os_el, "cmdline", self.cmdline)
+
+
+@dataclass
+class Disk:
+    path: str
+    target: str = "vda"
+    bus: str = "virtio"
+    format: str = "qcow2"
+
+    def write(self, devices: ET.Element) -> None:
+        disk = _sub(devices, "disk", type="file", device="disk")
+        _sub(disk, "driver", name="qemu", type=self.format, cache="unsafe", discard="unmap")
+        _sub(disk, "source", file=self.path)
+        _sub(disk, "target", dev=self.target, bus=self.bus)
+
+
+@dataclass
+class SharedFolder:
+    """A host folder shared over virtio 9p; the guest mounts it by `tag`."""
+    source: str
+    tag: str = "project"
+    # mapped (QEMU's mapped-xattr): the guest's owners, modes, links and device nodes are
+    # metadata in user.virtfs.* xattrs on files that belong to QEMU's unprivileged user.
+    # passthrough would let a guest's root make root-owned and setuid files on the host.
+    accessmode: str = "mapped"
+
+    def write(self, devices: ET.Element) -> None:
+        fs = _sub(devices, "filesystem", type="mount", accessmode=self.accessmode)
+        _sub(fs, "driver", type="path", wrpolicy="immediate")
+        _sub(fs, "source", dir=self.source)
+        _sub(fs, "target", dir=self.tag)
+
+
+@dataclass
+class RunAs:
+    """QEMU runs as this uid:gid whatever qemu.conf says (a static DAC label); libvirt
+    gives it the disk, kernel and console files."""
+    uid: int
+    gid: int
+
+    def write(self, dom: ET.Element) -> None:
+        label = _sub(dom, "seclabel", type="static", model="dac", relabel="yes")
+        _sub(label, "label", f"+{self.uid}:+{self.gid}")
+
+
+@dataclass
+class Tablet:
+    """A USB tablet: absolute pointer positions, so a click lands where it was aimed."""
+
+    def write(self, devices: ET.Element) -> None:
+        _sub(devices, "controller", type="usb", model="qemu-xhci")
+        _sub(devices, "input", type="tablet", bus="usb")
+        _sub(devices, "input", type="keyboard", bus="usb")
+
+
+@dataclass
+class Video:
+    width: int
+    height: int
+    model: str = "virtio"
+
+    def write(self, devices: ET.Element) -> None:
+        video = _sub(devices, "video")
+        model = _sub(video, "model", type=self.model, heads="1", primary="yes")
+        _sub(model, "resolution", x=str(self.width), y=str(self.height))
+        # No <graphics>: no screen server on any port (a VNC server on the host's loopback
+        # had no password, and approved egress could reach it). QEMU renders into the video
+        # device all the same; vmd reads it with QMP's screendump and sends input with
+        # input-send-event, people see it through the preview, which goes through vmd.
+
+
+@dataclass
+class SerialLog:
+    """The guest's serial console written to a file: boot messages for error reports."""
+    path: str
+
+    def write(self, devices: ET.Element) -> None:
+        serial = _sub(devices, "serial", type="file")
+        _sub(serial, "source", path=self.path, append="off")
+        _sub(serial, "target", port="0")
+        console = _sub(devices, "console", type="file")
+        _sub(console, "source", path=self.path, append="off")
+        _sub(console, "target", type="serial", port="0")
+
+
+@dataclass
+class GuestAgentChannel:
+    def write(self, devices: ET.Element) -> None:
+        _sub(devices, "controller", type="virtio-serial", index="0")
+        channel = _sub(devices, "channel", type="unix")
+        _sub(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
+
+
+EGRESS_NET = "10.0.3.0/24"
+HOTPLUG_PORT = "ua-hotplug0"
+
+
+# The guest tells its SSH NIC by its fixed PCI slot (UserNetwork.pci_addr;
+# images/debian/rootfs/etc/systemd/network/10-vmd-ssh.network), not by its address: every
+# machine has addresses of its own, and no default that machines could end up sharing.
+def nic_macs(name: str) -> tuple[str, str]:
+    """(SSH NIC, egress NIC) MAC addresses of the machine named `name`: its own, so no two
+    machines share one, and derived from the name, so that vmd knows them again after a
+    restart or a warm machine's restore (it keeps its slot's name) without storing them.
+    Locally administered unicast under QEMU's 52:54:00 prefix."""
+    digest = hashlib.sha256(name.encode()).digest()
+    ssh = "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+    egress = "52:54:00:" + ":".join(f"{b:02x}" for b in digest[3:6])
+    if egress == ssh:
+        egress = egress[:-2] + f"{int(egress[-2:], 16) ^ 1:02x}"
+    return ssh, egress
+
+
+def egress_netdev_args(mac: str) -> tuple[str, str]:
+    """(netdev, device) for the egress NIC: unrestricted user networking on its own
+    subnet, so its route never competes with the SSH NIC's."""
+    return (f"user,id=vmdegress,net={EGRESS_NET}",
+            f"virtio-net-pci,netdev=vmdegress,mac={mac},id=vmdegressnic")
+
+
+@dataclass
+class UserNetwork:
+    """QEMU user-mode networking with the guest's sshd forwarded to a host loopback port.
+
+    libvirt 9.0 cannot express hostfwd for the slirp backend, so the netdev and its NIC
+    go on QEMU's command line. The SSH NIC is always `restrict=on` (no egress, the
+    forward still works); egress is a second NIC, present from the start when asked for
+    or hot-plugged later when a person approves it.
+    """
+    ssh_port: int
+    ssh_mac: str  # the machine's own: nic_macs(name)
+    egress_mac: str
+    egress: bool = False
+    # Fixed PCI slots far from libvirt's own allocations, which do not know about them. The
+    # guest finds its SSH NIC by this slot (pci-0000:00:1e.0).
+    pci_addr: str = "0x1e"
+    egress_pci_addr: str = "0x1d"
+
+    def args(self) -> list[str]:
+        args = ["-netdev", f"user,id=vmdnet0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
+                "-device", f"virtio-net-pci,netdev=vmdnet0,mac={self.ssh_mac},bus=pcie.0,addr={self.pci_addr}"]
+        if self.egress:
+            netdev, device = egress_netdev_args(self.egress_mac)
+            args += ["-netdev", netdev, "-device", f"{device},bus=pcie.0,addr={self.egress_pci_addr}"]
+        return args
+
+
+@dataclass
+class HotplugPort:
+    """A spare PCIe root port: q35's root bus takes no hot-plugged devices."""
+    alias: str = HOTPLUG_PORT
+    # Well above the indexes libvirt gives the root ports it adds for its own devices.
+    index: int = 16
+
+    def write(self, devices: ET.Element) -> None:
+        port = _sub(devices, "controller", type="pci", model="pcie-root-port", index=str(self.index))
+        _sub(port, "alias", name=self.alias)
+
+
+@dataclass
+class VmdOwner:
+    """Whose domain this is: the vmd (by its state dir, exactly) and the session. Kept in
+    vmd's own <metadata> element, so that the sweep of guests no session owns matches on
+    these facts and not on a path somewhere in the XML (a vmd under /srv/x once took the
+    guests of one under /data/srv/x for its own). `session` is None for a warm pool slot
+    (vmd/machines/warm_pool.py), which no session owns yet; its hand-out sets it."""
+    state_dir: str
+    session: str | None = None
+
+    def write(self, machine: ET.Element) -> None:
+        _sub(machine, f"{{{VMD_NS}}}state-dir", self.state_dir)
+        if self.session:
+            _sub(machine, f"{{{VMD_NS}}}session", self.session)
+
+
+def vmd_owner(xml: str | ET.Element) -> VmdOwner | None:
+    """The owner a vmd wrote into a domain's XML, or None (a domain of another program, or
+    of a vmd older than this element)."""
+    root = ET.fromstring(xml) if isinstance(xml, str) else xml
+    machine = root.find(f"metadata/{{{VMD_NS}}}machine")
+    state_dir = machine.findtext(f"{{{VMD_NS}}}state-dir") if machine is not None else None
+    if not state_dir:
+        return None
+    return VmdOwner(state_dir=state_dir, session=machine.findtext(f"{{{VMD_NS}}}session") or None)
+
+
+def set_session(root: ET.Element, session: str) -> None:
+    """Names `session` as the owner in a domain's XML (a warm slot handed to a session)."""
+    machine = root.find(f"metadata/{{{VMD_NS}}}machine")
+    if machine is None:
+        return
+    for old in machine.findall(f"{{{VMD_NS}}}session"):
+        machine.remove(old)
+    _sub(machine, f"{{{VMD_NS}}}session", session)
+
+
+@dataclass
+class Domain:
+    name: str
+    memory_mib: int
+    vcpus: int
+    accel: str  # "kvm" or "qemu" (TCG)
+    boot: DirectKernel
+    disk: Disk
+    network: UserNetwork
+    video: Video | None = None
+    shared: SharedFolder | None = None
+    serial: SerialLog | None = None
+    emulator: str | None = None
+    extra_devices: list = field(default_factory=list)
+    description: str = "vmagent guest"
+    run_as: RunAs | None = None
+    owner: VmdOwner | None = None
+
+    def to_element(self) -> ET.Element:
+        dom = ET.Element("domain", {"type": self.accel})
+        _sub(dom, "name", self.name)
+        _sub(dom, "description", self.description)
+        metadata = _sub(dom, "metadata")
+        # One element in vmd's namespace (libvirt keeps one per namespace), its facts inside.
+        machine = ET.SubElement(metadata, f"{{{VMD_NS}}}machine", {"ssh-port": str(self.network.ssh_port)})
+        if self.owner:
+            self.owner.write(machine)
+        _sub(dom, "memory", str(self.memory_mib), unit="MiB")
+        _sub(dom, "vcpu", str(self.vcpus))
+        os_el = _sub(dom, "os")
+        _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
+        self.boot.write(os_el)
+        features = _sub(dom, "features")
+        _sub(features, "acpi")
+        _sub(features, "apic")
+        # host-passthrough needs KVM; TCG gets QEMU's own model with the extensions it emulates.
+        if self.accel == "kvm":
+            _sub(dom, "cpu", mode="host-passthrough")
+        else:
+            _sub(dom, "cpu", mode="maximum", migratable="on")
+        _sub(dom, "clock", offset="utc")
+        _sub(dom, "on_poweroff", "destroy")
+        _sub(dom, "on_reboot", "restart")
+        _sub(dom, "on_crash", "destroy")
+        devices = _sub(dom, "devices")
+        if self.emulator:
+            _sub(devices, "emulator", self.emulator)
+        self.disk.write(devices)
+        if self.shared:
+            self.shared.write(devices)
+        if self.video:
+            self.video.write(devices)
+        Tablet().write(devices)
+        HotplugPort().write(devices)
+        GuestAgentChannel().write(devices)
+        if self.serial:
+            self.serial.write(devices)
+        for device in self.extra_devices:
+            device.write(devices)
+        _sub(devices, "memballoon", model="none")
+        if self.run_as:
+            self.run_as.write(dom)
+        cmdline = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
+        for arg in self.network.args():
+            ET.SubElement(cmdline, f"{{{QEMU_NS}}}arg", {"value": arg})
+        return dom
+
+    def to_xml(self) -> str:
+        el = self.to_element()
+        ET.indent(el)
+        return ET.tostring(el, encoding="unicode")

@@ -1,0 +1,467 @@
+"""A machine: one libvirt domain on a qcow2 overlay of a read-only image.
+
+Create returns as soon as the domain is started so that the agent can plan while the
+guest boots; `ready()` waits for SSH. Destroy leaves nothing behind: no domain, no
+overlay, no QEMU process (and so no forwarded port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import libvirt
+import libvirt_qemu
+import paramiko
+from pydantic import BaseModel
+
+from vmd.machines.accel import choose_accel
+from vmd.machines.accel import timeout_scale as scale_for
+from vmd.config import VmdConfig
+from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, DirectKernel, Disk, Domain, RunAs, SerialLog,
+                            SharedFolder, UserNetwork, Video, VmdOwner, nic_macs)
+from vmd.guests.guest import Guest, GuestError, LinuxGuest
+from vmd.guests.ssh import SshConnection
+from vmd.host_env import clean_env
+from vmd.machines.images import Image
+from vmd.machines.port import Stall
+from vmd.private_fs import open_private, passable_dir, private_file, write_private
+from vmd.projects.tree import share_owner
+from vmd.machines.screen import Screen
+
+DEFAULT_URI = "qemu:///system"
+# A guest's memory. The warm pool sizes itself by it (vmd/machines/warm_pool.py: host_pool_size).
+GUEST_MEMORY_MIB = 2048
+
+
+class MachineError(RuntimeError):
+    """The machine could not be created, reached or destroyed; the message says what to do."""
+
+
+class DesktopMissing(MachineError):
+    """The guest answers over SSH, but its desktop did not come up in time."""
+
+
+class Facts(BaseModel):
+    os: str
+    kernel: str
+    python: str
+    git: str
+    desktop: bool
+    project_path: str
+    project_mounted: bool
+    boot_id: str
+    hostname: str
+    accel: str
+    seconds: float = 0.0
+
+
+def accel(setting: str | None = None) -> str:
+    """"kvm" or "qemu" for the next guest under `setting` (VmdConfig.accel); None: the
+    setting in effect (VMD_ACCEL, VMD_CONFIG), for a caller without vmd's config at hand."""
+    return choose_accel(VmdConfig.load().accel if setting is None else setting)
+
+
+def timeout_scale(acc: str | None = None) -> float:
+    """vmd.machines.accel.timeout_scale of a guest run with `acc`, or of the next guest."""
+    return scale_for(acc or accel())
+
+
+def connect(uri: str = DEFAULT_URI) -> libvirt.virConnect:
+    try:
+        return libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise MachineError(
+            f"cannot reach libvirt at {uri} ({exc.get_error_message()}). Start it with "
+            "`virtlogd -d; libvirtd -d` (or `systemctl start libvirtd`), or set VMD_LIBVIRT_URI."
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _check_reachable(path: Path, uid: int, gid: int, user: str) -> None:
+    """QEMU runs unprivileged: every folder above what it opens must let it pass."""
+    for folder in list(path.parents)[::-1] + ([path] if path.is_dir() else []):
+        st = folder.stat()
+        if ((st.st_uid == uid and st.st_mode & stat.S_IXUSR) or (st.st_gid == gid and st.st_mode & stat.S_IXGRP)
+                or st.st_mode & stat.S_IXOTH):
+            continue
+        raise MachineError(f"QEMU runs as {user} and cannot pass through {folder} (mode "
+                           f"{stat.S_IMODE(st.st_mode):o}) to reach {path}; make it traversable "
+                           f"(chmod o+x {folder}) or move vmd's state and images dirs elsewhere.")
+
+
+def _screen_dir(workdir: Path) -> Path:
+    """The folder QEMU may write the guest's framebuffer to; nothing else goes there."""
+    return workdir / "screen"
+
+
+def _make_screen_dir(workdir: Path, run_as: tuple[int, int] | None) -> None:
+    screen_dir = _screen_dir(workdir)
+    screen_dir.mkdir(mode=0o700, exist_ok=True)
+    if run_as is not None:  # QEMU writes its screendumps here (vmd/machines/screen.py)
+        os.chown(screen_dir, *run_as)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Machine:
+    def __init__(self, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
+                 uri: str, domain: libvirt.virDomain, ssh_port: int, accel: str):
+        self.image = image
+        self.name = name
+        self.workdir = workdir
+        self.project_dir = project_dir
+        self.uri = uri
+        self.domain = domain
+        self.ssh_port = ssh_port
+        self.accel = accel
+        self.started = time.monotonic()
+        self.ssh = SshConnection("127.0.0.1", ssh_port, image.user, str(image.path("ssh_key")))
+        self.guest: Guest = LinuxGuest(self.ssh, image.project_path)
+        self.screen = Screen(domain, tuple(image.resolution), dump_path=_screen_dir(workdir) / "frame.ppm")
+        self.facts: Facts | None = None
+        self.restored = False  # handed out from the warm pool (vmd/machines/warm_pool.py)
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
+               uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = GUEST_MEMORY_MIB,
+               vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None,
+               owner: VmdOwner | None = None) -> "Machine":
+        """`owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
+        vmd's sweep tells its own guests (vmd/machines/port.py `sweep`)."""
+        if image.os_family != "linux":
+            raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
+                               "Linux guests only so far.")
+        base = image.path("disk")
+        if not base.is_file():
+            raise MachineError(f"the image '{image.name}' has no disk at {base}; rebuild it with "
+                               f"`vmd images build {image.name}`.")
+        conn = connect(uri)
+        run_as = share_owner(qemu_user)
+        # QEMU passes through to the overlay and console log (which libvirt's DAC relabelling
+        # hands to its user while the guest runs); domain.xml and the rest stay vmd's.
+        passable_dir(workdir, run_as[1] if run_as else None)
+        if run_as is not None and uri.startswith("qemu"):  # the test driver runs no QEMU
+            for place in (workdir, project_dir, base):
+                if place is not None:
+                    _check_reachable(Path(place), *run_as, qemu_user)
+        _make_screen_dir(workdir, run_as)
+        overlay = workdir / "overlay.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
+                        str(overlay)], check=True, capture_output=True, env=clean_env())
+        private_file(overlay)  # qemu-img follows the umask; the guest's disk is nobody else's
+        os.close(open_private(workdir / "console.log"))  # QEMU appends; libvirt gives it the file
+        acc = accel(accel_setting)
+        port = free_port()
+        ssh_mac, egress_mac = nic_macs(name)
+        spec = Domain(
+            name=name, memory_mib=memory_mib, vcpus=vcpus, accel=acc,
+            boot=DirectKernel(str(image.path("kernel")), str(image.path("initrd")), image.kernel_args),
+            disk=Disk(str(overlay)),
+            network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac),
+            video=Video(*image.resolution) if image.desktop else None,
+            shared=SharedFolder(str(project_dir)) if project_dir else None,
+            serial=SerialLog(str(workdir / "console.log")),
+            description=f"vmagent guest from image {image.dir.name}",
+            run_as=RunAs(*run_as) if run_as else None,
+            owner=owner,
+        )
+        write_private(workdir / "domain.xml", spec.to_xml())
+        try:
+            domain = conn.defineXML(spec.to_xml())
+            domain.create()
+        except libvirt.libvirtError as exc:
+            try:
+                conn.lookupByName(name).undefine()
+            except libvirt.libvirtError:
+                pass
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise MachineError(f"libvirt could not start the guest '{name}': "
+                               f"{exc.get_error_message()}") from None
+        return cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
+                   domain=domain, ssh_port=port, accel=acc)
+
+    @classmethod
+    def adopt_restored(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None, uri: str,
+                       domain: libvirt.virDomain, ssh_port: int, accel: str,
+                       qemu_user: str = "libvirt-qemu") -> "Machine":
+        """A guest vmd.machines.warm_pool restored into `workdir`: its `ready` sets the clock, which
+        stood still while it was saved."""
+        _make_screen_dir(workdir, share_owner(qemu_user))
+        machine = cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
+                      domain=domain, ssh_port=ssh_port, accel=accel)
+        machine.restored = True
+        return machine
+
+    @classmethod
+    def attach(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
+               uri: str = DEFAULT_URI) -> "Machine":
+        """Re-bind to a domain that outlived a vmd restart."""
+        conn = connect(uri)
+        try:
+            domain = conn.lookupByName(name)
+        except libvirt.libvirtError:
+            raise MachineError(f"the guest '{name}' no longer exists; its work is in the project "
+                               "folder, open a new session to carry on.") from None
+        xml = domain.XMLDesc(0)
+        m = re.search(r"ssh-port=['\"](\d+)['\"]", xml)
+        if not m:
+            raise MachineError(f"the guest '{name}' has no SSH forward; it was not made by vmd.")
+        acc = "kvm" if "type='kvm'" in xml or 'type="kvm"' in xml else "qemu"
+        return cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
+                   domain=domain, ssh_port=int(m[1]), accel=acc)
+
+    def alive(self) -> bool:
+        try:
+            return self.domain.isActive() == 1
+        except libvirt.libvirtError:
+            return False
+
+    def state(self) -> str:
+        try:
+            code = self.domain.state()[0]
+        except libvirt.libvirtError:
+            return "gone"
+        return {libvirt.VIR_DOMAIN_RUNNING: "running", libvirt.VIR_DOMAIN_PAUSED: "paused",
+                libvirt.VIR_DOMAIN_SHUTOFF: "shutoff"}.get(code, "other")
+
+    def stalled(self) -> Stall | None:
+        """Why QEMU paused the guest on its own, or None: a disk write that failed on the
+        host (the overlay could not grow: the host's disk is full; or an I/O error) pauses
+        the guest (QEMU's default werror=enospc, libvirt's default error policy), and it
+        answers nothing until the cause is gone."""
+        try:
+            code, reason = self.domain.state()
+            if code != libvirt.VIR_DOMAIN_PAUSED or reason != libvirt.VIR_DOMAIN_PAUSED_IOERROR:
+                return None
+            errors = self.domain.diskErrors()
+        except libvirt.libvirtError:
+            return None
+        no_space = sorted(dev for dev, err in errors.items() if err == libvirt.VIR_DOMAIN_DISK_ERROR_NO_SPACE)
+        return Stall(no_space=bool(no_space), disks=no_space or sorted(errors))
+
+    def ready(self, timeout: float, desktop: bool = False, desktop_timeout: float | None = None) -> Facts:
+        """Wait until the guest answers over SSH (and its desktop is up, if asked: at most
+        `desktop_timeout` more seconds, then DesktopMissing)."""
+        deadline = time.monotonic() + timeout
+        # While sshd is not up, paramiko's transport thread logs each refused banner as an
+        # ERROR with a traceback; those are expected here and would drown real output.
+        with _quiet_logger("paramiko.transport"):
+            self._wait_for_ssh(deadline, timeout)
+        if self.restored:
+            facts = self._ready_restored()
+            if facts is not None:
+                return facts
+        if self.project_dir is not None:
+            self.guest.run(self._mount_share(), timeout=30)
+        if desktop and self.image.desktop:
+            # The desktop is up when openbox manages windows and the terminal is on screen
+            # (the window exists, unmapped, well before that).
+            probe = ("export DISPLAY=:0; xprop -root _NET_SUPPORTING_WM_CHECK 2>&1 | grep -q 'window id' "
+                     "|| { echo 'no window manager yet'; exit 1; }; "
+                     "xwininfo -name terminal 2>&1 | grep -E 'Map State|error' | grep -q IsViewable "
+                     "|| { echo 'the terminal window is not on screen yet'; exit 1; }")
+            if desktop_timeout is not None:
+                deadline = min(deadline, time.monotonic() + desktop_timeout)
+            while (seen := self.guest.run(probe, timeout=20)).exit_code != 0:
+                if time.monotonic() > deadline:
+                    raise DesktopMissing(
+                        f"the guest '{self.name}' answers over SSH but its desktop did not come up "
+                        f"within {timeout:.0f} s ({(seen.stdout + seen.stderr).strip()[-300:]}); use the "
+                        "shell, or reboot_vm.")
+                time.sleep(1.0)
+        self.facts = self.read_facts()
+        self.facts.seconds = round(time.monotonic() - self.started, 1)
+        return self.facts
+
+    def _mount_share(self) -> str:
+        """The guest's command that mounts the project share unless it is (fstab names it)."""
+        path = self.image.project_path
+        return f"mountpoint -q {path} || sudo -n mount {path}"
+
+    def _wait_for_ssh(self, deadline: float, timeout: float) -> None:
+        last_error = "no answer yet"
+        while True:
+            if not self.alive():
+                raise MachineError(f"the guest '{self.name}' stopped while booting. "
+                                   f"Last console lines:\n{self.console_tail()}")
+            try:
+                self.ssh.transport()
+                return
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                last_error = str(exc) or type(exc).__name__
+            if time.monotonic() > deadline:
+                raise MachineError(
+                    f"the guest '{self.name}' did not answer over SSH within {timeout:.0f} s "
+                    f"({last_error}). Give session_ready a longer timeout, or destroy the session "
+                    f"and open a new one. Last console lines:\n{self.console_tail()}")
+            time.sleep(1.0)
+
+    def _ready_restored(self) -> Facts | None:
+        """A warm machine (vmd/machines/warm_pool.py) in one command: its clock, which stood still
+        from the save to the restore, set; the session's share mounted; its facts. Its
+        desktop was checked before the save. Through one exec channel, while the command
+        runner starts in the background (a runner's start costs a second under TCG, more
+        than this whole command). None when the desktop is not there: the usual checks
+        follow."""
+        prefix = f"sudo -n date -u -s @{time.time():.3f} >/dev/null 2>&1; "
+        if self.project_dir is not None:
+            prefix += f"{self._mount_share()} >/dev/null 2>&1; "
+        facts = self.read_facts(prefix, LinuxGuest(self.ssh, self.image.project_path, use_runner=False))
+        threading.Thread(target=self.guest.prewarm, name=f"prewarm-{self.name}", daemon=True).start()
+        if self.image.desktop and not facts.desktop:
+            return None
+        self.facts = facts
+        self.facts.seconds = round(time.monotonic() - self.started, 1)
+        return self.facts
+
+    def read_facts(self, prefix: str = "", guest: Guest | None = None) -> Facts:
+        """The guest's facts; `prefix`: commands run first in the same shell, output dropped."""
+        script = prefix + (
+            ". /etc/os-release; echo \"$PRETTY_NAME\"; uname -srm; "
+            "python3 --version 2>&1 || echo none; git --version 2>&1 || echo none; "
+            "DISPLAY=:0 xdpyinfo >/dev/null 2>&1 && echo desktop || echo nodesktop; "
+            f"mountpoint -q {self.image.project_path} && echo mounted || echo unmounted; "
+            "cat /proc/sys/kernel/random/boot_id; hostname"
+        )
+        result = (guest or self.guest).run(script, timeout=30, cwd="/")
+        lines = result.stdout.strip().splitlines()
+        if len(lines) < 8:
+            raise MachineError(f"could not read facts from the guest: {result.stderr.strip()[:300]}")
+        return Facts(os=lines[0], kernel=lines[1], python=lines[2], git=lines[3],
+                     desktop=lines[4] == "desktop", project_path=self.image.project_path,
+                     project_mounted=lines[5] == "mounted", boot_id=lines[6], hostname=lines[7],
+                     accel=self.accel)
+
+    def console_tail(self, lines: int = 15) -> str:
+        path = self.workdir / "console.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return "(no console log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(console log empty)"
+
+    # --- egress -------------------------------------------------------------------------
+
+    def _qmp(self, execute: str, **arguments) -> dict:
+        command = json.dumps({"execute": execute, "arguments": arguments} if arguments else {"execute": execute})
+        reply = json.loads(libvirt_qemu.qemuMonitorCommand(self.domain, command, 0))
+        if "error" in reply:
+            raise MachineError(f"QEMU refused {execute}: {reply['error'].get('desc', reply['error'])}")
+        return reply.get("return", {})
+
+    def egress_open(self) -> bool:
+        peripherals = self._qmp("qom-list", path="/machine/peripheral")
+        return any(p.get("name") == "vmdegressnic" for p in peripherals)
+
+    def set_egress(self, open_: bool) -> None:
+        """Open or close the guest's way out by hot-plugging its egress NIC.
+
+        The SSH NIC stays restricted either way; the guest gives any NIC but the SSH one
+        (which it knows by its PCI slot) a default route and DNS as soon as it appears."""
+        if open_ == self.egress_open():
+            return
+        if open_:
+            self._qmp("netdev_add", type="user", id="vmdegress", net=EGRESS_NET)
+            self._qmp("device_add", driver="virtio-net-pci", netdev="vmdegress", mac=nic_macs(self.name)[1],
+                      id="vmdegressnic", bus=HOTPLUG_PORT)
+        else:
+            self._qmp("device_del", id="vmdegressnic")
+            deadline = time.monotonic() + 30 * timeout_scale(self.accel)
+            while self.egress_open() and time.monotonic() < deadline:
+                time.sleep(0.5)  # the guest must let go of the device before its netdev goes
+            self._qmp("netdev_del", id="vmdegress")
+
+    def suspend(self) -> None:
+        self.ssh.close()
+        if self.state() == "running":
+            self.domain.suspend()
+
+    def resume(self) -> None:
+        if self.state() == "paused":
+            self.domain.resume()
+
+    def reboot(self, timeout: float) -> float:
+        started = time.monotonic()
+        try:
+            self.guest.run("sudo systemctl reboot", timeout=10)
+        except (GuestError, OSError, paramiko.SSHException, EOFError):
+            pass
+        self.ssh.close()
+        time.sleep(3)
+        self.started = time.monotonic()
+        self.ready(timeout)
+        return round(time.monotonic() - started, 1)
+
+    def destroy(self) -> None:
+        # The domain goes first: a boot thread may hold the SSH lock while it connects to a
+        # guest still booting (up to its connect timeout), and the guest's end is what
+        # frees it. A close during boot must not wait for that.
+        persistent = True
+        try:
+            # Asked first: a warm machine's restored domain is transient, gone once destroyed.
+            persistent = self.domain.isPersistent() == 1
+            if self.domain.isActive():
+                self.domain.destroy()
+        except libvirt.libvirtError:
+            pass
+        if persistent:
+            try:
+                self.domain.undefine()
+            except libvirt.libvirtError:
+                pass
+        self.ssh.close()
+        overlay = self.workdir / "overlay.qcow2"
+        overlay.unlink(missing_ok=True)
+        shutil.rmtree(_screen_dir(self.workdir), ignore_errors=True)  # the last frame is the guest's
+
+    @staticmethod
+    def discard(name: str, workdir: Path, uri: str = DEFAULT_URI) -> bool:
+        """Destroys and undefines the domain `name` if libvirt has one, and its overlay: for
+        what a create left behind when it was cut short. True when there was a domain."""
+        conn = connect(uri)
+        try:
+            try:
+                domain = conn.lookupByName(name)
+            except libvirt.libvirtError:
+                return False
+            try:
+                if domain.isActive():
+                    domain.destroy()
+            except libvirt.libvirtError:
+                pass
+            try:
+                domain.undefine()
+            except libvirt.libvirtError:
+                pass
+            (workdir / "overlay.qcow2").unlink(missing_ok=True)
+            shutil.rmtree(_screen_dir(workdir), ignore_errors=True)
+            return True
+        finally:
+            conn.close()

@@ -1,0 +1,414 @@
+"""The screen read as text, for a model that cannot see images.
+
+Two sources, both already in vmd's hands: the screenshot's PNG, read on the host by
+tesseract (OCR), and the guest's own list of its windows (xprop, xwininfo and xdotool over
+the guest's shell). Every point given is in screenshot space, the pixels of the image the
+agent was shown (vmd/machines/screen.py): the point of a word is the centre of its box there, so
+`click` at it lands on the word.
+
+The PNG comes from the guest and is untrusted: its size is bounded before it is decoded,
+Pillow decodes it (PNG only), and tesseract reads vmd's own re-encoding of it on stdin,
+never a file the guest named and never through a shell. Window titles come from the guest
+too: they are cut, stripped of control characters and quoted.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from PIL import Image as PILImage
+from PIL import ImageChops, ImageFilter, ImageOps
+
+from vmd.host_env import clean_env
+
+TESSERACT = "tesseract"
+# A 4K screen is the largest a guest shows; anything bigger is not a screenshot.
+MAX_PNG_BYTES = 16 * 1024 * 1024
+MAX_PIXELS = 3840 * 2400
+OCR_TIMEOUT_S = 30.0
+# How the picture is prepared for tesseract, measured on five screens of the debian guest
+# (Tk dialogs, a list, a dark panel, light and dark xterms; 112 words to find): read as
+# it is at twice its size, 19 words were missed; prepared as below, 13, most of them in
+# title bars, whose text the window list gives anyway.
+# - Screen fonts are 11-13 px, smaller than the print tesseract is trained on: it reads
+#   at twice the size.
+OCR_UPSCALE = 2
+UPSCALE_UP_TO_PIXELS = 1920 * 1200  # beyond that the text is large enough, and OCR slow
+# - Light text on a dark background is invisible to it: where a pixel's neighbourhood is
+#   dark, the picture is inverted. A box blur of radius 8 is wider than a glyph's stroke
+#   at screen sizes, so dark text on light stays as it is.
+INVERT_RADIUS = 8
+INVERT_BELOW = 128
+# - One threshold for the whole screen (Otsu's) loses text on grey or tinted panels: each
+#   pixel is divided by its background, the lightest pixel around it, so every panel
+#   becomes white and its text stays dark.
+BACKGROUND_SIZE = 13
+MIN_CONFIDENCE = 50  # below this tesseract's "words" are mostly icons and borders
+# Words further apart than this many line heights are separate things (buttons, columns).
+ITEM_GAP = 1.5
+WORD_POINTS_UP_TO = 6  # an item of a few words lists each word's point (a menu bar)
+TEXT_CAP = 4000  # characters of the whole listing; the model's context is small
+MAX_WINDOWS = 25
+# X11 positions are 16-bit signed and sizes 16-bit unsigned: nothing on a screen is past this.
+COORD_LIMIT = 65535
+TITLE_CAP = 120
+WINDOWS_TIMEOUT_S = 20.0
+
+# Lists the guest's windows, bottom of the stack first: the window manager's own list
+# (openbox keeps it), or every visible named window where no manager keeps one. xwininfo
+# gives the absolute position (xdotool's is off by the title bar under openbox).
+WINDOWS_COMMAND = r"""export DISPLAY=:0
+ids=$(xprop -root _NET_CLIENT_LIST_STACKING 2>/dev/null | sed -n 's/.*# *//p' | tr -d ',')
+[ -n "$ids" ] || ids=$(xdotool search --onlyvisible --name . 2>/dev/null)
+[ -n "$ids" ] || { echo "no windows found on DISPLAY :0" >&2; exit 3; }
+echo "@@active $(xdotool getactivewindow 2>/dev/null)"
+for w in $ids; do
+  echo "@@window $((w))"
+  xwininfo -id "$w" 2>/dev/null | grep -E '^ *(Absolute upper-left [XY]|Width|Height|Map State):'
+  printf 'Frame: %s\n' "$(xprop -id "$w" _NET_FRAME_EXTENTS 2>/dev/null | sed -n 's/^.*= *//p')"
+  printf 'Name: %s\n' "$(xdotool getwindowname "$w" 2>/dev/null | head -c 400 | tr -d '\r\n')"
+done
+"""
+
+
+class ScreenTextError(Exception):
+    """The screen could not be read as text; the message is a sentence for the model."""
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str
+    left: int
+    top: int
+    width: int
+    height: int
+    confidence: float
+
+    @property
+    def centre(self) -> tuple[int, int]:
+        return self.left + self.width // 2, self.top + self.height // 2
+
+
+@dataclass(frozen=True)
+class Window:
+    """A window's inside (below its title bar), and its frame's width on each side."""
+    title: str
+    x: int
+    y: int
+    width: int
+    height: int
+    active: bool = False
+    frame: tuple[int, int, int, int] = (0, 0, 0, 0)  # left, right, top, bottom
+
+    @property
+    def centre(self) -> tuple[int, int]:
+        return self.x + self.width // 2, self.y + self.height // 2
+
+    def holds(self, point: tuple[int, int]) -> bool:
+        """Whether a point is on the window, title bar and border included."""
+        left, right, top, bottom = self.frame
+        return (self.x - left <= point[0] < self.x + self.width + right
+                and self.y - top <= point[1] < self.y + self.height + bottom)
+
+
+def read_screen(png: bytes, width: int, height: int, scale: float, os_family: str,
+                run: Callable[..., dict]) -> str:
+    """The whole listing for one screenshot: the guest lists its windows while the host
+    reads the words, so the wait is the longer of the two, not their sum."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="screen-windows") as pool:
+        listed = pool.submit(guest_windows, os_family, run, scale, (width, height))
+        try:
+            words: list[Word] | str = read_words(png)
+        except ScreenTextError as exc:
+            words = str(exc)
+        windows, why_none = listed.result()
+    return describe(width, height, words, windows or why_none)
+
+
+# --- OCR ----------------------------------------------------------------------------------
+
+
+def _decode(png: bytes) -> PILImage.Image:
+    if not isinstance(png, (bytes, bytearray)) or not png:
+        raise ScreenTextError("the screenshot is empty, so there is no text to read; take another.")
+    if len(png) > MAX_PNG_BYTES:
+        raise ScreenTextError(f"the screenshot is {len(png)} bytes, more than the {MAX_PNG_BYTES} a "
+                              "screen can be, so it was not read as text; take another.")
+    try:
+        image = PILImage.open(io.BytesIO(png), formats=["PNG"])
+        width, height = image.size  # from the header, before any pixel is decoded
+        if width < 1 or height < 1 or width * height > MAX_PIXELS:
+            raise ScreenTextError(f"the screenshot claims {width}x{height} pixels, more pixels than a "
+                                  "screen has, so it was not read as text; take another.")
+        image.load()
+        return image.convert("L")
+    except ScreenTextError:
+        raise
+    except PILImage.DecompressionBombError:  # Pillow's own limit, met before ours
+        raise ScreenTextError("the screenshot claims more pixels than a screen has, so it was not "
+                              "read as text; take another.") from None
+    except Exception as exc:  # a broken PNG from the guest is a sentence, not a crash
+        raise ScreenTextError(f"the screenshot could not be decoded as a PNG ({type(exc).__name__}), so "
+                              "it was not read as text; take another.") from None
+
+
+def _prepared(gray: PILImage.Image) -> tuple[bytes, int]:
+    """The picture tesseract reads, as PNG bytes of vmd's own encoding, and its upscale."""
+    dark = gray.filter(ImageFilter.BoxBlur(INVERT_RADIUS)).point(lambda v: 255 if v < INVERT_BELOW else 0)
+    positive = PILImage.composite(ImageOps.invert(gray), gray, dark)
+    background = positive.filter(ImageFilter.MaxFilter(BACKGROUND_SIZE))
+    # pixel * 255 / background in 8 bits, with Pillow's core operations only: multiply
+    # by half the gain (which fits in a byte), then double.
+    half_gain = background.point(lambda b: min(255, round(255 * 255 / (2 * max(b, 1)))))
+    image = ImageChops.multiply(positive, half_gain).point(lambda v: min(255, 2 * v))
+    factor = OCR_UPSCALE if gray.width * gray.height <= UPSCALE_UP_TO_PIXELS else 1
+    if factor != 1:
+        image = image.resize((gray.width * factor, gray.height * factor), PILImage.BICUBIC)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue(), factor
+
+
+def read_words(png: bytes, *, timeout: float = OCR_TIMEOUT_S) -> list[Word]:
+    """The words tesseract finds on a screenshot, with their boxes in the screenshot's own
+    pixels. Raises ScreenTextError with a sentence when it cannot read them."""
+    gray = _decode(png)
+    env = clean_env({"OMP_THREAD_LIMIT": "1"})  # OpenMP's spinning threads doubled the time
+    path = shutil.which(TESSERACT, path=env["PATH"])
+    if path is None:
+        raise ScreenTextError("tesseract is not installed on the vmd host, so the screen cannot be read "
+                              "as text; install it there with `apt-get install tesseract-ocr "
+                              "tesseract-ocr-eng` (scripts/setup.sh does).")
+    data, factor = _prepared(gray)
+    try:
+        done = subprocess.run([path, "stdin", "stdout", "-l", "eng", "--psm", "11", "tsv"],
+                              input=data, capture_output=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ScreenTextError(f"reading the screen as text took longer than {timeout:g} s and was "
+                              "stopped; take another screenshot.") from None
+    except OSError as exc:
+        raise ScreenTextError(f"tesseract could not be started on the vmd host ({exc}); reinstall "
+                              "tesseract-ocr there.") from None
+    if done.returncode != 0:
+        problem = done.stderr.decode("utf-8", "replace").strip()[-300:]
+        if "eng" in problem and ("Failed loading language" in problem or "traineddata" in problem):
+            raise ScreenTextError("tesseract on the vmd host has no English data, so the screen cannot "
+                                  "be read as text; install it there with `apt-get install "
+                                  "tesseract-ocr-eng`.")
+        raise ScreenTextError(f"tesseract could not read the screen (exit {done.returncode}: {problem}).")
+    return parse_tsv(done.stdout.decode("utf-8", "replace"), factor, gray.size)
+
+
+def parse_tsv(tsv: str, factor: float, size: tuple[int, int]) -> list[Word]:
+    """Words of tesseract's TSV output, boxes divided by the upscale, confident ones only."""
+    words = []
+    for row in tsv.splitlines()[1:]:
+        fields = row.split("\t")
+        if len(fields) != 12:
+            continue
+        text = _clean(fields[11], 60)
+        try:
+            left, top, width, height = (_coordinate(v) for v in fields[6:10])
+            confidence = float(fields[10])
+        except ValueError:
+            continue
+        # A word needs a letter or a digit: the rest are icons, borders and cursors.
+        if not text or confidence < MIN_CONFIDENCE or not any(c.isalnum() for c in text):
+            continue
+        left, top = round(left / factor), round(top / factor)
+        width, height = max(1, round(width / factor)), max(1, round(height / factor))
+        if left >= size[0] or top >= size[1]:
+            continue
+        words.append(Word(text, left, top, min(width, size[0] - left), min(height, size[1] - top),
+                          confidence))
+    return words
+
+
+def items_of(words: list[Word]) -> list[list[Word]]:
+    """Words grouped into things a person would name: rows of words that share a line,
+    cut where the gap between two words is wider than ITEM_GAP line heights; top to
+    bottom, left to right."""
+    rows: list[list[Word]] = []
+    for word in sorted(words, key=lambda w: (w.top + w.height / 2, w.left)):
+        middle = word.top + word.height / 2
+        for row in rows:
+            top = min(w.top for w in row)
+            bottom = max(w.top + w.height for w in row)
+            if top <= middle <= bottom:
+                row.append(word)
+                break
+        else:
+            rows.append([word])
+    items = []
+    for row in sorted(rows, key=lambda r: min(w.top for w in r)):
+        row.sort(key=lambda w: w.left)
+        height = sorted(w.height for w in row)[len(row) // 2]
+        item = [row[0]]
+        for word in row[1:]:
+            previous = item[-1]
+            if word.left - (previous.left + previous.width) > ITEM_GAP * height:
+                items.append(item)
+                item = []
+            item.append(word)
+        items.append(item)
+    return items
+
+
+# --- windows ------------------------------------------------------------------------------
+
+
+def parse_windows(listing: str, scale: float, size: tuple[int, int]) -> list[Window]:
+    """The windows of WINDOWS_COMMAND's output, front first, in screenshot space (the
+    guest gives framebuffer pixels; `scale` is shown pixels per framebuffer pixel)."""
+    active = ""
+    found: list[dict] = []
+    for line in listing.splitlines():
+        if line.startswith("@@active "):
+            active = line.split(" ", 1)[1].strip()
+        elif line.startswith("@@window "):
+            found.append({"id": line.split(" ", 1)[1].strip()})
+        elif found and ":" in line:
+            key, value = line.split(":", 1)
+            found[-1].setdefault(key.strip(), value.strip())
+    windows = []
+    for entry in found:
+        try:
+            x, y = _coordinate(entry["Absolute upper-left X"]), _coordinate(entry["Absolute upper-left Y"])
+            width, height = _coordinate(entry["Width"]), _coordinate(entry["Height"])
+        except (KeyError, ValueError):
+            continue  # a listing the guest made up costs its own window, not the verb
+        if entry.get("Map State") != "IsViewable" or width < 8 or height < 8:
+            continue
+        x, y = max(0, round(x * scale)), max(0, round(y * scale))
+        width, height = round(width * scale), round(height * scale)
+        if x >= size[0] or y >= size[1]:
+            continue  # off screen
+        width, height = min(width, size[0] - x), min(height, size[1] - y)
+        try:
+            frame = tuple(min(200, max(0, round(_coordinate(v) * scale)))
+                          for v in entry.get("Frame", "").split(","))
+        except ValueError:
+            frame = ()
+        title = _clean(entry.get("Name", ""), TITLE_CAP)
+        windows.append(Window(title, x, y, width, height, active=active != "" and entry["id"] == active,
+                              frame=frame if len(frame) == 4 else (0, 0, 0, 0)))
+    windows.reverse()  # the stack lists the bottom first; the model wants the front first
+    return windows[:MAX_WINDOWS]
+
+
+def guest_windows(os_family: str, run: Callable[..., dict], scale: float,
+                  size: tuple[int, int]) -> tuple[list[Window], str]:
+    """The guest's windows, and a sentence when there are none to give."""
+    if os_family != "linux":
+        return [], (f"window titles are not read on {os_family} guests yet; only the words on "
+                    "screen are listed.")
+    try:
+        result = run(WINDOWS_COMMAND, WINDOWS_TIMEOUT_S, None, None)
+    except Exception as exc:  # the words on screen are still worth giving
+        return [], f"the guest did not list its windows ({_clean(str(exc), 200)})."
+    if result.get("exit_code") != 0:
+        problem = _clean(str(result.get("stderr") or result.get("stdout") or ""), 200)
+        return [], f"the guest did not list its windows (exit {result.get('exit_code')}: {problem})."
+    windows = parse_windows(str(result.get("stdout") or ""), scale, size)
+    return windows, "" if windows else "the guest shows no windows."
+
+
+# --- the listing --------------------------------------------------------------------------
+
+
+def describe(width: int, height: int, words: list[Word] | str, windows: list[Window] | str,
+             cap: int = TEXT_CAP) -> str:
+    """The listing the model reads, capped at `cap` characters: each window, the front one
+    first, with the text on it, then the text on no window. `words` or `windows` may be a
+    sentence saying why they are missing. The front window's text comes first so that a
+    cut, when the screen holds more text than fits, drops what lies behind."""
+    lines = [f"The screen ({width}x{height}) read as text; every (x, y) is a point to click, in "
+             "screenshot pixels."]
+    listed = [] if isinstance(windows, str) else windows
+    if isinstance(windows, str):
+        lines.append(f"Windows: {windows}")
+    if isinstance(words, str):
+        lines += [_window_line(w) for w in listed]
+        lines.append(f"Text on screen: {words}")
+        return _capped(lines, cap)
+    sections: list[list[list[Word]]] = [[] for _ in range(len(listed) + 1)]
+    for item in items_of(words):
+        centre = _box_centre(item)
+        place = next((n for n, w in enumerate(listed) if w.holds(centre)), len(listed))
+        sections[place].append(item)
+    for window, items in zip(listed, sections):
+        lines.append(_window_line(window) + (":" if items else "; no text read on it."))
+        lines += [_item_line(item) for item in items]
+    rest = sections[-1]
+    if not words:
+        lines.append("Text on screen: none found (OCR read no words).")
+    elif rest:
+        lines.append("Text on no window:" if listed else "Text on screen (OCR), top to bottom:")
+        lines += [_item_line(item) for item in rest]
+    return _capped(lines, cap)
+
+
+def _window_line(w: Window) -> str:
+    return (f"Window {_quote(w.title or '(untitled)')} at ({w.x}, {w.y}) {w.width}x{w.height}, "
+            f"centre ({w.centre[0]}, {w.centre[1]})" + (", focused" if w.active else ""))
+
+
+def _box_centre(item: list[Word]) -> tuple[int, int]:
+    left, top = min(w.left for w in item), min(w.top for w in item)
+    right = max(w.left + w.width for w in item)
+    bottom = max(w.top + w.height for w in item)
+    return (left + right) // 2, (top + bottom) // 2
+
+
+def _item_line(item: list[Word]) -> str:
+    x, y = _box_centre(item)
+    line = f"- {_quote(' '.join(w.text for w in item))} at ({x}, {y})"
+    if 1 < len(item) <= WORD_POINTS_UP_TO:
+        line += "; words at " + ", ".join(f"{w.text} ({w.centre[0]}, {w.centre[1]})" for w in item)
+    return line
+
+
+def _capped(lines: list[str], cap: int) -> str:
+    kept: list[str] = []
+    used = 0
+    for n, line in enumerate(lines):
+        if used + len(line) + 1 > cap - 160 and n > 0:
+            left = len(lines) - n
+            kept.append(f"[... {left} more line{'s' if left != 1 else ''} cut to keep this short: "
+                        "close or move the windows in front, or read the program's output in "
+                        "the shell ...]")
+            break
+        kept.append(line)
+        used += len(line) + 1
+    return "\n".join(kept)[:cap]
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _coordinate(text: str) -> int:
+    """A pixel position or size read from text; ValueError past X11's own 16-bit range,
+    where `round(x * scale)` of a huge number raised OverflowError and failed the verb."""
+    text = text.strip()
+    if len(text) > 7:  # -32768..65535 and a sign need 6
+        raise ValueError(f"{text[:20]!r} is no screen coordinate")
+    value = int(text)
+    if not -COORD_LIMIT <= value <= COORD_LIMIT:
+        raise ValueError(f"{value} is no screen coordinate")
+    return value
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _clean(text: str, cap: int) -> str:
+    return _CONTROL.sub(" ", text).strip()[:cap]
+

@@ -1,0 +1,464 @@
+"""Warm machines: guests booted ahead, saved to disk, handed out by restore.
+
+A cold boot to a ready desktop takes 30-45 s under TCG (~10 s on KVM); a restore of a
+saved guest takes about 1.5 s. A slot is one guest booted to the point a session needs
+(desktop up, SSH answering), given its own identity (SSH host keys, machine-id: the image
+bakes one of each), with the project share present but unmounted (QEMU refuses to save a
+guest with a mounted 9p share), then saved with `virDomainSave` into its own folder:
+
+    <state>/warm/<image dir>/<slot id>/   slot.json, saved.img, overlay.qcow2, console.log
+
+A hand-out claims a slot by renaming its folder (atomic: no slot serves two sessions),
+moves its overlay and console log into the session's folder, and restores it with the
+saved XML edited to point at them and at the session's project folder (libvirt accepts
+other file paths; the domain's name and devices must stay those saved). The slot's name
+stays the domain's name; the session learns it from the machine (`name`). The session's
+`ready` then mounts the share, sets the guest's clock and reads the same facts a boot does.
+
+A restore that fails discards the slot, and the session boots cold instead, with a note
+in the record. Slots of an older build of the image are discarded (the image folder's
+name carries its recipe's hash). The refill runs in the background at low priority
+(`nice`) and only while the host has room (`no_room`: load, memory, disk); it waits out
+the cold boots of sessions that found the pool empty. `VMD_WARM_POOL_SIZE=auto` sizes
+the pool for the host (`host_pool_size`); a vmd started with the pool off removes an
+earlier pool's slots.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import libvirt
+from pydantic import BaseModel
+
+from vmd.machines.domain_xml import VmdOwner, set_session
+from vmd.machines.images import Image
+from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
+
+log = logging.getLogger("vmd.machines.warm_pool")
+
+SLOT_PREFIX = "vmagent-w-"
+# A slot's boot to a ready desktop, in KVM seconds (x4 under TCG), and its whole making
+# with the identity and the save: the longest a session waits for a slot being made.
+SLOT_READY_S = 75
+SLOT_MAKE_S = 90
+# What makes a booted guest a slot: its own SSH host keys and machine-id (every guest of
+# an image would share the image's), nothing of the placeholder share mounted, and no
+# process of ours left in the guest.
+IDENTITY = ("rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && "
+            "tr -d - </proc/sys/kernel/random/uuid >/etc/machine-id && "
+            "systemctl reload ssh")
+
+
+class SlotInfo(BaseModel):
+    """slot.json: what a hand-out needs to know of its slot."""
+    name: str  # the libvirt domain's name, kept by the restore
+    folder: str  # where the slot was made: the saved XML's paths start here
+    share: str  # the placeholder share folder the slot was booted with
+    ssh_port: int
+    accel: str
+    boot_seconds: float
+    made_at: float
+
+
+class WarmFailed(RuntimeError):
+    """A slot could not be handed out; it was discarded."""
+
+
+class WarmPool:
+    def __init__(self, state_dir: Path, uri: str, qemu_user: str, size: int):
+        self.dir = state_dir / "warm"
+        self.uri = uri
+        self.qemu_user = qemu_user
+        self.size = size
+        self.made = 0  # slots made by this pool (tests, the benchmark)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._making: str | None = None  # the slot domain booting now
+        self._making_since = 0.0  # when it began (monotonic)
+        # A session that found no ready slot waits for the one being made when that comes
+        # sooner than its own cold boot would (machine_for); one session per slot.
+        self._changed = threading.Condition()
+        self._waited_for: str | None = None
+        self._quiet_until = 0.0  # no refill before (monotonic): a session boots cold meanwhile
+        self._waiting_because: str | None = None  # why the refill waits (no_room): logged once
+        # Slot domains restored for a session in the last few minutes: the session may not
+        # have stored its machine's name yet, and the sweep must not take them meanwhile.
+        self._handing_out: dict[str, float] = {}
+        self._handing_lock = threading.Lock()  # sessions' boots add, the reaper's sweep reads
+
+    # --- slots ---------------------------------------------------------------------------
+
+    def _image_dir(self, image: Image) -> Path:
+        return self.dir / image.dir.name
+
+    def ready_slots(self, image: Image) -> list[Path]:
+        folder = self._image_dir(image)
+        if not folder.is_dir():
+            return []
+        # `.<id>.making`: still being made (its slot.json is written just before the rename).
+        return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "slot.json").is_file()
+                      and not p.name.startswith(".") and not p.name.endswith(".taken"))
+
+    def make_slot(self, image: Image) -> Path:
+        """Boots one slot of `image` and saves it; returns its folder."""
+        from vmd.machines.machine import Machine, timeout_scale
+
+        slot_id = uuid.uuid4().hex[:12]
+        folder = self._image_dir(image) / f".{slot_id}.making"  # not a slot until renamed
+        share = folder / "share"
+        # Private folders QEMU may pass through (vmd/private_fs.py); the placeholder share
+        # is QEMU's own, as a session's project folder is.
+        gid = qemu_gid(self.qemu_user)
+        for place in (self.dir, self._image_dir(image)):
+            passable_dir(place, gid)
+        passable_dir(folder, gid)
+        _give_to_qemu(share, self.qemu_user)
+        name = SLOT_PREFIX + slot_id
+        started = time.monotonic()
+        with self._changed:
+            self._making, self._making_since = name, started
+        machine = None
+        try:
+            machine = Machine.create(image, name=name, workdir=folder, project_dir=share, uri=self.uri,
+                                     qemu_user=self.qemu_user,
+                                     owner=VmdOwner(state_dir=str(self.dir.parent), session=None))
+            if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
+                _renice(name)
+            machine.ready(SLOT_READY_S * timeout_scale(machine.accel), desktop=True)
+            machine.guest.runners.close()  # its processes sit in the share: it must unmount
+            machine.guest.use_runner = False
+            prepared = machine.guest.run(f"sudo sh -c {shlex.quote(IDENTITY)} && sudo umount {image.project_path}",
+                                         timeout=60, cwd="/")
+            if prepared.exit_code != 0:
+                raise WarmFailed(f"the slot could not be prepared: {(prepared.stdout + prepared.stderr)[-300:]}")
+            boot_seconds = round(time.monotonic() - started, 1)
+            machine.ssh.close()
+            machine.domain.save(str(folder / "saved.img"))
+            try:
+                machine.domain.undefine()
+            except libvirt.libvirtError:
+                pass
+            info = SlotInfo(name=name, folder=str(folder), share=str(share),
+                            ssh_port=machine.ssh_port, accel=machine.accel, boot_seconds=boot_seconds,
+                            made_at=time.time())
+            write_private(folder / "slot.json", info.model_dump_json())
+            private_file(folder / "saved.img")  # the guest's memory: vmd's alone
+            final = self._image_dir(image) / slot_id
+            # The saved XML names the folder it was made in; a hand-out edits those paths.
+            os.rename(folder, final)
+            self.made += 1
+            return final
+        except BaseException:
+            if machine is not None:
+                try:
+                    machine.destroy()
+                except Exception:
+                    pass
+            else:
+                Machine.discard(name, folder, self.uri)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        finally:
+            with self._changed:
+                self._making = None
+                self._changed.notify_all()
+
+    def take(self, image: Image) -> Path | None:
+        """Claims a ready slot of `image` (renamed to `<id>.taken`), or None."""
+        for slot in self.ready_slots(image):
+            claimed = slot.with_name(slot.name + ".taken")
+            try:
+                os.rename(slot, claimed)
+            except OSError:
+                continue  # another hand-out took it
+            return claimed
+        return None
+
+    def hand_out(self, claimed: Path, image: Image, *, workdir: Path, project_dir: Path | None,
+                 session_id: str | None = None):
+        """Restores the claimed slot as a session's machine (vmd.machines.machine.Machine). The slot
+        is gone afterwards, handed out or discarded (WarmFailed)."""
+        from vmd.machines.machine import Machine, connect
+
+        try:
+            info = SlotInfo.model_validate_json((claimed / "slot.json").read_text())
+            saved = claimed / "saved.img"
+            conn = connect(self.uri)
+            xml = conn.saveImageGetXMLDesc(str(saved), 0)
+            passable_dir(workdir, qemu_gid(self.qemu_user))
+            share = project_dir
+            if share is None:  # a session without a project folder: an empty share of its own
+                share = workdir / "share"
+                _give_to_qemu(share, self.qemu_user)
+            for part in ("overlay.qcow2", "console.log"):
+                if (claimed / part).exists():
+                    shutil.move(str(claimed / part), str(workdir / part))
+            xml = _restore_xml(xml, info, workdir, share, session_id)
+            write_private(workdir / "domain.xml", xml)
+            try:
+                conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+                domain = conn.lookupByName(info.name)
+            except libvirt.libvirtError as exc:
+                Machine.discard(info.name, workdir, self.uri)
+                raise WarmFailed(f"libvirt could not restore it: {exc.get_error_message()}") from None
+            machine = Machine.adopt_restored(image, name=info.name, workdir=workdir, project_dir=project_dir,
+                                             uri=self.uri, domain=domain, ssh_port=info.ssh_port,
+                                             accel=info.accel, qemu_user=self.qemu_user)
+        except WarmFailed:
+            (workdir / "overlay.qcow2").unlink(missing_ok=True)
+            raise
+        except Exception as exc:
+            (workdir / "overlay.qcow2").unlink(missing_ok=True)
+            raise WarmFailed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            shutil.rmtree(claimed, ignore_errors=True)
+        return machine
+
+    def machine_for(self, image: Image, *, workdir: Path, project_dir: Path | None,
+                    session_id: str | None = None):
+        """(a warm machine, None), or (None, why not): then the session boots cold, and
+        the refill waits that boot out rather than compete with it."""
+        from vmd.machines.machine import timeout_scale
+
+        claimed = self.take(image) or self._wait_for_the_slot_being_made(image)
+        if claimed is None:
+            note = "no warm machine was ready, so this one booted cold"
+        else:
+            with self._handing_lock:
+                self._handing_out[SLOT_PREFIX + claimed.name.removesuffix(".taken")] = time.monotonic()
+            try:
+                return self.hand_out(claimed, image, workdir=workdir, project_dir=project_dir,
+                                     session_id=session_id), None
+            except WarmFailed as exc:
+                note = f"the warm machine could not be handed out ({exc}); it was discarded and this one booted cold"
+        self.defer(30 * timeout_scale())  # about a cold boot
+        return None, note
+
+    def _wait_for_the_slot_being_made(self, image: Image) -> Path | None:
+        """Claims the slot being made once it is saved, for one session that found none
+        ready: the slot has booted for a while already, so it is ready sooner than a cold
+        boot started now, which would also compete with it for the cores. It boots at the
+        sessions' priority from here. None when no slot is being made, another session
+        waits for it, or its making fails or runs past its own bounds (make_slot).
+
+        The wait is not cut shorter than that: a session that gave up on a slot at its
+        last slot's pace then boots cold beside the slot it gave up on (seen in
+        bench/load.py: 256 s to the first command against 164 s for a plain cold boot)."""
+        from vmd.machines.machine import timeout_scale
+
+        with self._changed:
+            name = self._making
+            if name is None or self._waited_for is not None:
+                return None
+            self._waited_for = name
+            deadline = self._making_since + SLOT_MAKE_S * timeout_scale()
+        try:
+            _renice(name, 0)
+            with self._changed:
+                while self._making == name and not self._stop.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._changed.wait(min(left, 2.0))
+            return self.take(image)
+        finally:
+            with self._changed:
+                self._waited_for = None
+
+    def handing_out(self, name: str, window_s: float = 300) -> bool:
+        """Whether `name` is a slot handed to a session in the last `window_s` seconds."""
+        now = time.monotonic()
+        with self._handing_lock:
+            for old in [n for n, at in self._handing_out.items() if now - at > window_s]:
+                del self._handing_out[old]
+            return name in self._handing_out
+
+    def clear(self) -> None:
+        """Every slot gone, half-made ones' guests destroyed: a vmd started with the pool
+        off must not keep an earlier pool's saved guests on disk (each ~a guest's memory)."""
+        if not self.dir.is_dir():
+            return
+        for image_dir in self.dir.iterdir():
+            for slot in image_dir.iterdir() if image_dir.is_dir() else ():
+                if slot.name.endswith(".making"):
+                    self._discard_half_made(slot)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # --- the refill ------------------------------------------------------------------------
+
+    def defer(self, seconds: float) -> None:
+        """A session boots cold now: a slot's boot would compete with it, so the refill
+        waits this long (a cold boot's budget) before it starts another."""
+        self._quiet_until = max(self._quiet_until, time.monotonic() + seconds)
+
+    def discard_stale(self, image: Image) -> None:
+        """Slots of other builds of the image, claimed or half-made ones of an earlier vmd."""
+        if not self.dir.is_dir():
+            return
+        for folder in self.dir.iterdir():
+            if folder.name != image.dir.name and folder.name.startswith(image.name + "-"):
+                shutil.rmtree(folder, ignore_errors=True)
+        mine = self._image_dir(image)
+        if mine.is_dir():
+            for slot in mine.iterdir():
+                if slot.name.endswith(".making"):  # an earlier vmd died while it booted: its guest goes too
+                    self._discard_half_made(slot)
+                if slot.name.endswith(".taken") or slot.name.endswith(".making"):
+                    shutil.rmtree(slot, ignore_errors=True)
+
+    def _discard_half_made(self, slot: Path) -> None:
+        """The guest of `.<id>.making`, a slot an earlier vmd was booting when it stopped."""
+        from vmd.machines.machine import Machine
+        try:
+            Machine.discard(SLOT_PREFIX + slot.name.strip(".").removesuffix(".making"), slot, self.uri)
+        except Exception as exc:
+            log.warning("could not destroy the half-made slot %s: %s", slot.name, exc)
+
+    def start(self, find_image) -> "WarmPool":
+        if self.size <= 0:
+            return self
+        self._thread = threading.Thread(target=self._loop, args=(find_image,), name="vmd-warm-pool", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        making = self._making
+        if making is not None:  # a slot booting now: its create or ready fails and cleans up
+            try:
+                from vmd.machines.machine import connect
+                connect(self.uri).lookupByName(making).destroy()
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(60)
+
+    def _loop(self, find_image) -> None:
+        try:
+            os.nice(10)  # this thread's own work (qemu-img, SSH) yields to the sessions'
+        except OSError:
+            pass
+        image = None
+        while not self._stop.is_set():
+            try:
+                current = find_image()
+                if image is None or current.dir != image.dir:
+                    image = current
+                    self.discard_stale(image)
+                if len(self.ready_slots(image)) < self.size and time.monotonic() >= self._quiet_until:
+                    why_not = no_room(self.dir)
+                    if why_not != self._waiting_because and why_not is not None:
+                        log.info("the warm pool waits to refill: %s", why_not)
+                    self._waiting_because = why_not
+                    if why_not is None:
+                        self.make_slot(image)
+                        continue
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("the warm pool could not make a slot: %s", exc)
+                self._stop.wait(30)
+                continue
+            self._stop.wait(2)
+
+
+def host_pool_size(cores: int | None = None, memory_mib: int | None = None,
+                   guest_mib: int | None = None) -> int:
+    """The pool size "auto" means: one slot per two cores, since a slot's boot takes about
+    a core for its length and the sessions need the rest; no more than a quarter of the
+    host's memory in guests being made and restored at once; and at most 4, because past
+    that the slots wait on disk for sessions a host of this size could not run together
+    anyway. A 2-core host gets 1; a 1-core host none."""
+    from vmd.machines.machine import GUEST_MEMORY_MIB
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    memory_mib = memory_mib if memory_mib is not None else _meminfo_mib("MemTotal")
+    guest_mib = guest_mib or GUEST_MEMORY_MIB
+    by_memory = memory_mib // (4 * guest_mib) if memory_mib is not None else 4
+    return max(0, min(4, cores // 2, by_memory))
+
+
+def no_room(folder: Path, guest_mib: int | None = None) -> str | None:
+    """Why the host has no room to make a slot now, or None.
+
+    - Runnable work past twice the cores: a slot's boot now would slow the sessions'
+      work. (An idle TCG guest alone keeps the load near 1 on a small host, so one
+      core's worth would stop every refill while any session runs.)
+    - Less memory available than two guests: the slot's guest would push the sessions'
+      guests into swap.
+    - Less free disk than the slot's saved memory and overlay plus 3 GiB: vmd's own
+      records and the sessions' disks need it more (a full disk pauses their guests).
+      Measured on `folder`'s nearest existing folder: before the first slot there is no
+      pool folder yet, and the disk is the one it will be made on."""
+    from vmd.machines.machine import GUEST_MEMORY_MIB
+    guest_mib = guest_mib or GUEST_MEMORY_MIB
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load > 2 * cores:
+        return f"the host is busy (load {load:.1f} on {cores} cores)"
+    available = _meminfo_mib("MemAvailable")
+    if available is not None and available < 2 * guest_mib:
+        return f"the host has {available} MiB of memory available, under two guests' {2 * guest_mib} MiB"
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+    try:
+        free_mib = shutil.disk_usage(existing).free // 2**20
+    except OSError:
+        return None
+    if free_mib < guest_mib + 3072:
+        return f"the disk under {folder} has {free_mib} MiB free, under a slot's {guest_mib + 3072} MiB"
+    return None
+
+
+def _meminfo_mib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _renice(name: str, niceness: int = 10) -> None:
+    """Every thread of a slot's QEMU (started by libvirtd, at its priority) yields to the
+    sessions' guests while it boots; a hand-out's restore is a new QEMU, at the usual one."""
+    try:
+        pid = int(Path(f"/run/libvirt/qemu/{name}.pid").read_text().strip())
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+    except (OSError, ValueError):
+        pass  # not QEMU here (the test driver), or it went meanwhile
+
+
+def _give_to_qemu(share: Path, qemu_user: str) -> None:
+    """An empty share folder of QEMU's user, 0700, as the project folders are."""
+    from vmd.projects.tree import share_owner
+    private_dir(share)
+    owner = share_owner(qemu_user)
+    if owner is not None:
+        os.chown(share, *owner)
+
+
+def _restore_xml(xml: str, info: SlotInfo, workdir: Path, share: Path, session_id: str | None = None) -> str:
+    """The saved XML with the slot's files moved to the session's folder, the share
+    pointed at the session's project folder, and the session named as its owner in vmd's
+    <metadata> (the sweep finds the session by it; the domain keeps the slot's name)."""
+    root = ET.fromstring(xml)
+    if session_id:
+        set_session(root, session_id)
+    for source in root.iter("source"):
+        for attr in ("file", "path"):
+            value = source.get(attr)
+            if value and value.startswith(info.folder + "/"):
+                source.set(attr, str(workdir / value[len(info.folder) + 1:]))
+        if source.get("dir") == info.share:
+            source.set("dir", str(share))
+    return ET.tostring(root, encoding="unicode")

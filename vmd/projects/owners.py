@@ -1,0 +1,346 @@
+"""Who owns a project on Gitea: the person behind a job, mapped once, by config, to a
+Gitea owner that exists.
+
+A job's owner is whoever the job service authenticated: an Open WebUI user id (a UUID), a
+terminal user's name. That is rarely a Gitea account, so vmd maps it:
+
+- `org` (the default): every project lives in one organisation of the service
+  (`gitea_org`), named `<person>-<project>`, where `<person>` is a slug derived from the
+  owner id (`person_slug`), and carries a topic naming the person. Nobody needs a Gitea
+  account; vmd creates the organisation (private) on the first push when it is missing.
+- `user`: the job owner *is* a Gitea user or organisation name (a terminal setup whose
+  users are named like their Gitea logins). An empty owner means the token's own user.
+- `gitea_users`, in either mode: a person's id -> a Gitea username or e-mail. Their projects
+  go to that account, under the project's own name; an e-mail is looked up through the
+  API and, with `gitea_create_users` and a site admin's token, the user is created.
+
+vmd's own repository stays keyed by vmd's owner and project (vmd.verbs.repository_path);
+only the Gitea side is mapped. Gitea compares owner and repository names case-insensitively
+and refuses a few names; `gitea_name_problem` says so when a session opens, before any work.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import secrets
+from dataclasses import dataclass, replace
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+
+from vmd.projects.gitea import GiteaClient, GiteaError
+
+# --- Gitea's name rules ------------------------------------------------------------------
+# From Gitea's source (models/repo/repo.go, models/user/user.go, models/db/name.go): names
+# are compared lowercased and trimmed; a reserved name is refused exactly, a pattern
+# `*.x` as a suffix. Gitea answers 422 "name is reserved [name: …]" or "name pattern is
+# not allowed [pattern: …]" when such a repository or user is created.
+RESERVED_REPO_NAMES = (".", "..", "-")
+RESERVED_REPO_PATTERNS = ("*.git", "*.wiki", "*.rss", "*.atom")
+RESERVED_USER_NAMES = (
+    ".", "..", ".well-known", "admin", "api", "assets", "attachments", "avatar", "avatars",
+    "captcha", "commits", "debug", "error", "explore", "favicon.ico", "ghost", "issues",
+    "login", "manifest.json", "metrics", "milestones", "new", "notifications", "org", "pulls",
+    "raw", "repo", "repo-avatars", "robots.txt", "search", "serviceworker.js", "ssh_info",
+    "swagger.v1.json", "user", "v2", "gitea-actions")
+RESERVED_USER_PATTERNS = ("*.keys", "*.gpg", "*.rss", "*.atom", "*.png")
+# CreateRepoOption's binding: AlphaDashDot, MaxSize(100); newer Gitea also refuses "..".
+REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+# Gitea's validUsernamePattern (organisations follow the user rule); 40 is its MaxSize.
+USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+# Gitea's topic rule (models/repo/topic.go): lowercase, 35 characters at most.
+TOPIC = re.compile(r"^[a-z0-9][a-z0-9.-]{0,34}$")
+
+DEFAULT_ORG = "vmagent-projects"
+SERVICE_TOPIC = "vmagent"
+# The readable part of a person's slug; the rest is a hash of the whole id. 12 keeps the
+# first group of a UUID and leaves a project name 60 of Gitea's 100 characters.
+SLUG_READABLE = 12
+# The person's hash: 26 base32 characters, 130 bits of SHA-256 (at least the 128 that make a
+# collision out of reach where people choose their own ids; 32 hex characters would be the
+# same bits but push the topic, person-<hash>, past Gitea's 35 characters).
+DIGEST_CHARS = 26
+# What vmd used before: 8 characters, 40 bits, which a person choosing ids can collide with
+# another's in about 2^20 tries. Repositories named so are found and renamed (`resolve_place`).
+LEGACY_DIGEST_CHARS = 8
+
+
+def _reserved(name: str, names: tuple[str, ...], patterns: tuple[str, ...]) -> str | None:
+    lowered = name.strip().lower()
+    if lowered in names:
+        return f"Gitea reserves the name {lowered!r}"
+    for pattern in patterns:
+        if lowered.endswith(pattern[1:]):
+            return f"Gitea refuses names ending in {pattern[1:]!r}"
+    return None
+
+
+def repository_name_problem(name: str, what: str = "repository name") -> str | None:
+    """None when Gitea accepts `name` as a repository name, else a sentence."""
+    if not REPO_NAME.match(name):
+        return (f"{what} {name!r} is not a name Gitea accepts for a repository: use up to 100 "
+                "letters, digits, '-', '_' and '.'.")
+    reason = _reserved(name, RESERVED_REPO_NAMES, RESERVED_REPO_PATTERNS)
+    if reason is None and ".." in name:
+        reason = "Gitea refuses names with two dots in a row"
+    if reason:
+        return (f"{what} {name!r} cannot be a Gitea repository: {reason} (it keeps '.', '..', "
+                "'-' and names ending in .git, .wiki, .rss or .atom for itself). Choose another "
+                f"name, for example {_suggestion(name)!r}.")
+    return None
+
+
+def owner_name_problem(name: str, what: str = "Gitea owner") -> str | None:
+    """None when `name` can be a Gitea user or organisation name, else a sentence."""
+    if not USER_NAME.match(name) or re.search(r"[-._]{2}", name):
+        return (f"{what} {name!r} is not a name Gitea accepts for a user or organisation: use "
+                "up to 40 letters, digits, '-', '_' and '.', starting with a letter or digit, "
+                "without two punctuation marks in a row.")
+    reason = _reserved(name, RESERVED_USER_NAMES, RESERVED_USER_PATTERNS)
+    if reason:
+        return (f"{what} {name!r} cannot be a Gitea user or organisation: {reason}. Choose "
+                f"another name, for example {_suggestion(name)!r}.")
+    return None
+
+
+def _suggestion(name: str) -> str:
+    head, dot, tail = name.rpartition(".")
+    candidate = f"{head}-{tail}" if dot and head else name
+    candidate = re.sub(r"\.{2,}", ".", candidate).strip(".-") or "project"
+    return candidate if candidate.lower() not in RESERVED_USER_NAMES else f"{candidate}-1"
+
+
+# --- people ---------------------------------------------------------------------------
+
+def _digest(text: str, length: int = 8) -> str:
+    # base32 keeps the hash inside Gitea's name and topic alphabets (5 bits a character).
+    raw = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    return base64.b32encode(raw).decode("ascii").lower()[:length]
+
+
+def person_slug(person: str, digest_chars: int = DIGEST_CHARS) -> str:
+    """The person's part of repository names: `<readable>-<hash>`.
+
+    Deterministic (the same id always gives the same slug), within Gitea's repository and
+    topic alphabets, at most 39 characters, and collision-resistant: the 128-bit hash covers
+    the exact id, so ids that differ only in case or punctuation get different slugs, and
+    nobody can choose an id that shares another person's repositories.
+    """
+    readable = re.sub(r"[^a-z0-9]+", "-", person.lower()).strip("-")
+    readable = readable[:SLUG_READABLE].strip("-")
+    digest = _digest(person, digest_chars)
+    return f"{readable}-{digest}" if readable else digest
+
+
+def person_topic(person: str) -> str:
+    """The topic that names the person on each of their repositories in the organisation:
+    `person-<hash>` (33 characters; the readable part would not fit Gitea's 35)."""
+    return f"person-{_digest(person, DIGEST_CHARS)}"
+
+
+def legacy_place(person: str, project: str) -> tuple[str, str]:
+    """(repository name, person topic) as vmd named them with the 40-bit hash."""
+    return (org_repo_name(person, project, LEGACY_DIGEST_CHARS),
+            f"person-{person_slug(person, LEGACY_DIGEST_CHARS)}")
+
+
+def org_repo_name(person: str, project: str, digest_chars: int = DIGEST_CHARS) -> str:
+    """`<person-slug>-<project>`, cut to Gitea's 100 characters with a hash of the project
+    when it is longer, so that two long project names never meet."""
+    slug = person_slug(person, digest_chars)
+    name = f"{slug}-{project}"
+    if len(name) <= 100:
+        return name
+    keep = 100 - len(slug) - 2 - 8
+    return f"{slug}-{project[:keep].rstrip('.-_')}-{_digest(project)}"
+
+
+def parse_person_map(value: object) -> object:
+    """`gitea_users` from the environment: a JSON object, or `id=name,id=mail@host`."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        return json.loads(text)
+    pairs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        person, sep, target = item.partition("=")
+        if not sep or not person.strip() or not target.strip():
+            raise ValueError(f"gitea_users entry {item!r} is not `person=gitea-user-or-email`.")
+        pairs[person.strip()] = target.strip()
+    return pairs
+
+
+def _check_person_map(value: dict[str, str]) -> dict[str, str]:
+    for person, target in value.items():
+        if "@" in target:
+            local, _, domain = target.rpartition("@")
+            if not local or "." not in domain:
+                raise ValueError(f"gitea_users maps {person!r} to {target!r}, which is not an "
+                                 "e-mail address or a Gitea username.")
+        elif problem := owner_name_problem(target, what=f"gitea_users[{person!r}]"):
+            raise ValueError(problem)
+    return value
+
+
+def _check_org(value: str) -> str:
+    if problem := owner_name_problem(value, what="gitea_org"):
+        raise ValueError(problem)
+    return value
+
+
+PersonMap = Annotated[dict[str, str], BeforeValidator(parse_person_map),
+                      AfterValidator(_check_person_map)]
+GiteaOrgName = Annotated[str, AfterValidator(_check_org)]
+OwnerMode = Literal["org", "user"]
+
+
+class OwnerPolicy(BaseModel):
+    """How a person maps to a Gitea owner; `from_config` reads vmd's configuration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: OwnerMode = "org"
+    org: GiteaOrgName = DEFAULT_ORG
+    users: PersonMap = {}
+    create_users: bool = False
+    private: bool = True
+
+    @classmethod
+    def from_config(cls, config) -> "OwnerPolicy":
+        return cls(mode=config.gitea_owner_mode, org=config.gitea_org,
+                   users=dict(config.gitea_users), create_users=config.gitea_create_users,
+                   private=config.gitea_private)
+
+
+@dataclass(frozen=True)
+class GiteaPlace:
+    """Where one person's project lives on Gitea.
+
+    kind "org": the service's organisation (created when missing); "owner": a user or
+    organisation named as it is ("" is the token's user); "email": a user still to be found
+    by `email`. `owner` and `repo` are what vmd asks Gitea for; Gitea's answer (its
+    `full_name`, after any rename) is what vmd then uses.
+    """
+
+    owner: str
+    repo: str
+    kind: Literal["org", "owner", "email"]
+    topics: tuple[str, ...] = (SERVICE_TOPIC,)
+    email: str = ""
+    # kind "org": (name, person topic) of the same project as an older vmd named it, which
+    # `resolve_place` renames to `repo` when only that one exists.
+    legacy: tuple[str, str] | None = None
+
+    @property
+    def display(self) -> str:
+        owner = self.owner or (f"<the Gitea user of {self.email}>" if self.email else "<token user>")
+        return f"{owner}/{self.repo}"
+
+
+def plan_place(policy: OwnerPolicy, person: str, project: str) -> GiteaPlace:
+    """Where `person`'s `project` goes, from the policy alone (no network)."""
+    mapped = policy.users.get(person) if person else None
+    if mapped and "@" in mapped:
+        return GiteaPlace(owner="", repo=project, kind="email", email=mapped)
+    if mapped:
+        return GiteaPlace(owner=mapped, repo=project, kind="owner")
+    if policy.mode == "org":
+        from vmd.verbs import LOCAL_OWNER
+
+        who = person or LOCAL_OWNER
+        return GiteaPlace(owner=policy.org, repo=org_repo_name(who, project), kind="org",
+                          topics=(SERVICE_TOPIC, person_topic(who)), legacy=legacy_place(who, project))
+    return GiteaPlace(owner=person, repo=project, kind="owner")
+
+
+def resolve_place(client: GiteaClient, policy: OwnerPolicy, place: GiteaPlace,
+                  create: bool) -> GiteaPlace | None:
+    """The place with an owner Gitea has. `create=False` (opening) reads only and returns
+    None when the owner does not exist yet; `create=True` (pushing) creates the
+    organisation, or the mapped user when `policy.create_users` allows it, and raises
+    GiteaError with a sentence when it cannot."""
+    if place.kind == "org":
+        found = client.get_org(place.owner)
+        if found is None and place.owner.lower() == client.current_user().lower():
+            return replace(place, owner=client.current_user(), kind="owner")
+        if found is None:
+            if not create:
+                return None
+            found = client.create_org(place.owner)
+        place = replace(place, owner=found)
+        _rename_legacy(client, place)
+        return place
+    if place.kind == "email":
+        login = client.find_user_by_email(place.email)
+        if login is None and create:
+            if not policy.create_users:
+                raise GiteaError(
+                    f"Gitea has no user with the e-mail {place.email}, which gitea_users maps this "
+                    "person to. Create that user in Gitea, map the person to a username, or set "
+                    "GITEA_CREATE_USERS=true with a site admin's token so vmd creates it.")
+            login = _create_user_for(client, place.email)
+        return replace(place, owner=login, kind="owner") if login else None
+    return place
+
+
+def _rename_legacy(client: GiteaClient, place: GiteaPlace) -> None:
+    """The person's repository as an older vmd named it (a 40-bit hash), renamed to its
+    name now and given the new person topic, so that the history carries on in one
+    repository rather than a second, empty one beside it. Found by its old name and
+    confirmed by its old person topic: a repository that lacks the topic is not one vmd
+    made for this person and is left alone. Done at open as well as at push, since the
+    open must restore that history into the folder."""
+    if place.legacy is None or client.get_repo(place.owner, place.repo) is not None:
+        return
+    old_name, old_topic = place.legacy
+    info = client.get_repo(place.owner, old_name)
+    if info is None or info.owner.lower() != place.owner.lower():
+        return
+    topics = client.get_topics(info.owner, info.name)
+    if old_topic not in topics:
+        return
+    client.rename_repo(info.owner, info.name, place.repo)
+    person = next(t for t in place.topics if t.startswith("person-"))
+    client.set_topics(info.owner, place.repo, sorted({*topics, person} - {old_topic}))
+
+
+def _create_user_for(client: GiteaClient, email: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", email.partition("@")[0])
+    base = re.sub(r"[-._]{2,}", "-", base).strip("-._")[:30] or "person"
+    if owner_name_problem(base):
+        base = f"u-{base}"[:30].strip("-._")
+    for name in (base, f"{base}-{_digest(email, 6)}"):
+        # A password nobody knows: the person sets their own (Gitea asks at the first sign-in,
+        # or an admin resets it); vmd keeps none.
+        created = client.create_user(name, email, password=secrets.token_urlsafe(24))
+        if created:
+            return created
+    raise GiteaError(f"Gitea already has users named {base!r} and {base}-…, so vmd could not create "
+                     f"one for {email}; create it in Gitea and map the person to its username.")
+
+
+# --- when a session opens -----------------------------------------------------------------
+
+def gitea_name_problem(config, owner: str, project: str | None) -> str | None:
+    """A sentence when `owner`'s `project` cannot be kept on Gitea as vmd would name it
+    (a name Gitea reserves or refuses), else None. vmd calls it when a session opens, after
+    vmd's own name rule (vmd.verbs.name_problem), so that nothing is worked on that could
+    never be pushed. Without Gitea configured, or without a project, there is nothing to
+    check."""
+    if not project or not (config.gitea_url and config.gitea_token.get_secret_value()):
+        return None
+    if problem := repository_name_problem(project, what="project"):
+        return problem
+    place = plan_place(OwnerPolicy.from_config(config), owner, project)
+    if place.kind == "owner" and place.owner:
+        what = ("owner" if place.owner == owner else
+                f"gitea_users[{owner!r}]")
+        if problem := owner_name_problem(place.owner, what=what):
+            return problem
+    return repository_name_problem(place.repo)

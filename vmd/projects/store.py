@@ -1,0 +1,71 @@
+"""The project store: a session's project restored, committed and pushed through
+vmd/projects/publish.py, whose history lives in vmd's own repository, built from the folder's
+bytes (never from a git work tree in the guest's folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vmd.config import VmdConfig
+
+
+class ProjectStore:
+    """Restores, commits and pushes a session's project through vmd/projects/publish.py: the
+    history lives in vmd's own repository, built from the folder's bytes."""
+
+    def __init__(self, config: VmdConfig):
+        self.config = config
+
+    def remote(self, owner: str, project: str, description: str = ""):
+        # Where the person's project lives on Gitea: the service's organisation or their
+        # mapped Gitea user (vmd/projects/owners.py); vmd's own repository keeps owner/project.
+        from vmd.projects.publish import remote_for
+        return remote_for(self.config, owner, project, description)
+
+    def prepare(self, project_dir: Path, owner: str, project: str, description: str) -> dict:
+        """-> {text, base_commit, branch}"""
+        from vmd.projects.tree import share_owner
+        from vmd.projects.publish import prepare_project
+        prepared = prepare_project(project_dir, self.remote(owner, project, description),
+                                   share_owner=share_owner(self.config.share_user))
+        return prepared.model_dump()
+
+    def commit(self, project_dir: Path, owner: str, project: str, message: str,
+               allow_empty: bool = False) -> dict:
+        """-> {sha, new, left_out}"""
+        from vmd.projects.tree import Limits
+        from vmd.projects.publish import commit_project
+        limits = Limits(max_file_bytes=int(self.config.commit_max_file_mib * 1024 * 1024),
+                        max_total_bytes=int(self.config.commit_max_total_mib * 1024 * 1024))
+        return commit_project(project_dir, self.remote(owner, project), message, limits,
+                              allow_empty=allow_empty).model_dump()
+
+    def last_commit(self, owner: str, project: str) -> str | None:
+        """The head of vmd's repository for the project: what stays committed when a
+        commit now fails."""
+        return self.remote(owner, project).repository().head()
+
+    def changed_files(self, owner: str, project: str, base: str | None) -> list[str]:
+        from vmd.projects.publish import changed_files
+        return changed_files(self.remote(owner, project), base)
+
+    def push(self, owner: str, project: str, description: str, branch: str,
+             outcome: dict | None) -> dict:
+        from vmd.projects.publish import push_project
+        if outcome is None:
+            status, text = "pending", "vmd did not verify this commit: the session did not finish"
+        elif outcome.get("passed") and outcome.get("proven"):
+            status, text = "success", (f"vmd verified and proven: `{outcome['command']}` exited "
+                                       f"{outcome['exit_code']} and fails without this work")
+        elif outcome.get("passed"):
+            status, text = "warning", (f"vmd: passed, not proven: `{outcome['command']}` exited "
+                                       f"{outcome['exit_code']} but also passes without this work")
+        else:
+            status, text = "failure", (f"vmd verification failed: `{outcome['command']}` exited "
+                                       f"{outcome['exit_code']} (expected {outcome['expect_exit']})")
+        result = push_project(self.remote(owner, project, description), branch=branch or "main",
+                              status=status, status_description=text[:140]).model_dump()
+        web = self.config.gitea_web_url.rstrip("/")
+        if web and result.get("web_url") and self.config.gitea_url:
+            result["web_url"] = result["web_url"].replace(self.config.gitea_url.rstrip("/"), web, 1)
+        return result

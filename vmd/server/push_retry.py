@@ -1,0 +1,163 @@
+"""A push that failed at close, retried in the background until it lands.
+
+When Gitea is down at close, the commit is safe in vmd's repository; what is missing is
+only the push. The session's `push` (a `PushState` in session.json, so that a restarted
+vmd carries on) says where it stands: `pending` while vmd retries (with a backoff doubled
+after each try, capped at a few minutes), `pushed` once it landed (and when), `failed`
+when it cannot pass by waiting (refused, a bad token) or vmd gave up after
+`push_retry_s`. `session_status` of the closed session shows it; the record gets a
+`push` event when it lands or gives up, so the report says "pushed later" or why not.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from vmd.config import VmdConfig
+from vmd.errors import sentence
+
+if TYPE_CHECKING:
+    from vmd.session.session import Session
+    from vmd.session.registry import Sessions
+
+log = logging.getLogger("vmd.server.push_retry")
+
+
+def iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+class PushState(BaseModel):
+    """Where a closed session's push stands."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    state: Literal["pending", "pushed", "failed"]
+    attempts: int = 0
+    sha: str | None = None
+    branch: str | None = None
+    web_url: str | None = None
+    remote: str | None = None
+    error: str | None = None  # the last failure, a sentence
+    since: float  # when the first try was made (epoch seconds)
+    until: float | None = None  # when vmd stops retrying
+    next_at: float | None = None  # the next try, while pending
+    pushed_at: float | None = None
+
+    def view(self) -> dict:
+        """What session_status shows: times as ISO strings."""
+        return {"state": self.state, "attempts": self.attempts, "sha": self.sha, "web_url": self.web_url,
+                "error": self.error, "pushed_at": iso(self.pushed_at), "next_try": iso(self.next_at),
+                "retry_until": iso(self.until)}
+
+
+def after_close(result: dict, config: VmdConfig, gitea: bool, now: float | None = None) -> PushState:
+    """The push state after the first try at close. Only a failure that may pass by itself
+    (Gitea unreachable, a 5xx, a network error) is retried, and only towards Gitea."""
+    now = time.time() if now is None else now
+    common = dict(attempts=1, sha=result.get("sha"), branch=result.get("branch"),
+                  web_url=result.get("web_url"), remote=result.get("remote_display"), since=now)
+    if result.get("pushed"):
+        return PushState(state="pushed", pushed_at=now, **common)
+    if gitea and result.get("retry"):
+        return PushState(state="pending", error=result.get("error"), until=now + config.push_retry_s,
+                         next_at=now + config.push_retry_backoff_s, **common)
+    return PushState(state="failed", error=result.get("error"), **common)
+
+
+def pending_text(push: PushState) -> str:
+    return (f"vmd retries the push in the background until {iso(push.until)}; the commit is kept in "
+            "vmd's repository meanwhile.")
+
+
+class PushRetrier:
+    """One daemon thread that retries every pending push of the live sessions when due."""
+
+    def __init__(self, sessions: Sessions, config: VmdConfig):
+        self.sessions = sessions
+        self.config = config
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, daemon=True, name="vmd-push-retry")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """A new pending push: look again now rather than at the next due time."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            wait = 5.0  # nothing pending: look again soon enough to pick up a new one
+            for session in self.sessions.pending_pushes():
+                if self._stop.is_set():
+                    return
+                push = session.s.push
+                if push is None or push.state != "pending":
+                    continue
+                due = (push.next_at or 0) - time.time()
+                if due <= 0:
+                    try:
+                        self.attempt(session)
+                    except Exception:  # a bug here must not stop the retries of other sessions
+                        log.exception("retrying the push of session %s failed", session.s.id)
+                        due = self.config.push_retry_backoff_s
+                    else:
+                        continue
+                wait = min(wait, max(due, 0.05))
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def attempt(self, session: Session) -> PushState:
+        """One try now; updates and saves the session's push state, records the end."""
+        s = session.s
+        try:
+            result = session.store.push(s.owner, s.project or "", s.task, s.branch, s.outcome)
+        except Exception as exc:
+            result = {"pushed": False, "retry": True, "error": sentence(exc, "the push failed")}
+        now = time.time()
+        with session.lock:
+            push = s.push.model_copy() if s.push else after_close(result, self.config, True, now)
+            push.attempts += 1
+            if result.get("pushed"):
+                push.state, push.pushed_at, push.next_at, push.error = "pushed", now, None, None
+                push.sha, push.web_url = result.get("sha"), result.get("web_url")
+                push.branch, push.remote = result.get("branch"), result.get("remote_display")
+                if s.close is not None:
+                    where = push.web_url or push.remote
+                    s.close = {**s.close, "pushed": True, "web_url": push.web_url, "branch": push.branch,
+                               "remote": push.remote, "push_error": None,
+                               "warnings": result.get("warnings") or [],
+                               "text": s.close["text"] + f" Pushed later, at {iso(now)}, to {where}."}
+            elif not result.get("retry") or now >= (push.until or now):
+                push.state, push.next_at = "failed", None
+                push.error = result.get("error")
+            else:
+                push.error = result.get("error")
+                step = self.config.push_retry_backoff_s * 2 ** max(0, push.attempts - 1)
+                push.next_at = now + min(step, self.config.push_retry_backoff_max_s)
+            s.push = push
+            if push.state == "failed" and s.close is not None:
+                s.close = {**s.close, "push_error": push.error,
+                           "text": s.close["text"] + f" vmd gave up pushing after {push.attempts} tries: "
+                                                     f"{push.error}"}
+            session.save()
+        if push.state != "pending":
+            session.record.append("push", state=push.state, attempts=push.attempts, sha=push.sha,
+                                  web_url=push.web_url, branch=push.branch, remote=push.remote,
+                                  error=push.error, warnings=result.get("warnings") or [])
+            self.sessions.release(session)
+        return push

@@ -1,0 +1,22 @@
+"""The verb handlers, grouped as in the verb table (docs/architecture.md), and the one
+table `Session.call` serves from: verb name -> handler(session, params, notify) -> dict.
+
+session_open and session_attach are served by vmd/server/rpc.py (they bind the connection);
+every other verb in vmd/verbs.py has exactly one handler here.
+"""
+
+from __future__ import annotations
+
+from vmd import verbs as V
+from vmd.session.handlers import end_verbs, people_verbs, screen_verbs, session_verbs, shell_verbs, task_verbs
+
+HANDLERS = {}
+for _group in (session_verbs, task_verbs, shell_verbs, screen_verbs, people_verbs, end_verbs):
+    for _verb, _handler in _group.HANDLERS.items():
+        if _verb in HANDLERS:
+            raise RuntimeError(f"{_verb} has two handlers")
+        HANDLERS[_verb] = _handler
+
+_UNSERVED = set(V.VERBS) - set(HANDLERS) - {"session_open", "session_attach"}
+if _UNSERVED:
+    raise RuntimeError(f"verbs without a handler: {sorted(_UNSERVED)}")

@@ -1,0 +1,44 @@
+"""The people verbs: ask_user and request_unfreeze stop the session until a person
+answers (session_resume); the machine is suspended meanwhile."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vmd import verbs as V
+from vmd.errors import sentence
+
+if TYPE_CHECKING:
+    from vmd.session.session import Session
+
+
+def _wait_for_person(session: Session, state: str, field: str, value: str) -> None:
+    with session.lock:
+        if session.s.state not in V.WAITING_STATES:
+            session.s.resume_state = session.s.state
+        session.s.state = state
+        setattr(session.s, field, value)
+        session.save()
+    if session.machine is not None and session.boot_done.is_set() and not session.boot_error:
+        try:
+            session.machine.suspend()
+        except Exception as exc:  # the question stands even if the guest would not pause
+            session.record.append("machine", event="suspend_failed", error=sentence(exc, "suspend failed"))
+
+
+def ask_user(session: Session, p: V.AskUser, notify) -> dict:
+    _wait_for_person(session, "question", "question", p.question)
+    return {"state": "question", "text": "Your question is with the user. Stop here: the session "
+                                         "resumes with their answer."}
+
+
+def request_unfreeze(session: Session, p: V.RequestUnfreeze, notify) -> dict:
+    _wait_for_person(session, "unfreeze", "unfreeze_request", p.reason)
+    return {"state": "unfreeze", "text": "Your request is with the user. Stop here: the session "
+                                         "resumes when they decide."}
+
+
+HANDLERS = {
+    "ask_user": ask_user,
+    "request_unfreeze": request_unfreeze,
+}

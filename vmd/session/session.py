@@ -1,0 +1,416 @@
+"""A session: one task, one machine, one project folder, one record.
+
+`Session` opens or loads a session, keeps its state on disk (vmd/session/state.py) and
+serves a verb (`call`): the gate, the handler from vmd/session/handlers/, the check of its result
+against the contract, the count and the record. When a session serves a verb, and
+whether it is a step, is the table `POLICY` of vmd/verbs.py; the rules of the verbs
+themselves (finish refused while a task is open, the check re-run by vmd) live in their
+handlers. The machine boots in the background and stops with the session's end
+(vmd/session/boot.py); vmd's live sessions are vmd/session/registry.py.
+
+All machine access goes through `SessionMachine` (vmd/machines/port.py: its `guest`,
+its `screen`, its life cycle), made by a `MachineFactory`; the default one drives
+libvirt, tests may hand in another.
+
+A session counts its clients (the connections bound to it) and knows when it began to
+wait for a person, for vmd/server/lifecycle.py, which ends the sessions nobody ends. A full
+disk on the host never leaves its files half written (vmd/session/disk.py): the session notes it
+(`disk_full`), the verb answers with that sentence, and the session ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+from vmd.session import disk
+from vmd.session import boot as session_boot
+from vmd import verbs as V
+from vmd.config import VmdConfig
+from vmd.errors import FAILED, INVALID_PARAMS, NOT_READY, VerbError, checked_result, refused, sentence
+from vmd.session.handlers import HANDLERS
+from vmd.session.handlers.output import Notify
+from vmd.machines.port import MachineFactory, MachineSpec, SessionMachine, Stall
+from vmd.private_fs import passable_dir, qemu_gid
+from vmd.projects.store import ProjectStore
+from vmd.session.record import Record, Redactor
+from vmd.session.state import SESSION_ID, SessionState, new_session_id
+from vmd.session.tasks import TaskList
+
+
+class Session:
+    """One session, live in this vmd: its state, record, task list and machine. The verb
+    handlers (vmd/session/handlers/) read and change it through `s`, `tasks`, `record`, `lock`,
+    `save()`, `ready_machine()` and `frozen()`."""
+
+    def __init__(self, state: SessionState, config: VmdConfig, machines: MachineFactory,
+                 store: ProjectStore):
+        self.s = state
+        self.config = config
+        self.machines = machines
+        self.store = _WatchedStore(store, self)
+        self.dir = config.sessions_dir / state.id
+        # 0710 with QEMU's group: QEMU reaches the guest's disk below it, lists nothing.
+        passable_dir(self.dir, qemu_gid(config.share_user))
+        self.record = Record(self.dir, Redactor([config.gitea_token.get_secret_value()],
+                                                text_limit=config.record_output_chars,
+                                                long_keys={"output_tail": config.record_output_tail_chars}))
+        self.tasks = TaskList.from_list(state.tasks)
+        self.lock = threading.RLock()
+        # The machine and its boot, set by vmd/session/boot.py.
+        self.machine: SessionMachine | None = None
+        self.boot_done = threading.Event()
+        self.boot_error: str | None = None
+        self.desktop_ready = False
+        self.needs_ready = False  # attached while suspended: ready() once resumed
+        # The end (vmd/session/handlers/end_verbs.py `close`): `ending` is set when a close begins,
+        # and a boot in progress stops at its next step and destroys what it made;
+        # `closing` lets one close run at a time (a client's and the reaper's).
+        self.ending = threading.Event()
+        self.closing = threading.Lock()
+        self.destroyed = False  # the machine was destroyed (by the close or the boot it stopped)
+        self.boot_stopped = False  # a boot in progress was stopped by the session's end
+        # Connections bound to this session (vmd/server/rpc.py) and since when none is (monotonic):
+        # the reaper (vmd/server/lifecycle.py) closes a session nobody came back to.
+        self.clients = 0
+        self.detached_since = time.monotonic()
+        self.adopted = False  # loaded by vmd at its start, not by a client
+        self._full: str | None = None  # a full-disk sentence from save() or the store
+        self.unsaved = False  # session.json could not be written (full disk); saved again later
+
+    # --- opening, loading, saving -----------------------------------------------------------
+
+    @classmethod
+    def open(cls, params: V.SessionOpen, config: VmdConfig, machines: MachineFactory,
+             store: ProjectStore) -> "Session":
+        for what, value in (("project", params.project), ("owner", params.owner)):
+            problem = value and V.name_problem(what, value)
+            if problem:
+                raise VerbError(problem, INVALID_PARAMS)
+        # Names Gitea reserves (`notes.wiki`, `api`, …) fail here with a sentence, not at close.
+        from vmd.projects.owners import gitea_name_problem
+        problem = gitea_name_problem(config, params.owner, params.project)
+        if problem:
+            raise VerbError(problem, INVALID_PARAMS)
+        sid = new_session_id()
+        state = SessionState(id=sid, os=params.os or config.default_os, project=params.project or None,
+                             owner=params.owner, task=params.task, chat_id=params.chat_id,
+                             machine_name=f"vmagent-{sid}")
+        session = cls(state, config, machines, store)
+        started = time.monotonic()
+        if state.project:
+            project_dir = config.projects_dir / (state.owner or V.LOCAL_OWNER) / state.project
+            state.project_dir = str(project_dir)
+            try:
+                prepared = store.prepare(project_dir, state.owner, state.project, state.task)
+                state.storage = prepared["text"]
+                state.base_commit = prepared["base_commit"]
+                state.branch = prepared["branch"]
+            except Exception as exc:
+                raise VerbError(f"the project folder could not be prepared: {sentence(exc, 'error')}. "
+                                "Nothing was started; fix the cause and open the session again.")
+        else:
+            state.storage = "no project folder: nothing from this session is kept after it closes"
+        session.record.append("session", event="open", session_id=sid, args=params.model_dump(),
+                              project_dir=state.project_dir, storage=state.storage,
+                              duration=round(time.monotonic() - started, 3))
+        session.save()
+        if session.disk_full:
+            raise VerbError(f"{session.disk_full}. Nothing was started; free space on the host, then open "
+                            "the session again.")
+        session_boot.start_machine(session, attach=False)
+        if params.wait:
+            session.boot_done.wait(session.boot_timeout)
+        return session
+
+    @classmethod
+    def load(cls, session_id: str, config: VmdConfig, machines: MachineFactory,
+             store: ProjectStore, adopt: bool = False) -> "Session":
+        """A session from its session.json. One not closed gets its machine re-bound in the
+        background, also when the last vmd died before it saved `machine_created` (a
+        domain made meanwhile is found by its name); `adopt`: vmd's own load at its start."""
+        path = config.sessions_dir / session_id / "session.json"
+        if not SESSION_ID.match(session_id) or not path.is_file():
+            raise VerbError(f"there is no session {session_id!r} in this vmd's state dir; "
+                            "open a new one with session_open.", INVALID_PARAMS)
+        session = cls(SessionState.model_validate_json(path.read_text()), config, machines, store)
+        session.adopted = adopt
+        session.record.append("session", event="adopt" if adopt else "attach", session_id=session_id,
+                              state=session.s.state)
+        if session.s.state != "closed":
+            session_boot.start_machine(session, attach=True)
+        else:
+            session.boot_done.set()
+        return session
+
+    def save(self) -> None:
+        """session.json, replaced whole (never left truncated). A full disk does not raise:
+        the state stays in memory, `disk_full` says so and the session ends; vmd saves it
+        again once there is room (`flush`)."""
+        with self.lock:
+            self.s.tasks = self.tasks.to_list()
+            try:
+                disk.replace(self.dir / "session.json", self.s.model_dump_json(indent=1))
+            except OSError as exc:
+                if not disk.full(exc):
+                    raise
+                self.unsaved = True
+                self.note_full(disk.sentence(f"vmd could not save {self.dir / 'session.json'}", exc))
+                return
+            self.unsaved = False
+
+    # --- the host's disk ----------------------------------------------------------------
+
+    @property
+    def disk_full(self) -> str | None:
+        """A sentence once the host's disk was found full for this session, else None."""
+        return self._full or self.record.full
+
+    def note_full(self, text: str) -> None:
+        if self._full is None:
+            self._full = text
+
+    def flush(self) -> bool:
+        """Writes what a full disk held back (record events, session.json); True when all is on disk."""
+        written = self.record.flush()
+        if self.unsaved:
+            self.save()
+        return written and not self.unsaved
+
+    def held(self) -> bool:
+        """Whether vmd must keep this session in memory after its close: its push is still
+        being retried, or a full disk kept part of it from its files."""
+        pending = self.s.push is not None and self.s.push.state == "pending"
+        return pending or self.unsaved or bool(self.record.unwritten)
+
+    # --- clients ------------------------------------------------------------------------
+
+    def client_joined(self) -> None:
+        with self.lock:
+            self.clients += 1
+            self.s.clients, self.s.detached_at = self.clients, None
+            if self.s.state != "closed":
+                self.save()
+
+    def client_left(self) -> None:
+        with self.lock:
+            self.clients = max(0, self.clients - 1)
+            self.s.clients = self.clients
+            if self.clients == 0:
+                self.detached_since = time.monotonic()
+                self.s.detached_at = time.time()
+            if self.s.state != "closed":
+                self.save()
+
+    def detached_for(self) -> float | None:
+        """Seconds since the last client went, or None while one is bound."""
+        return None if self.clients else time.monotonic() - self.detached_since
+
+    def spec(self) -> MachineSpec:
+        return MachineSpec(session_id=self.s.id, os=self.s.os, name=self.s.machine_name,
+                           workdir=self.dir / "machine",
+                           project_dir=Path(self.s.project_dir) if self.s.project_dir else None,
+                           egress=self.s.egress)
+
+    # --- serving a verb -------------------------------------------------------------------
+
+    def call(self, verb: str, params: V.Params, notify: Notify | None = None) -> dict:
+        if not V.POLICY[verb].recorded:  # a watcher's look (peek): not a step, not in the record
+            self._gate(verb)
+            return checked_result(verb, HANDLERS[verb](self, params, notify))
+        # Open when the verb came: a full disk found meanwhile (by this verb, or by the
+        # reaper, which may end the session while the verb waits on a guest QEMU paused)
+        # is what the agent hears, not the error the end left this verb with.
+        was_open = self.s.state != "closed"
+        try:
+            result = self._serve(verb, params, notify)
+        except VerbError as exc:
+            if self._ends_on_full_disk(verb, was_open):
+                raise self._end_on_full_disk() from exc
+            raise
+        finally:
+            self._track_waiting()
+        if self._ends_on_full_disk(verb, was_open):
+            raise self._end_on_full_disk()
+        return result
+
+    def _ends_on_full_disk(self, verb: str, was_open: bool) -> bool:
+        return bool(self.disk_full) and verb != "session_close" and was_open
+
+    def _end_on_full_disk(self) -> VerbError:
+        """The host's disk is full: nothing more of this session can be recorded or saved,
+        so vmd ends it (commit what it can, push, destroy), unless the reaper did already,
+        and tells the agent why."""
+        from vmd.session.handlers.end_verbs import close
+        reason = self.disk_full or "the host's disk is full"
+        closed = close(self, reason=reason)
+        # The close's text starts with the reason again; the agent reads it once.
+        body = closed["text"].removeprefix("already closed. ").removeprefix(f"vmd closed the session: {reason}. ")
+        return VerbError(f"{reason}. vmd ended the session, as nothing more of it could be kept: "
+                         f"{body} What was committed stays committed. Free space on the host, "
+                         "then open a new session to carry on.")
+
+    def _track_waiting(self) -> None:
+        """When the session began to wait for a person: the reaper keeps its guest
+        question_keep_s from then."""
+        with self.lock:
+            waiting = self.s.state in V.WAITING_STATES
+            if waiting == (self.s.waiting_since is not None):
+                return
+            self.s.waiting_since = time.time() if waiting else None
+            if self.s.state != "closed":
+                self.save()
+
+    def _serve(self, verb: str, params: V.Params, notify: Notify | None) -> dict:
+        started = time.monotonic()
+        args = params.model_dump()
+        try:
+            self._gate(verb)
+            result = checked_result(verb, HANDLERS[verb](self, params, notify))
+        except VerbError as exc:
+            self._count(verb)
+            self.record.verb(verb, args, error=exc.message, code=exc.code,
+                             duration=time.monotonic() - started)
+            raise
+        except Exception as exc:
+            self._count(verb)
+            message = sentence(exc, f"{verb} failed")
+            if disk.full(exc):  # an OSError of this host (never a guest's own full disk)
+                self.note_full(disk.sentence(f"{verb} could not write on the host", exc))
+                message = self.disk_full or message
+            if V.POLICY[verb].needs_machine and not self.machine_alive():
+                message = ("the machine is gone (destroyed or crashed), so nothing more can run in this "
+                           "session. The project folder is kept on the host: call session_close to "
+                           f"commit it. ({message})")
+            self.record.verb(verb, args, error=message, code=FAILED, duration=time.monotonic() - started)
+            raise VerbError(message) from exc
+        self._count(verb)
+        self.record.verb(verb, args, result=_for_record(verb, result), duration=time.monotonic() - started)
+        return result
+
+    def _count(self, verb: str) -> None:
+        if V.POLICY[verb].counts_as_step:
+            with self.lock:
+                self.s.steps += 1
+                self.save()
+
+    def _gate(self, verb: str) -> None:
+        """Refuses `verb` when the session's state or its lack of a plan says no (POLICY)."""
+        policy, state = V.POLICY[verb], self.s.state
+        if state == "closed" and policy.when_closed == "refuse":
+            raise refused(f"session {self.s.id} is closed; read its report(), or open a new session to do more.")
+        if state == "cancelled" and policy.when_cancelled == "refuse":
+            raise refused("the session was cancelled; stop and call session_close.")
+        if state in V.WAITING_STATES and policy.when_waiting == "refuse":
+            waiting = self.s.question if state == "question" else self.s.unfreeze_request
+            raise refused(f"the session waits for a person ({state}: {waiting!r}); the machine is "
+                          "suspended until session_resume brings the answer.")
+        if policy.needs_plan and not self.tasks.planned:
+            raise refused(f"{verb} needs a plan first: call plan_tasks with the steps of the work (the "
+                          "machine boots meanwhile), then use the machine.")
+
+    @property
+    def boot_timeout(self) -> float:
+        return self.config.boot_timeout_s * self._timeout_scale()
+
+    @property
+    def verify_timeout(self) -> float:
+        return self.config.verify_timeout_s * self._timeout_scale()
+
+    def _timeout_scale(self) -> float:
+        # The configured timeouts are what a KVM host needs; without KVM (TCG, as on the
+        # CI machines) the same work takes several times longer.
+        scale = getattr(self.machines, "timeout_scale", None)
+        return float(scale()) if scale else 1.0
+
+    def machine_alive(self) -> bool:
+        """False only when the machine is known to be gone (destroyed from outside, crashed)."""
+        probe = getattr(self.machine, "alive", None)
+        if self.machine is None or probe is None:
+            return True
+        try:
+            return bool(probe())
+        except Exception:
+            return False
+
+    def machine_stalled(self) -> Stall | None:
+        """Why QEMU paused the guest on its own (a write to its disk failed on the host),
+        or None."""
+        machine = self.machine
+        probe = getattr(machine, "stalled", None)
+        if probe is None:
+            return None
+        try:
+            return probe()
+        except Exception:
+            return None
+
+    def ready_machine(self) -> SessionMachine:
+        """The machine, once it is up; waits for the boot if it is still going. The
+        handlers use its `guest` and `screen` (vmd/machines/port.py)."""
+        if not self.boot_done.wait(self.boot_timeout):
+            raise VerbError(f"the machine is still booting after {self.boot_timeout:.0f} s; "
+                            "call session_ready with a longer timeout.", NOT_READY)
+        if self.boot_error:
+            raise VerbError(self.boot_error, NOT_READY)
+        if self.machine is None:
+            raise VerbError("this session has no machine (it was closed).", NOT_READY)
+        return self.machine
+
+    @contextlib.contextmanager
+    def frozen(self):
+        """The guest paused while vmd reads the project folder, so the tree cannot change
+        under the commit; resumed after, unless it was paused already (a question)."""
+        machine = self.machine
+        paused = False
+        if machine is not None and self.boot_done.is_set() and self.s.state not in V.WAITING_STATES:
+            try:
+                machine.suspend()
+                paused = True
+            except Exception as exc:
+                self.record.append("machine", event="pause_failed", error=sentence(exc, "pause failed"))
+        try:
+            yield
+        finally:
+            if paused:
+                try:
+                    machine.resume()
+                except Exception as exc:
+                    self.record.append("machine", event="resume_failed", error=sentence(exc, "resume failed"))
+
+
+class _WatchedStore:
+    """The project store as one session uses it: a commit that finds the host's disk full
+    is noted on the session (`note_full`) whoever catches the error (a checkpoint keeps
+    its task update), so that the session ends with a report saying so."""
+
+    def __init__(self, store: ProjectStore, session: Session):
+        self._store = store
+        self._session = session
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def commit(self, *args, **kwargs) -> dict:
+        try:
+            return self._store.commit(*args, **kwargs)
+        except Exception as exc:
+            if disk.full(exc, by_text=True):  # git on this host says so in words
+                self._session.note_full(disk.sentence("a commit into vmd's repository failed", exc))
+            raise
+
+
+def _for_record(verb: str, result: dict) -> dict:
+    """What the record keeps of a result: no file bodies, no images, short text."""
+    if verb == "report":
+        return {"outcome": result.get("outcome")}  # the report is built from the record itself
+    kept = dict(result)
+    if verb == "read_file":
+        kept.pop("text", None)  # the body, again; `content` is summarised by the record
+    if verb == "screenshot":
+        kept.pop("png_base64", None)
+    if verb in ("run",):
+        kept.pop("text", None)  # stdout/stderr are kept (cut) on their own
+    return kept

@@ -1,0 +1,66 @@
+"""What a session keeps on disk: `<state_dir>/sessions/<id>/session.json`, everything a
+restarted vmd needs to carry on, read by vmd/session/registry.py (adoption), vmd/server/lifecycle.py and
+`vmd sessions` (vmd/server/session_list.py) without a live session."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from datetime import datetime, timezone
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from vmd.server.push_retry import PushState
+from vmd.verbs import SessionStateName
+
+SESSION_ID = re.compile(r"^s-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+
+
+def new_session_id() -> str:
+    return datetime.now(timezone.utc).strftime("s-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+class SessionState(BaseModel):
+    id: str
+    os: str
+    project: str | None = None
+    owner: str = ""
+    task: str = ""
+    chat_id: str = ""
+    created: float = Field(default_factory=time.time)
+    state: SessionStateName = "booting"
+    resume_state: SessionStateName = "booting"  # where question/unfreeze go back to
+    machine_name: str = ""
+    machine_created: bool = False
+    project_dir: str | None = None
+    storage: str = ""
+    base_commit: str | None = None
+    branch: str = "main"  # the Gitea branch the history came from and goes back to
+    tasks: list[dict] = []
+    runs: int = 0
+    steps: int = 0
+    question: str = ""
+    unfreeze_request: str = ""
+    answer: str = ""
+    egress: bool = False
+    cancelled: bool = False
+    boot_seconds: float | None = None
+    # How the machine came: "warm" (restored from vmd's pool, vmd/machines/warm_pool.py) or "cold"
+    # (booted); None until it was made. `came_note`: why it came cold when warm was tried.
+    machine_came: Literal["warm", "cold"] | None = None
+    came_note: str | None = None
+    facts: dict = {}
+    outcome: dict | None = None
+    verifications: list[dict] = []  # every run of the agent's check, in order
+    baseline_refused: bool = False  # a finish was refused once for a check that proves nothing
+    summary: str = ""
+    close: dict | None = None
+    push: PushState | None = None  # the push at close and its retries (vmd/server/push_retry.py)
+    # Connections bound to the session as vmd last saved them, and since when none is
+    # (epoch seconds): what `vmd sessions` shows; the reaper counts live ones in memory.
+    clients: int = 0
+    detached_at: float | None = None
+    waiting_since: float | None = None  # when the session began to wait for a person
