@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from vmagent.client import SessionLink
-from vmagent.llm import LLM
+from vmagent.model import Model
 
 # How often the cancel watcher looks whether the job was cancelled.
 CANCEL_POLL_S = 0.2
@@ -19,7 +19,7 @@ class BreakOff:
     answer abandoned, so the loop reaches `_end` and the session closes promptly. Stopped
     before `_end`, whose calls are never broken off."""
 
-    def __init__(self, cancel: threading.Event, grace: float, link: SessionLink, llm: LLM):
+    def __init__(self, cancel: threading.Event, grace: float, link: SessionLink, llm: Model):
         self.cancel, self.grace, self.link, self.llm = cancel, grace, link, llm
         self.finished = threading.Event()
         self.fired = False

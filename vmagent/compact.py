@@ -20,7 +20,8 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel
 
 from .config import AgentConfig
-from .llm import LLM, OllamaError, drop_old_images, image_count, wire_tools
+from .llm import ContextTooLong, ModelError, Reply, drop_old_images, image_count, wire_tools
+from .model import Model
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,24 @@ class Calibration:
         text_tokens = prompt_eval_count - images * self.image_tokens
         if text_tokens < 50:  # too small a prompt to measure anything
             return
-        measured = min(max(_text_chars(messages, tools) / text_tokens, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+        self._adopt(_text_chars(messages, tools) / text_tokens)
+
+    def observe_refused(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                        prompt_tokens: int | None, context: int | None) -> None:
+        """The server refused these messages as longer than its context: the estimate was
+        short. Its own count (llama.cpp and vLLM say it) is exact; without one, the prompt
+        was at least `context` tokens."""
+        tokens = prompt_tokens or context or self.num_ctx
+        if not tokens:
+            return
+        images = image_count(messages)
+        if self.keep_images is not None:
+            images = min(images, self.keep_images)
+        text_tokens = max(1, tokens - images * self.image_tokens)
+        self._adopt(_text_chars(messages, tools) / text_tokens)
+
+    def _adopt(self, ratio: float) -> None:
+        measured = min(max(ratio, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
         if measured < self.chars_per_token:
             # Denser than thought: adopt at once, an underestimate overflows the context.
             self.chars_per_token = measured
@@ -199,15 +217,23 @@ def _cut_note(cut: int) -> str:
 
 
 class Compactor:
-    def __init__(self, config: AgentConfig, llm: LLM, calibration: Calibration | None = None):
+    def __init__(self, config: AgentConfig, llm: Model, calibration: Calibration | None = None):
         self.config = config
         self.llm = llm
         self.calibration = calibration or Calibration.from_config(config)
         self.history: list[Compaction] = []
+        # A reply cut at the context's end (finish "length"): compact before the next turn.
+        self.due = False
+
+    @property
+    def num_ctx(self) -> int:
+        """The model's context: num_ctx for Ollama (sent with every request), what the
+        server says for an OpenAI-compatible one (vmagent/model.py)."""
+        return self.llm.context_length()
 
     @property
     def target(self) -> int:
-        return int(self.config.compact_at * self.config.num_ctx)
+        return int(self.config.compact_at * self.num_ctx)
 
     def estimate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         return self.calibration.estimate(messages, tools)
@@ -216,18 +242,39 @@ class Compactor:
         """Feed back the prompt_eval_count of a reply (a Reply or an int) for these messages."""
         count = getattr(reply, "prompt_eval_count", reply)
         if isinstance(count, int):
+            self.calibration.num_ctx = self.num_ctx
             self.calibration.observe(messages, tools, count)
+        if getattr(reply, "done_reason", None) == "length":
+            self.due = True
+
+    def ask(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, pinned: PinnedContext,
+            retry_until: float | None = None) -> tuple[list[dict[str, Any]], Reply, bool]:
+        """The model's reply to `messages`; a prompt the server refuses as longer than the
+        context (ContextTooLong) is compacted, whatever the estimate said, and asked once
+        more. Returns (messages as sent, reply, whether they were compacted here)."""
+        try:
+            return messages, self.llm.chat(messages, tools=tools, retry_until=retry_until), False
+        except ContextTooLong as refused:
+            log.warning("the server refused the prompt as too long (%s); compacting", refused)
+            self.calibration.num_ctx = self.num_ctx
+            self.calibration.observe_refused(messages, tools, refused.prompt_tokens, refused.context)
+            messages, _ = self.maybe_compact(messages, tools, pinned, force=True)
+            return messages, self.llm.chat(messages, tools=tools, retry_until=retry_until), True
 
     def maybe_compact(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         pinned: PinnedContext,
+        force: bool = False,
     ) -> tuple[list[dict[str, Any]], bool]:
-        """Compact when the estimate passes the target; returns (messages, compacted)."""
+        """Compact when the estimate passes the target, or when `force`d (the server refused
+        the prompt) or due (the last reply was cut at the context's end); returns
+        (messages, compacted)."""
         before = self.estimate(messages, tools)
-        if before <= self.target:
+        if before <= self.target and not (force or self.due):
             return messages, False
+        self.due = False
 
         head, body = _split_head(messages)
         tail_start = _tail_start(body, self.config.keep_tail_messages)
@@ -253,7 +300,7 @@ class Compactor:
             log.warning(
                 "after compaction the prompt is still ~%d tokens (target %d): the system prompt, "
                 "task and task list alone are too big for num_ctx=%d",
-                after, self.target, self.config.num_ctx,
+                after, self.target, self.num_ctx,
             )
         self.history.append(Compaction(before, after, len(middle), by, error))
         log.info("compacted %d messages by %s: ~%d -> ~%d tokens", len(middle), by, before, after)
@@ -299,9 +346,9 @@ class Compactor:
         try:
             text = self._ask_model(head, middle, room)
             if not text.strip():
-                raise OllamaError("the model returned an empty summary")
+                raise ModelError("the model returned an empty summary")
             return _cut_to(text.strip(), room_chars), "model", None
-        except OllamaError as e:
+        except ModelError as e:
             log.warning("summary by the model failed (%s); using a mechanical transcript", e)
             return _cut_to(mechanical_transcript(middle), room_chars), "transcript", str(e)
 
@@ -309,7 +356,7 @@ class Compactor:
         task = next((m.get("content") or "" for m in head if m.get("role") == "user"), "")
         instructions = SUMMARY_INSTRUCTIONS.format(words=max(50, int(room * 0.6)))
         # The request must fit num_ctx with the reply: the history is cut to what remains.
-        budget_tokens = self.config.num_ctx - room - self.estimate(
+        budget_tokens = self.num_ctx - room - self.estimate(
             [{"role": "system", "content": instructions}, {"role": "user", "content": task[:4000]}]
         ) - 256
         budget_chars = max(2000, int(budget_tokens * self.calibration.chars_per_token * 0.9))

@@ -12,9 +12,9 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 CONFIG_ENV = "VMAGENT_CONFIG"
 PROMPTS_ENV = "VMAGENT_PROMPTS"
@@ -29,6 +29,10 @@ ENV_ALIASES = {
 }
 
 
+# llama.cpp's llama-server listens here unless told otherwise.
+OPENAI_DEFAULT_URL = "http://127.0.0.1:8080/v1"
+
+
 class ConfigError(ValueError):
     """The configuration cannot be used; the message says which setting and why."""
 
@@ -38,6 +42,20 @@ class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # --- the model -----------------------------------------------------------------
+    # Which protocol the model server speaks (VMAGENT_MODEL_API): "ollama" (/api/chat) or
+    # "openai" (/v1/chat/completions: vLLM, llama.cpp's llama-server, SGLang, LM Studio,
+    # and Ollama too). vmagent/model.py picks the client by it.
+    model_api: Literal["ollama", "openai"] = "ollama"
+    # The model server (VMAGENT_MODEL_URL). For "openai" the base URL ending in /v1; unset,
+    # llama-server's own default. For "ollama" it wins over ollama_host when set.
+    model_url: str | None = None
+    # A bearer key for an OpenAI-compatible server (VMAGENT_MODEL_KEY). A secret: never
+    # logged, dumped, stored in a transcript, a report or an event.
+    model_key: SecretStr | None = None
+    # Whether the model takes images, for an OpenAI-compatible server that does not say so
+    # in /v1/models (vLLM does not). None: what /v1/models says, else no (a text-only
+    # model sent an image refuses the request; the screen is then read as text).
+    model_vision: bool | None = None
     ollama_host: str = "http://127.0.0.1:11434"
     # A model with tool calling (the agent works only through tools) and vision (the
     # screen verbs answer with screenshots; Ollama drops images for a text-only model).
@@ -160,6 +178,34 @@ class AgentConfig(BaseModel):
         # the way Ollama's own CLI does (port 11434 when none is given).
         return value
 
+    @field_validator("model_url", mode="before")
+    @classmethod
+    def _blank_model_url_is_none(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().rstrip("/")
+            if value and "://" not in value:
+                raise ValueError(f"model_url {value!r} needs a scheme, such as http://127.0.0.1:8080/v1")
+            return value or None
+        return value
+
+    @field_validator("model_key", mode="before")
+    @classmethod
+    def _blank_model_key_is_none(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.strip() or None
+        return value
+
+    @field_validator("model_vision", mode="before")
+    @classmethod
+    def _vision_from_text(cls, value: Any) -> Any:
+        return _tristate(value)
+
+    def model_server(self) -> str:
+        """The URL of the model server in use: model_url, else the backend's default."""
+        if self.model_url:
+            return self.model_url
+        return OPENAI_DEFAULT_URL if self.model_api == "openai" else self.ollama_host
+
     @field_validator("prompts_dir", mode="before")
     @classmethod
     def _blank_prompts_dir_is_none(cls, value: Any) -> Any:
@@ -171,15 +217,7 @@ class AgentConfig(BaseModel):
     @field_validator("think", mode="before")
     @classmethod
     def _think_from_text(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip().lower()
-            if text in ("", "auto", "none", "default"):
-                return None
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-        return value
+        return _tristate(value)
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> "AgentConfig":
@@ -201,6 +239,19 @@ class AgentConfig(BaseModel):
                 f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors()
             )
             raise ConfigError(f"The agent configuration is invalid{where}: {problems}.") from None
+
+
+def _tristate(value: Any) -> Any:
+    """A yes/no/auto setting written as text (an environment variable): None for auto."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "auto", "none", "default"):
+            return None
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+    return value
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The model client: streaming chat with tools on Ollama, through the official `ollama` package.
+"""The Ollama backend of the model interface (vmagent/model.py): streaming chat with tools
+on Ollama's /api/chat, through the official `ollama` package.
 
 Messages are Ollama's own dicts: {"role", "content", "images"?, "tool_calls"?, "tool_name"?,
 "thinking"?}. A server that goes away is asked the same request again, within bounds
@@ -10,16 +11,15 @@ a failure is sorted and said by vmagent/llm_failures.py.
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from typing import Any, Callable
 
 import httpx
 import ollama
 
 from .config import AgentConfig
-from .llm_failures import Failures, ModelCancelled, OllamaError, Outage, Retryable, outage_cause
+from .llm_failures import (ContextTooLong, Failures, ModelCancelled, ModelError, OllamaError, Outage,
+                           Retryable)
+from .model import CONNECT_TIMEOUT_S, Model, open_model
 from .reply import Reply, StreamState, ToolCall
 from .wire import (SCREENSHOT_DROPPED, drop_images_in_batches, drop_old_images, image_count, only_latest_thinking,
                    wire_messages, wire_tools)
@@ -27,64 +27,27 @@ from .wire import (SCREENSHOT_DROPPED, drop_images_in_batches, drop_old_images, 
 # The loop, compaction, the report and the tests import these from here, the one door to
 # the model; they live in the modules named for them.
 __all__ = [
-    "LLM", "ModelCancelled", "OllamaError", "Outage", "Reply", "ToolCall", "SCREENSHOT_DROPPED",
-    "drop_images_in_batches", "drop_old_images", "image_count", "only_latest_thinking", "wire_messages",
-    "wire_tools",
+    "LLM", "Model", "OllamaModel", "open_model", "ContextTooLong", "ModelCancelled", "ModelError", "OllamaError",
+    "Outage", "Reply", "ToolCall", "SCREENSHOT_DROPPED", "drop_images_in_batches", "drop_old_images",
+    "image_count", "only_latest_thinking", "wire_messages", "wire_tools",
 ]
 
-log = logging.getLogger(__name__)
 
-# Seconds to open a connection to Ollama; it answers locally or on a LAN in milliseconds.
-CONNECT_TIMEOUT_S = 10.0
-# The wait between tries grows (retry_backoff_s, doubling) up to this: a restarted Ollama
-# is seen within half a minute of coming back, and a dead one is not hammered.
-RETRY_BACKOFF_MAX_S = 30.0
-# The first contact (the model's capabilities, before a job opens a session) tries at most
-# this many times after the first: a server that is not there at the start is a setting to
-# fix (OLLAMA_HOST), said at once rather than after model_retry_s.
-FIRST_CONTACT_RETRIES = 3
-# How often a caller waiting for a reply looks whether the job was cancelled.
-ABANDON_POLL_S = 0.1
-
-
-class LLM:
+class OllamaModel(Model):
     def __init__(self, config: AgentConfig, client: ollama.Client | None = None):
-        self.config = config
-        self.host = config.ollama_host
-        self.model = config.model
+        super().__init__(config, config.model_server())
         # A host that drops packets should fail in seconds, not after request_timeout_s,
         # which is sized for a long prompt evaluation before the first chunk.
         timeout = httpx.Timeout(config.request_timeout_s, connect=CONNECT_TIMEOUT_S)
-        self.client = client or ollama.Client(host=config.ollama_host, timeout=timeout)
-        self.failures = Failures(config.ollama_host, config.model, config.request_timeout_s)
-        self._capabilities: list[str] | None = None
-        # Told (a sentence) when the model server stops answering and when it is back.
-        self.on_wait: Callable[[str], None] | None = None
-        # Every request the server failed and that was asked again, for the report's notes.
-        self.outages: list[Outage] = []
-        self._abandoned = threading.Event()
-
-    def abandon(self) -> None:
-        """Stop waiting for the model (the job was cancelled): the chat waiting now raises
-        ModelCancelled at once, and so does every later one."""
-        self._abandoned.set()
+        self.client = client or ollama.Client(host=self.host, timeout=timeout)
+        self.failures = Failures(self.host, config.model, config.request_timeout_s)
 
     # --- what the model can do --------------------------------------------------------
 
-    def capabilities(self) -> list[str]:
-        """The model's capabilities from /api/show, asked once per client."""
-        if self._capabilities is None:
-            shown = self._with_retries(lambda: self._show(), what="asking for the model's capabilities",
-                                       retries=min(self.config.retries, FIRST_CONTACT_RETRIES))
-            self._capabilities = list(shown.capabilities or [])
-        return self._capabilities
-
-    def sees_images(self) -> bool:
-        """Whether the model takes images: Ollama drops them, silently, for one that does not."""
-        return "vision" in self.capabilities()
-
-    def supports_thinking(self) -> bool:
-        return "thinking" in self.capabilities()
+    def _capabilities_now(self) -> list[str]:
+        """The model's capabilities from /api/show. "vision" matters most: Ollama drops
+        images, silently, for a model without it."""
+        return list(self._show().capabilities or [])
 
     def _show(self) -> ollama.ShowResponse:
         try:
@@ -145,8 +108,7 @@ class LLM:
                 )
                 try:
                     for chunk in stream:
-                        if self._abandoned.is_set():
-                            raise ModelCancelled("the job was cancelled while the model answered")
+                        self._check_abandoned()
                         state.take(chunk)
                 finally:
                     close = getattr(stream, "close", None)
@@ -163,77 +125,6 @@ class LLM:
 
         return self._waited(lambda: self._with_retries(attempt, what="chatting", until=retry_until))
 
-    def _waited(self, work: Callable[[], Reply]) -> Reply:
-        """`work` in a thread of its own, so that a cancelled job need not wait for it: a
-        model evaluating a long prompt sends nothing for minutes. Once abandoned, the
-        thread ends with the next chunk or the next retry."""
-        if self._abandoned.is_set():
-            raise ModelCancelled("the job was cancelled; the model is not asked")
-        box: dict[str, Any] = {}
-        done = threading.Event()
 
-        def run() -> None:
-            try:
-                box["reply"] = work()
-            except BaseException as e:  # handed to the caller's thread
-                box["error"] = e
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="ollama-chat", daemon=True).start()
-        while not done.wait(ABANDON_POLL_S):
-            if self._abandoned.is_set():
-                raise ModelCancelled("the job was cancelled while the model answered; the answer is not waited for")
-        if "error" in box:
-            raise box["error"]
-        return box["reply"]
-
-    # --- retries ----------------------------------------------------------------------
-
-    def _with_retries(self, attempt: Callable[[], Any], what: str, *, retries: int | None = None,
-                      until: float | None = None) -> Any:
-        """attempt(), asked again on a Retryable: at most `retries` more times (the
-        config's by default), for at most model_retry_s from the first failure, never past
-        `until`, waiting retry_backoff_s, doubling, up to RETRY_BACKOFF_MAX_S between tries."""
-        retries = self.config.retries if retries is None else retries
-        tries = 0
-        first_failure: float | None = None
-        give_up_at = 0.0
-        causes: list[str] = []
-        while True:
-            tries += 1
-            try:
-                result = attempt()
-            except Retryable as e:
-                last = e
-                causes = [*causes, e.cause] if first_failure is not None else [e.cause]
-            else:
-                if first_failure is not None:
-                    away = time.monotonic() - first_failure
-                    self.outages.append(Outage(outage_cause(causes), tries, away, back=True))
-                    self._say(f"the model server at {self.host} answered again after {away:.0f} s "
-                              f"({tries} tries); the work goes on")
-                return result
-            now = time.monotonic()
-            if first_failure is None:
-                first_failure = now
-                give_up_at = now + self.config.model_retry_s
-                if until is not None:
-                    give_up_at = min(give_up_at, until)
-            if tries > retries or now >= give_up_at:
-                self.outages.append(Outage(outage_cause(causes), tries, now - first_failure, back=False))
-                raise self.failures.gave_up(last, what, tries, now - first_failure)
-            delay = min(self.config.retry_backoff_s * 2 ** (tries - 1), RETRY_BACKOFF_MAX_S, give_up_at - now)
-            if tries == 1:
-                self._say(f"the model server at {self.host} failed while {what} ({last.cause}); asking "
-                          f"again for up to {give_up_at - now:.0f} s")
-            log.warning("Ollama at %s failed (%s); try %d in %.1f s", self.host, last.cause, tries + 1, delay)
-            if self._abandoned.wait(max(0.0, delay)):
-                raise ModelCancelled("the job was cancelled while the model server was away")
-
-    def _say(self, text: str) -> None:
-        if self.on_wait is not None:
-            try:
-                self.on_wait(text)
-            except Exception:  # a view never breaks the work
-                log.exception("the wait callback failed; the work goes on")
+# The name the loop and the tests have used for the Ollama client.
+LLM = OllamaModel

@@ -1,6 +1,8 @@
-"""Why Ollama gave no reply: the failures the model client raises, and the sorting of a
-client exception into one worth another try (the server is away, busy or failing, and
-nothing was shown yet) or a final one, with a sentence saying what to do."""
+"""Why the model gave no reply: the failures every model client raises (the same for
+Ollama and an OpenAI-compatible server), and the sorting of an Ollama client exception
+into one worth another try (the server is away, busy or failing, and nothing was shown
+yet) or a final one, with a sentence saying what to do. The OpenAI-compatible sorting is
+in vmagent/openai_failures.py."""
 
 from __future__ import annotations
 
@@ -12,14 +14,30 @@ import ollama
 from pydantic import ValidationError
 
 
-class OllamaError(RuntimeError):
-    """Ollama could not give a reply; the message says what happened and what to do."""
+class ModelError(RuntimeError):
+    """The model server could not give a reply; the message says what happened and what to do."""
 
     def __init__(self, message: str, *, status: int | None = None, streamed: bool = False):
         super().__init__(message)
         self.status = status
         # True when part of the reply had already reached the watcher before the failure.
         self.streamed = streamed
+
+
+# The name the loop, compaction and the tests have always caught; every backend raises it.
+OllamaError = ModelError
+
+
+class ContextTooLong(ModelError):
+    """The server refused the prompt as longer than the model's context (llama.cpp's
+    exceed_context_size_error, vLLM's "maximum context length"): the compaction path, not
+    the end of the job. `prompt_tokens` is the server's own count when it said it."""
+
+    def __init__(self, message: str, *, status: int | None = 400, prompt_tokens: int | None = None,
+                 context: int | None = None):
+        super().__init__(message, status=status)
+        self.prompt_tokens = prompt_tokens
+        self.context = context
 
 
 class ModelCancelled(Exception):

@@ -21,7 +21,7 @@ The job's state, its transcript on disk and the event feed are in vmagent/job.py
 
 Faults on the way are ridden out, within bounds: a vmd restart through the session's
 `SessionLink` (vmagent/client.py: wait, re-attach, a tool call in flight answered as
-interrupted), a model server that goes away through `LLM.chat`'s retries (the same
+interrupted), a model server that goes away through `Model.chat`'s retries (the same
 request again). A cancel reaches what is in flight after `cancel_grace_s` (`BreakOff`,
 vmagent/break_off.py).
 """
@@ -43,7 +43,8 @@ from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
-from vmagent.llm import LLM, ModelCancelled, OllamaError, drop_images_in_batches, only_latest_thinking
+from vmagent.llm import ModelCancelled, ModelError, drop_images_in_batches, only_latest_thinking
+from vmagent.model import Model, open_model
 from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
                                  model_unfit, past_deadline, prose_only, repeat_notice, stall_reminder,
                                  stuck_ending, stuck_notice)
@@ -80,7 +81,7 @@ def run_job(
     except (ConfigError, PromptMissing) as exc:
         return _end_without_session(job, events, f"The job could not start: {exc}")
     # Asked before session_open, so that a model that cannot do the work boots no machine.
-    llm = LLM(config)
+    llm = open_model(config)
     unfit = model_unfit(llm)
     if unfit:
         return _end_without_session(job, events, unfit)
@@ -168,8 +169,8 @@ def _resume(link: SessionLink, answer: str | None, approved: bool | None) -> dic
 
 
 def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cancel: threading.Event,
-          llm: LLM | None = None) -> Outcome:
-    llm = llm or LLM(config)
+          llm: Model | None = None) -> Outcome:
+    llm = llm or open_model(config)
     llm.on_wait = lambda text: events.emit({"type": "status", "text": text})
     compactor = Compactor(config, llm)
     breaker = BreakOff(cancel, config.cancel_grace_s, vmd, llm)
@@ -183,7 +184,7 @@ def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cance
     except (VmdUnavailable, ModelCancelled) as exc:
         # With the job cancelled, this is the call the cancel broke off.
         ending = cancelled(cancel) or Ending("failed", f"vmd went away during the session: {exc}")
-    except OllamaError as exc:
+    except ModelError as exc:
         ending = Ending("failed", f"The model could not answer: {exc}")
     except Exception as exc:  # a bug in the loop must still end in a report
         log.error("the loop failed:\n%s", traceback.format_exc())
@@ -197,7 +198,7 @@ def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cance
     return _end(job, vmd, ending, events, llm)
 
 
-def _turn(job: Job, vmd: SessionLink, llm: LLM, compactor: Compactor, config: AgentConfig,
+def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: AgentConfig,
           events: Events, cancel: threading.Event) -> Ending | None:
     """One turn: guards, the hand-over when due, one model call, its tool calls."""
     ending = cancelled(cancel) or past_deadline(job, config) or at_step_cap(job, config)
@@ -226,7 +227,11 @@ def _turn(job: Job, vmd: SessionLink, llm: LLM, compactor: Compactor, config: Ag
     if compacted:
         events.emit({"type": "status", "text": "compacted the conversation to stay within the model's context"})
 
-    reply = llm.chat(job.messages, tools=schemas, retry_until=_deadline_at(job, config))
+    # A prompt the server refuses as longer than the context is compacted and asked again.
+    job.messages, reply, refused = compactor.ask(job.messages, schemas, pinned, retry_until=_deadline_at(job, config))
+    if refused:
+        events.emit({"type": "status", "text": "the model server found the prompt longer than the model's context; "
+                                                "compacted the conversation and asked again"})
     job.steps += 1
     compactor.observe(job.messages, schemas, reply)
     if reply.thinking.strip():
@@ -338,7 +343,7 @@ def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: 
     return None
 
 
-def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: LLM | None = None) -> Outcome:
+def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Model | None = None) -> Outcome:
     """The one way out. Closes the session unless it waits for a person, then reports.
 
     Its calls go through the link: a vmd that restarts right now is waited for, unless

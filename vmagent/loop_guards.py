@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from vmagent import tools
 from vmagent.config import AgentConfig
 from vmagent.job import Ending, Job
-from vmagent.llm import LLM, OllamaError, Reply
+from vmagent.llm import ModelError, Reply
+from vmagent.model import Model
 from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
 from vmagent.tool_results import ToolOutcome
 
@@ -48,11 +49,11 @@ def machine_gone(status: dict) -> Ending | None:
     return None
 
 
-def model_unfit(llm: LLM) -> str | None:
+def model_unfit(llm: Model) -> str | None:
     """Why the model cannot run a job, as a sentence for the report; None when it can."""
     try:
         capabilities = llm.capabilities()
-    except OllamaError as exc:
+    except ModelError as exc:
         return f"The job could not start: {exc}"
     # An empty list: an Ollama too old to report capabilities; the first chat will tell.
     if capabilities and "tools" not in capabilities:

@@ -1,4 +1,5 @@
-"""The model's reply: what the loop reads of it, and its accumulation from Ollama's stream."""
+"""The model's reply: what the loop reads of it, whatever the server (vmagent/model.py), and its
+accumulation from Ollama's stream (an OpenAI-compatible stream: vmagent/openai_stream.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ log = logging.getLogger(__name__)
 
 class ToolCall(BaseModel):
     name: str
+    # The server's id for the call (OpenAI-compatible servers): its result is sent back
+    # with it as tool_call_id. Ollama has none.
+    id: str | None = None
     # Ollama sends an object, but this is the model's output: treat it as untrusted,
     # possibly a JSON string. vmagent.tools parses and validates it.
     arguments: dict[str, Any] | str = Field(default_factory=dict)
@@ -34,7 +38,8 @@ class Reply(BaseModel):
             message["thinking"] = self.thinking
         if self.tool_calls:
             message["tool_calls"] = [
-                {"function": {"name": call.name, "arguments": call.arguments}} for call in self.tool_calls
+                {**({"id": call.id} if call.id else {}), "function": {"name": call.name, "arguments": call.arguments}}
+                for call in self.tool_calls
             ]
         return message
 
