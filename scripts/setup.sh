@@ -21,10 +21,11 @@ say "system packages"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 # tesseract: vmd reads the screen as text for a model that cannot see images (vmd/screen_text.py).
+# searx: the real search engine web_search's tests run on loopback (tests/searx_server.py).
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
-    chromium xvfb xdotool ca-certificates tesseract-ocr tesseract-ocr-eng nftables >/dev/null
+    chromium xvfb xdotool ca-certificates tesseract-ocr tesseract-ocr-eng nftables searx >/dev/null
 
 say "libvirt"
 # QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the
