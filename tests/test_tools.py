@@ -45,7 +45,10 @@ def test_without_a_desktop_no_screen_tools_are_offered():
 def test_every_tool_takes_its_vmd_verbs_own_params_model():
     # One contract: the model the tool is validated against is the one vmd validates.
     for name, tool in tools.TOOLS.items():
-        assert tool.args is verbs.VERBS[name], name
+        assert tool.args is (tool.host_params or verbs.VERBS[name]), name
+    # ... except the tools vmagent runs on the host itself, which are no verbs of vmd.
+    assert {n for n, t in tools.TOOLS.items() if t.host_params} == set(tools.WEB_TOOLS)
+    assert not set(tools.WEB_TOOLS) & set(verbs.VERBS)
 
 
 def test_every_described_field_is_a_field_of_the_verbs_model():
@@ -252,12 +255,13 @@ def test_what_parsing_accepts_vmd_accepts():
         "launch_app": {"path": "xterm", "args": "-e top"}, "wait": 2,
         "check_internet": None, "ask_user": "why?", "request_unfreeze": "pip install",
         "finish": {"summary": "s", "verify": "true"},
+        "web_search": "python json", "read_page": {"link": "https://docs.python.org/3/", "start": 10},
     }
     assert set(samples) == set(tools.TOOLS)
     for name, raw in samples.items():
         parsed = tools.parse_arguments(name, raw)
         assert parsed.ok, (name, parsed.error)
-        verbs.VERBS[name].model_validate(parsed.params)
+        tools.TOOLS[name].args.model_validate(parsed.params)
 
 
 def test_parsing_never_raises_on_garbage():

@@ -109,6 +109,7 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
     call("session_open", project="contract", task="every verb")
     call("session_status")
     call("note", turn=1, text="starting")
+    call("web_source", kind="page", target="https://docs.python.org/3/", title="3.13 docs", detail="characters 0-4,000")
     call("plan_tasks", tasks=["files", "screen"])
     call("add_task", title="people")
     call("update_task", id=1, status="in_progress")

@@ -100,6 +100,7 @@ def test_every_verb_over_the_socket(vmd):
         assert key in status
     assert status["planned"] is False
     assert c.call("note", turn=1, text="starting")["ok"] is True
+    assert c.call("web_source", kind="search", target="frob docs", detail="3 results (searxng)")["ok"] is True
     c.call("plan_tasks", tasks=["files", "screen"])
     assert c.call("add_task", title="people")["id"] == 3
     c.call("update_task", id=1, status="in_progress")

@@ -168,6 +168,66 @@ class AgentConfig(BaseModel):
     # command). A person pressing Ctrl-C or stop expects seconds, not the rest of a build.
     cancel_grace_s: float = Field(3.0, ge=0)
 
+    # --- the web, read on the host (vmagent/web/) -------------------------------------
+    # Whether the agent is offered web_search and read_page (VMAGENT_WEB_TOOLS). None: on
+    # when a search engine is set below; false: off; true: on (read_page alone when no
+    # engine is set). Decided when a job starts: its tool list stays the same all job long.
+    web_tools: bool | None = None
+    # A SearXNG (or searx) answering /search?format=json (VMAGENT_SEARXNG_URL); the engine
+    # used when several are set.
+    searxng_url: str | None = None
+    # Brave Search and Tavily keys (VMAGENT_BRAVE_API_KEY, VMAGENT_TAVILY_API_KEY): secrets,
+    # sent in a header only; never logged, dumped, recorded or shown in an error.
+    brave_api_key: SecretStr | None = None
+    tavily_api_key: SecretStr | None = None
+    # Hosts or ranges read_page may read although they are not public (VMAGENT_WEB_ALLOW), as
+    # vmd's VMD_EGRESS_ALLOW: `CIDR[:PORT]=reason` or `HOST[:PORT]=reason`, `;` between them
+    # in the variable (a docs mirror on the LAN). Everything else must be a public address.
+    web_allow: list[str] = Field(default_factory=list)
+    # The most of a page read_page reads: any documentation page fits in 2 MiB of HTML (the
+    # Python docs' longest library pages are ~1 MiB), and it bounds the host's memory per read.
+    web_page_bytes: int = Field(2 * 1024 * 1024, ge=64 * 1024)
+    # Seconds one search or page read takes at most, redirects included (a slow page is cut
+    # there, and says so); other agents' page fetchers use 20-30 s.
+    web_timeout_s: float = Field(20, gt=0)
+    # Redirects read_page follows, each checked like the first URL; documentation sites use
+    # one or two (http -> https, a moved page).
+    web_max_redirects: int = Field(5, ge=0, le=20)
+    # How long a page read stays cached: reading on with offset, or again after a
+    # compaction, fetches nothing within it.
+    web_cache_s: float = Field(900, ge=0)
+
+    @field_validator("searxng_url", mode="before")
+    @classmethod
+    def _blank_searxng_url_is_none(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().rstrip("/")
+            if value and "://" not in value:
+                raise ValueError(f"searxng_url {value!r} needs a scheme, such as http://searxng:8080")
+            return value or None
+        return value
+
+    @field_validator("brave_api_key", "tavily_api_key", mode="before")
+    @classmethod
+    def _blank_key_is_none(cls, value: Any) -> Any:
+        return (value.strip() or None) if isinstance(value, str) else value
+
+    @field_validator("web_tools", mode="before")
+    @classmethod
+    def _web_tools_from_text(cls, value: Any) -> Any:
+        return _tristate(value)
+
+    @field_validator("web_allow", mode="before")
+    @classmethod
+    def _web_allow_entries(cls, value: Any) -> Any:
+        from vmagent.web.allow_list import parse_allow_list
+
+        if isinstance(value, str):  # from the environment: "10.1.2.0/24=the docs mirror; docs.lan=the wiki"
+            value = [entry.strip() for entry in value.split(";") if entry.strip()]
+        if isinstance(value, list):
+            parse_allow_list([str(v) for v in value])  # a ValueError names the entry and its fault
+        return value
+
     @field_validator("ollama_host")
     @classmethod
     def _host_has_a_scheme(cls, value: str) -> str:

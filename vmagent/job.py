@@ -114,6 +114,9 @@ class Job:
     question: str | None = None
     tasks_text: str = ""
     status_line: str = ""
+    # The host's web tools this job offers (web_search, read_page), decided when it started:
+    # the tool list stays the same all job long, across a question and its answer too.
+    web_tools: list[str] = field(default_factory=list)
 
     @property
     def os_family(self) -> str:
@@ -141,6 +144,7 @@ class Job:
             "guards": asdict(self.guards),
             "verification": self.verification,
             "notes": self.notes,
+            "web_tools": self.web_tools,
             "messages": self.messages,
         }
         path = Path(self.transcript_path)
@@ -168,6 +172,7 @@ class Job:
         job.notes = list(data.get("notes") or [])
         job.state = data.get("state") or "running"
         job.question = data.get("question")
+        job.web_tools = [str(name) for name in data.get("web_tools") or []]
         return job
 
 

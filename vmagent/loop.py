@@ -51,6 +51,7 @@ from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, 
 from vmagent.loop_words import (answer_text, machine_facts, machine_up_message, opening_message, result_lost,
                                 vmd_gone)
 from vmagent.prompts import PromptMissing, Prompts, load_prompts
+from vmagent.web.agent_tools import WebTools, record_source
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ def run_job(
     except (VmdUnavailable, VmdError) as exc:
         return _end_without_session(job, events, f"vmd could not open a session: {exc}")
     job.session_id = opened.get("session_id") or vmd.session_id
+    web = WebTools.from_config(config)
+    job.web_tools = list(web.names)  # decided once: the tool list stays the same all job long
     link = _link(vmd, config, events, cancel)
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
@@ -100,7 +103,7 @@ def run_job(
         {"role": "user", "content": opening_message(spec, opened)},
     ]
     job.save()
-    return _work(job, link, config, events, cancel, llm)
+    return _work(job, link, config, events, cancel, llm, web)
 
 
 def resume_job(
@@ -144,7 +147,9 @@ def resume_job(
     events.emit({"type": "status", "text": "resumed with the person's answer"})
     job.messages.append({"role": "user", "content": resumed.get("text") or answer_text(answer, approved)})
     job.save()
-    return _work(job, link, config, events, cancel)
+    web = WebTools.from_config(config)
+    web.names = tuple(name for name in web.names if name in job.web_tools)  # as the job started
+    return _work(job, link, config, events, cancel, web=web)
 
 
 def _link(vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event) -> SessionLink:
@@ -169,7 +174,7 @@ def _resume(link: SessionLink, answer: str | None, approved: bool | None) -> dic
 
 
 def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cancel: threading.Event,
-          llm: Model | None = None) -> Outcome:
+          llm: Model | None = None, web: WebTools | None = None) -> Outcome:
     llm = llm or open_model(config)
     llm.on_wait = lambda text: events.emit({"type": "status", "text": text})
     compactor = Compactor(config, llm)
@@ -177,7 +182,7 @@ def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cance
     try:
         ending = None
         while ending is None:
-            ending = _turn(job, vmd, llm, compactor, config, events, cancel)
+            ending = _turn(job, vmd, llm, compactor, config, events, cancel, web)
             job.save()
     except VmdGone as exc:
         ending = Ending("failed", vmd_gone(exc))
@@ -199,7 +204,7 @@ def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cance
 
 
 def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: AgentConfig,
-          events: Events, cancel: threading.Event) -> Ending | None:
+          events: Events, cancel: threading.Event, web: WebTools | None = None) -> Ending | None:
     """One turn: guards, the hand-over when due, one model call, its tool calls."""
     ending = cancelled(cancel) or past_deadline(job, config) or at_step_cap(job, config)
     if ending:
@@ -220,7 +225,8 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
     # refuses what needs a plan. Once working, a screen tool on a guest without a desktop is
     # answered here (tool_results.py): vmd has no screen to refuse it with.
     offered = list(tools.OFFERED_TOOLS) if job.phase == "planning" else tools.tool_names(job.phase, job.desktop)
-    schemas = tools.offered_schemas(job.os_family)
+    offered += job.web_tools  # run on the host: no plan or machine needed
+    schemas = tools.offered_schemas(job.os_family, job.web_tools)
     pinned = PinnedContext(task_list=job.tasks_text or "(no tasks planned yet)", verification=job.verification,
                            machine=job.machine_text or None)
     job.messages, compacted = compactor.maybe_compact(job.messages, schemas, pinned)
@@ -251,7 +257,7 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
 
     sees_images = llm.sees_images()
     for call in reply.tool_calls:
-        outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events, notice, sees_images)
+        outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events, notice, sees_images, web)
         notice = ""
         if outcome.state in WAITING_STATES:
             return Ending(outcome.state, "The agent asked a person and waits for the answer; "
@@ -266,7 +272,7 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
 
 def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: list[str],
                config: AgentConfig, events: Events, notice: str = "",
-               sees_images: bool = True) -> tools.ToolOutcome:
+               sees_images: bool = True, web: WebTools | None = None) -> tools.ToolOutcome:
     """Run one tool call and put its result in the history, capped, with any notice."""
     verb = tools._tool_name(name)
     # Read once: the command is shown before it runs, and the same reading goes to vmd.
@@ -274,6 +280,8 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
     params = parsed.params or {}
     if verb == "run" and params:
         events.emit({"type": "command", "command": params["command"]})
+    elif verb in tools.WEB_TOOLS and params:
+        events.emit({"type": "status", "text": f"{verb}: {params.get('query') or params.get('url')}"})
     elif verb in tools.TOOLS:
         events.emit({"type": "status", "text": f"{verb}"})
     if verb == "finish" and params.get("verification"):
@@ -281,11 +289,13 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
 
     try:
         # A model without vision gets the screen read as text (vmagent/tool_results.py).
-        outcome = tools.call(vmd, name, parsed, offered=offered, sees_images=sees_images)
+        outcome = tools.call(vmd, name, parsed, offered=offered, sees_images=sees_images, web=web)
     except ResultLost as lost:
         # vmd restarted while this call was in flight and the session is re-attached.
         outcome = tools.ToolOutcome(result_lost(verb or name, lost.seconds), verb=verb, ok=False)
 
+    if verb in tools.WEB_TOOLS and outcome.result:
+        record_source(vmd, events.emit, outcome.result)
     text = outcome.text
     repeated = ""
     if verb == "run" and outcome.ok and outcome.result:

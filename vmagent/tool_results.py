@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from vmd.verbs import REFUSED, WAITING_STATES, SessionStateName
 from vmagent.client import VmdError, VmdUnavailable
 from vmagent.tool_parsing import ParsedArguments, _tool_name, _unknown_tool_text, parse_arguments
-from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS
+from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS
 
 # The first line a model that cannot see images reads of a screenshot.
 SCREEN_AS_TEXT = ("NOTE: the model you run on cannot see images, so this screenshot is not shown "
@@ -51,7 +51,7 @@ class ToolOutcome:
 
 
 def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = None,
-         sees_images: bool = True) -> ToolOutcome:
+         sees_images: bool = True, web: Any = None) -> ToolOutcome:
     """Run one tool call against vmd and format the result for the model.
 
     `arguments`: as the model sent them, or the ParsedArguments `parse_arguments` made of
@@ -59,6 +59,8 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
     `offered`: the tool names offered this turn; a call to any other gets an error text.
     `sees_images`: False for a model without vision: the screen tools are asked for the
     screen read as text, and that text is what the model reads.
+    `web`: the job's WebTools (vmagent/web/agent_tools.py), which run web_search and
+    read_page on the host; their outcome's `result` is the source vmd records.
     Raises only VmdUnavailable.
     """
     verb = _tool_name(name)
@@ -73,6 +75,11 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
         if not parsed.ok:
             return ToolOutcome(_join(["ERROR: " + parsed.error, *parsed.notes]), verb=verb, ok=False)
         params = dict(parsed.params)
+        if verb in WEB_TOOLS:
+            if web is None or verb not in web.names:
+                return ToolOutcome(f"ERROR: {verb} is not available in this job.", verb=verb, ok=False)
+            answer = web.call(verb, params)
+            return ToolOutcome(_join([answer.text, *parsed.notes]), verb=verb, ok=answer.ok, result=answer.source)
         if not sees_images and verb in SCREEN_TEXT_TOOLS:
             params["text"] = True  # OCR only for the model that needs it: it takes a second
         try:

@@ -70,10 +70,11 @@ def parameters(tool: Tool, os_family: str) -> dict:
     return schema
 
 
-def offered_schemas(os_family: str) -> list[dict]:
+def offered_schemas(os_family: str, web_tools: "tuple[str, ...] | list[str]" = ()) -> list[dict]:
     """The tool list of every request of a job, whatever its phase: the same bytes from
-    the planning turn to the last, so the model server's cache of the prompt's head holds."""
-    return _schemas_of(os_family, OFFERED_TOOLS)
+    the planning turn to the last, so the model server's cache of the prompt's head holds.
+    `web_tools`: the host's web tools this job offers, decided once when it starts."""
+    return _schemas_of(os_family, OFFERED_TOOLS + tuple(web_tools))
 
 
 def schemas(os_family: str, phase: Phase, desktop: bool) -> list[dict]:

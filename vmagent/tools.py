@@ -14,7 +14,8 @@ Three jobs, in the order a turn meets them, each in a module of its own:
   result into the text (and, for a screenshot, the image) the model reads next. It takes
   the arguments as sent or as `parse_arguments` read them (the loop reads them once). It
   raises nothing but `VmdUnavailable`: the loop must learn when the supervisor is gone,
-  and nothing else.
+  and nothing else. web_search and read_page are run on the host instead
+  (vmagent/web/agent_tools.py), never by vmd or in the guest.
 
 This module is the one door the loop, the CLI and the tests use.
 """
@@ -24,11 +25,11 @@ from __future__ import annotations
 from vmagent.tool_parsing import ParsedArguments, _tool_name, parse_arguments
 from vmagent.tool_results import ToolOutcome, call
 from vmagent.tool_schemas import json_schema, offered_schemas, schemas, shape
-from vmagent.tool_table import (OFFERED_TOOLS, OS_WORDS, PLANNING_TOOLS, SCREEN_TOOLS, TOOLS, OsFamily, Phase,
-                                Tool, os_family_of, tool_names)
+from vmagent.tool_table import (OFFERED_TOOLS, OS_WORDS, PLANNING_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS, OsFamily,
+                                Phase, Tool, os_family_of, tool_names)
 
 __all__ = [
     "OsFamily", "Phase", "ParsedArguments", "_tool_name", "parse_arguments", "ToolOutcome", "call",
     "json_schema", "offered_schemas", "schemas", "shape", "OFFERED_TOOLS", "OS_WORDS", "PLANNING_TOOLS",
-    "SCREEN_TOOLS", "TOOLS", "Tool", "os_family_of", "tool_names",
+    "SCREEN_TOOLS", "TOOLS", "WEB_TOOLS", "Tool", "os_family_of", "tool_names",
 ]

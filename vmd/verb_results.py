@@ -127,7 +127,7 @@ class ReportResult(Result):
 
 
 class OkResult(TextResult):
-    """note, click, move, type, key, scroll, launch_app."""
+    """note, web_source, click, move, type, key, scroll, launch_app."""
     ok: Literal[True]
 
 
@@ -277,6 +277,7 @@ RESULTS: dict[str, type[Result]] = {
     "peek": PeekResult,
     "report": ReportResult,
     "note": OkResult,
+    "web_source": OkResult,
     "plan_tasks": TasksResult,
     "add_task": AddTaskResult,
     "update_task": TasksResult,

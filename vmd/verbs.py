@@ -91,7 +91,7 @@ MAX_OFFSET = 2**53
 # A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
 # (MAX_ARG_STRLEN); longer scripts belong in a file.
 COMMAND_CHARS = 128 * 1024
-# A file's content and edit_file's texts: the request line's own bound (vmd/server/rpc.py MAX_LINE).
+# A file's content and edit_file's texts: the request line's own bound (vmd/server/wire.py MAX_LINE).
 CONTENT_CHARS = 64 * 1024 * 1024
 # A path in the guest (Linux's PATH_MAX), and a launched program's arguments.
 PATH_CHARS = 4096
@@ -156,6 +156,17 @@ class Note(Params):
     """-> OkResult"""
     turn: int = Field(default=0, ge=0, le=MAX_COUNT)
     text: str = Field(max_length=TEXT_CHARS)
+
+
+class WebSource(Params):
+    """-> OkResult. A search or a page read that vmagent made on the host for the agent
+    (vmagent/web/; the guest stays offline): a line of the record, and of the report's
+    sources. Its text came from the web: the report shows it as data."""
+    kind: Literal["search", "page"]
+    target: str = Field(min_length=1, max_length=PATH_CHARS)  # the query, or the URL asked for
+    title: str = Field(default="", max_length=TITLE_CHARS)  # a page's title
+    detail: str = Field(default="", max_length=TITLE_CHARS)  # what came: results, characters, or why not
+    ok: StrictBool = True
 
 
 # --- tasks -----------------------------------------------------------------------------
@@ -325,6 +336,7 @@ VERBS: dict[str, type[Params]] = {
     "peek": Empty,
     "report": Empty,
     "note": Note,
+    "web_source": WebSource,
     "plan_tasks": PlanTasks,
     "add_task": AddTask,
     "update_task": UpdateTask,
@@ -397,6 +409,8 @@ POLICY: dict[str, VerbPolicy] = {
     "peek": _READ.model_copy(update={"recorded": False}),
     "report": _READ,
     "note": VerbPolicy(when_closed="serve"),  # what the model said, kept even after the close
+    # A web tool's call, run by vmagent on the host: a step of the agent, needing no machine.
+    "web_source": VerbPolicy(),
     "plan_tasks": _PLANNING,
     "add_task": _PLANNING,
     "update_task": _PLANNING,

@@ -6,13 +6,14 @@ own words appear last, labelled as such.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from vmd.session.record import read_record
 from vmd.session.tasks import TaskList
-from vmd.verbs import POLICY, REFUSED, fence
+from vmd.verbs import POLICY, REFUSED, fence, one_line
 
 FILE_VERBS = ("write_file", "append_file", "edit_file")
 # Reads of the session, not steps of the work (vmd/verbs.py POLICY).
@@ -56,6 +57,7 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
     outcome_event = next((e for e in reversed(events) if e["kind"] == "outcome"), None)
     close = next((e for e in reversed(events) if e["kind"] == "close"), None)
     notes = [e for e in events if e["kind"] == "note"]
+    web = [e for e in events if e["kind"] == "web"]
     machine = [e for e in events if e["kind"] == "machine"]
     cancelled = any(e.get("verb") == "session_cancel" and "error" not in e for e in verbs)
     ended_by_vmd = next((e for e in events if e["kind"] == "session" and e.get("event") == "ended_by_vmd"), None)
@@ -220,6 +222,11 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
         md.append(f"Started {first.isoformat(timespec='seconds')}" +
                   (f", last event {last.isoformat(timespec='seconds')}." if last else "."))
 
+    if web:
+        md += ["", "## Sources read on the web", "",
+               "Searched and read by vmagent on the host (the machine stayed offline); titles are the pages' own.", ""]
+        md += _sources(web)
+
     if notes:
         md += ["", "## Notes", ""]
         md += [f"- turn {n.get('turn', 0)}: {n.get('text', '')}" for n in notes]
@@ -228,6 +235,38 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
         md += ["", "## The agent's summary (its own words, not verified)", "", outcome_event["summary"]]
 
     return Report(markdown="\n".join(md) + "\n", outcome=outcome)
+
+
+def _sources(events: list[dict]) -> list[str]:
+    """One line per query or page, in the order first met; a page read in parts is one line.
+    What came from the web (URLs, titles, queries) is shown as code, never as markdown."""
+    seen: dict[tuple, list[dict]] = {}
+    for e in events:
+        seen.setdefault((e.get("source"), e.get("target"), bool(e.get("ok"))), []).append(e)
+    lines = []
+    for (kind, target, ok), group in seen.items():
+        last = group[-1]
+        times = f", {len(group)} times" if len(group) > 1 else ""
+        if kind == "search":
+            line = f"- searched {_code(target)}" + (f": {_code(last.get('detail'))}" if last.get("detail") else "")
+        else:
+            line = f"- {'read' if ok else 'could not read'} {_code(target)}"
+            if last.get("title"):
+                line += f" — {_code(last['title'])}"
+            if last.get("detail"):
+                line += f" ({_code(last['detail'])}{times})" if ok else f": {_code(last['detail'])}"
+                times = ""
+        lines.append(line + (f" ({times[2:]})" if times else ""))
+    return lines
+
+
+def _code(text: object) -> str:
+    """`text` as an inline code span nothing in it can close (CommonMark: a longer run of backticks)."""
+    text = one_line(str(text or ""))
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    marks = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{marks}{pad}{text}{pad}{marks}"
 
 
 def _refused(event: dict) -> bool:

@@ -165,6 +165,11 @@ def note(session: Session, p: V.Note, notify) -> dict:
     return {"ok": True, "text": "noted."}
 
 
+def web_source(session: Session, p: V.WebSource, notify) -> dict:
+    session.record.append("web", source=p.kind, target=p.target, title=p.title, detail=p.detail, ok=p.ok)
+    return {"ok": True, "text": "recorded."}
+
+
 def report(session: Session, p, notify) -> dict:
     built = build_report(session.record.path, events=session.record.events())
     return {"markdown": built.markdown, "outcome": built.outcome}
@@ -177,5 +182,6 @@ HANDLERS = {
     "session_resume": session_resume,
     "peek": peek,
     "note": note,
+    "web_source": web_source,
     "report": report,
 }
