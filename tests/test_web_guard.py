@@ -212,3 +212,26 @@ def test_allow_list_entries_read_from_the_setting():
     assert [str(e) for e in entries] == ["10.1.2.0/24=the docs mirror", "[fd00::1/128]:8080=the v6 wiki",
                                          "docs.lan:8443=the wiki"]
     assert entries[1].admits("x", "fd00::1", 8080) and not entries[1].admits("x", "fd00::1", 80)
+
+
+def test_https_goes_to_the_pinned_address_with_the_names_sni_and_certificate():
+    from tests.web_pages import TlsPageServer
+
+    server = TlsPageServer("docs.test")
+    try:
+        spy = SpyBackend()
+        guard = Guard(allow=parse_allow_list(f"127.0.0.1:{server.port}=the test's TLS page server"),
+                      resolver=SpyResolver({"docs.test": ["127.0.0.1"]}))
+        reader = PageReader(guard, LIMITS, cache_s=0, fetcher=lambda url, g, limits: fetch(
+            url, g, limits, backend=spy, context=server.client_context))
+        answer = reader.read(f"https://docs.test:{server.port}/text", max_chars=1000)
+        assert answer.ok, answer.text
+        assert "plain words" in answer.text
+        assert spy.attempts == [("127.0.0.1", server.port)]
+        assert server.names == ["docs.test"]  # SNI names the URL's host, not the address
+        assert server.hosts == [f"docs.test:{server.port}"]
+        # The certificate is checked against the URL's host: by address it does not fit.
+        by_address = reader.read(f"https://127.0.0.1:{server.port}/text", max_chars=1000)
+        assert not by_address.ok and "CERTIFICATE_VERIFY_FAILED" in by_address.text, by_address.text
+    finally:
+        server.close()

@@ -171,3 +171,55 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class TlsPageServer(PageServer):
+    """The page server over TLS with a certificate for `name` from a CA of the test's own;
+    `names` lists the server name (SNI) each handshake asked for."""
+
+    def __init__(self, name: str) -> None:
+        import ssl
+        import tempfile
+
+        self.names: list[str | None] = []
+        ca_pem, cert_pem, key_pem = _certificates(name)
+        folder = tempfile.mkdtemp(prefix="pt-web-tls-")
+        cert_file, key_file = f"{folder}/cert.pem", f"{folder}/key.pem"
+        with open(cert_file, "wb") as f:
+            f.write(cert_pem)
+        with open(key_file, "wb") as f:
+            f.write(key_pem)
+        server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_context.load_cert_chain(cert_file, key_file)
+        server_context.sni_callback = lambda sock, server_name, ctx: self.names.append(server_name)
+        self.client_context = ssl.create_default_context(cadata=ca_pem.decode())
+        super().__init__()
+        self.httpd.socket = server_context.wrap_socket(self.httpd.socket, server_side=True)
+        self.base = f"https://{name}:{self.port}"
+
+
+def _certificates(name: str) -> tuple[bytes, bytes, bytes]:
+    """A CA and a server certificate for `name`, signed by it (PEM)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    return (ca.public_bytes(pem), cert.public_bytes(pem),
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))

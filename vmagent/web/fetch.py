@@ -42,12 +42,14 @@ class Fetched:
     admitted_by: str | None = None  # the allow-list entry a non-public address came in by
 
 
-def fetch(url: str, guard: Guard, limits: FetchLimits, backend: PinnedBackend | None = None) -> Fetched:
-    """GET `url` within the limits; `backend`: the tests' spy on connections."""
+def fetch(url: str, guard: Guard, limits: FetchLimits, backend: PinnedBackend | None = None,
+          context: ssl.SSLContext | None = None) -> Fetched:
+    """GET `url` within the limits. `backend`: the tests' spy on connections; `context`:
+    the certificates trusted (certifi's, the browsers' set, unless a test brings its own)."""
     deadline = time.monotonic() + limits.timeout_s
     backend = backend or PinnedBackend()
     backend.deadline = deadline
-    context = ssl.create_default_context(cafile=certifi.where())
+    context = context or ssl.create_default_context(cafile=certifi.where())
     redirects: list[str] = []
     with httpcore.ConnectionPool(ssl_context=context, network_backend=backend, retries=0) as pool:
         current = url
