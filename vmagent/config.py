@@ -56,6 +56,12 @@ class AgentConfig(BaseModel):
     # in /v1/models (vLLM does not). None: what /v1/models says, else no (a text-only
     # model sent an image refuses the request; the screen is then read as text).
     model_vision: bool | None = None
+    # Fields added to every OpenAI-compatible request (VMAGENT_MODEL_EXTRA_BODY, JSON), as
+    # the OpenAI client's extra_body: sampling (temperature, top_k), or {"tool_choice":
+    # "required"} for a small model that answers in prose, which makes llama.cpp and vLLM
+    # constrain every reply with tools to a call. tool_choice and parallel_tool_calls go
+    # only with tools; the fields vmagent sets itself (model, messages, stream) are kept.
+    model_extra_body: dict[str, Any] = Field(default_factory=dict)
     ollama_host: str = "http://127.0.0.1:11434"
     # A model with tool calling (the agent works only through tools) and vision (the
     # screen verbs answer with screenshots; Ollama drops images for a text-only model).
@@ -253,6 +259,18 @@ class AgentConfig(BaseModel):
     def _blank_model_key_is_none(cls, value: Any) -> Any:
         if isinstance(value, str):
             return value.strip() or None
+        return value
+
+    @field_validator("model_extra_body", mode="before")
+    @classmethod
+    def _extra_body_from_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value.strip():
+                return {}
+            try:
+                return json.loads(value)
+            except ValueError as e:
+                raise ValueError(f"model_extra_body is not JSON ({e})") from None
         return value
 
     @field_validator("model_vision", mode="before")

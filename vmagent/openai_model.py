@@ -107,7 +107,7 @@ class OpenAICompatModel(Model):
         wanted = self.config.think if think is None else think
         switch = wanted if wanted is not None and self.supports_thinking() else None
         wire = openai_messages(messages, self.config.max_images, self.sees_images())
-        body = request_body(self.model, wire, tools, max_tokens, switch)
+        body = request_body(self.model, wire, tools, max_tokens, switch, self.config.model_extra_body)
         state = OpenAIStream(on_text, on_thinking)
         url = f"{self.host}/chat/completions"
 

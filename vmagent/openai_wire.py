@@ -66,9 +66,17 @@ def openai_messages(messages: Iterable[Mapping[str, Any]], max_images: int, sees
     return out
 
 
+# Fields of extra_body that mean something only beside tools (a server refuses them alone).
+WITH_TOOLS_ONLY = ("tool_choice", "parallel_tool_calls")
+
+
 def request_body(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 max_tokens: int | None, think: bool | None) -> dict[str, Any]:
+                 max_tokens: int | None, think: bool | None,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
+        key: value for key, value in (extra or {}).items() if tools or key not in WITH_TOOLS_ONLY
+    }
+    body |= {
         "model": model,
         "messages": messages,
         "stream": True,
