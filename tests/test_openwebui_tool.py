@@ -654,3 +654,14 @@ def test_the_service_going_away_while_a_job_is_followed_says_the_job_may_go_on(t
     service.start()  # the job was never lost: the service picks it up again
     [job] = jobs_of(service, "chat-gone")
     assert job["task"] == "slow job"
+
+
+@uses_scripted_worker
+def test_the_web_tools_user_valve_reaches_the_job(tools, service):
+    """A person who turned the web tools off gets jobs without them; everyone else's jobs
+    get what the operator's settings allow."""
+    off = {**USER, "valves": {"web_tools": False}}
+    call(tools.run_task_in_vm, "chat-web-off", user=off, task="write hello world")
+    call(tools.run_task_in_vm, "chat-web-on", task="write hello world")
+    assert [job["web"] for job in jobs_of(service, "chat-web-off", off)] == [False]
+    assert [job["web"] for job in jobs_of(service, "chat-web-on")] == [True]

@@ -99,3 +99,30 @@ def test_no_engine_and_no_setting_offers_no_web_tool(tmp_path):
     assert sent_tool_names(model.chat_requests[0]) == list(OFFERED_TOOLS)
     assert any("web_search" in r and r.startswith("ERROR:") for r in tool_results(model.chat_requests[1]))
     assert outcome.state in ("failed", "done")
+
+
+def test_a_job_whose_person_turned_the_web_off_offers_no_web_tool(tmp_path, searx):
+    with running_vmd(tmp_path) as vmd, start_ollama([call("read_page", {"url": "https://docs.python.org/3/"})]) as model:
+        run_job(JobSpec(task="t", project="p", web=False), on_event=lambda e: None,
+                transcript_path=tmp_path / "job" / "t.json", config=agent_config(model, searxng_url=searx.url),
+                vmd_socket=vmd.socket)
+    assert sent_tool_names(model.chat_requests[0]) == list(OFFERED_TOOLS)
+    assert any(r.startswith("ERROR:") and "read_page" in r for r in tool_results(model.chat_requests[1]))
+
+
+def test_an_older_job_database_lets_its_jobs_use_the_web(tmp_path):
+    import sqlite3
+
+    from vmagent.service.store import Store
+    from vmagent.service.workers import job_spec
+
+    Store(tmp_path).close()
+    with sqlite3.connect(tmp_path / "jobs.sqlite3") as conn:  # the jobs table before the `web` column
+        conn.execute("ALTER TABLE jobs DROP COLUMN web")
+        conn.execute("INSERT INTO jobs (id, owner, task, os, state, preview_secret, created, updated) "
+                     "VALUES ('old', 'alice', 't', 'debian', 'done', 's', 1, 2)")
+    store = Store(tmp_path)
+    assert job_spec(store.get_job("old"))["web"] is True
+    off = store.create_job(owner="alice", task="t", os="debian", project=None, web=False)
+    assert JobSpec(**job_spec(store.get_job(off["id"]))).web is False
+    store.close()

@@ -30,6 +30,9 @@ class JobSpec(BaseModel):
     owner: str = ""
     chat_id: str = ""
     model: str | None = None
+    # The person's switch for the web tools (the Open WebUI tool's web_tools user valve):
+    # False offers them no web tool, whatever the operator's settings allow.
+    web: bool = True
 
 
 class Verification(BaseModel):

@@ -93,7 +93,7 @@ def run_job(
     except (VmdUnavailable, VmdError) as exc:
         return _end_without_session(job, events, f"vmd could not open a session: {exc}")
     job.session_id = opened.get("session_id") or vmd.session_id
-    web = WebTools.from_config(config)
+    web = WebTools.from_config(config) if spec.web else WebTools(None, None, 0)
     job.web_tools = list(web.names)  # decided once: the tool list stays the same all job long
     link = _link(vmd, config, events, cancel)
     events.emit({"type": "session", "session_id": job.session_id})

@@ -73,6 +73,7 @@ class Tools:
     class UserValves(BaseModel):
         default_project: str = Field("", description="Project (Gitea repository) used when the task names none.")
         default_os: str = Field("", description="Your preferred guest OS; empty uses the admin's default.")
+        web_tools: bool = Field(True, description="Let the agent search the web and read documentation pages (on the server; the machine stays offline), where the admin has set up a search engine.")
 
     def __init__(self):
         self.valves = self.Valves()
@@ -121,6 +122,7 @@ class Tools:
                 "project": (project or user_valves.get("default_project") or None),
                 "chat_id": __chat_id__ or "",
                 "message_id": __message_id__ or "",
+                "web": user_valves.get("web_tools") is not False,
             }
             await session.status("Starting a virtual machine for the task…")
             try:

@@ -84,6 +84,9 @@ class JobCreate(BaseModel):
     chat_id: str = Field("", max_length=ID_CHARS)
     message_id: str = Field("", max_length=ID_CHARS)
     model: str | None = Field(None, max_length=MODEL_CHARS)
+    # False: the agent is offered no web tool in this job (the person's switch); true: what
+    # the operator's settings allow (vmagent's web_tools, a search engine).
+    web: bool = True
 
 
 class AnswerBody(BaseModel):
@@ -138,6 +141,7 @@ class JobView(BaseModel):
     os: str
     project: str | None
     model: str | None
+    web: bool  # the person let the job use the web tools (the operator's settings decide the rest)
     state: str
     question: str | None
     report: str | None
@@ -275,6 +279,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             **{k: job[k] for k in ("id", "owner", "chat_id", "message_id", "task", "os", "project",
                                    "model", "state", "question", "report", "session_id", "steps",
                                    "status_line", "created", "updated")},
+            web=bool(job.get("web", 1)),
             verification_passed=_flag(job["verification_passed"]),
             verification=VerificationView(passed=_flag(job["verification_passed"]),
                                           proven=_flag(job["verification_proven"]),
@@ -306,7 +311,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
             if caller.via_service and body.chat_id:
                 refuse_second_job(caller, body.chat_id)
             job = store.create_job(owner=caller.user, task=body.task, os=body.os, project=project,
-                                   chat_id=body.chat_id, message_id=body.message_id, model=body.model)
+                                   chat_id=body.chat_id, message_id=body.message_id, model=body.model,
+                                   web=body.web)
         # The answer describes the job as created: read after submit, a fast worker may
         # already have finished it (a test saw its verification filled in the 201).
         created = store.get_job(job["id"])

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     push_json TEXT,
     machine_came TEXT,
     machine_seconds REAL,
+    web INTEGER NOT NULL DEFAULT 1,
     created REAL NOT NULL,
     updated REAL NOT NULL,
     ended REAL
@@ -71,7 +72,7 @@ _COLUMNS = (
     "question", "report", "session_id", "verification_passed", "verification_proven",
     "verification_attempts", "steps", "status_line", "tasks_text", "preview_ready",
     "screenshot_seq", "preview_secret", "worker_pid", "frames_offset", "created", "updated",
-    "ended", "push_json", "machine_came", "machine_seconds",
+    "ended", "push_json", "machine_came", "machine_seconds", "web",
 )
 # Columns added after the first release, added to an older database: (name, SQL type,
 # the value its rows get, as SQL over their other columns; None leaves the default).
@@ -87,6 +88,8 @@ _ADDED_COLUMNS = (
     # How the job's machine came (vmd's warm pool or a cold boot) and in how many seconds.
     ("machine_came", "TEXT", None),
     ("machine_seconds", "REAL", None),
+    # Whether the person let the job use the web tools (the Open WebUI user valve): older jobs did.
+    ("web", "INTEGER NOT NULL DEFAULT 1", None),
 )
 
 
@@ -128,7 +131,7 @@ class Store:
     # --- jobs ----------------------------------------------------------------------
 
     def create_job(self, *, owner: str, task: str, os: str, project: str | None,
-                   chat_id: str = "", message_id: str = "", model: str | None = None) -> dict:
+                   chat_id: str = "", message_id: str = "", model: str | None = None, web: bool = True) -> dict:
         now = time.time()
         job = {
             "id": uuid.uuid4().hex[:16], "owner": owner, "chat_id": chat_id or "",
@@ -139,7 +142,7 @@ class Store:
             "tasks_text": "", "preview_ready": 0, "screenshot_seq": 0,
             "preview_secret": secrets.token_hex(32), "worker_pid": None, "frames_offset": 0,
             "created": now, "updated": now, "ended": None, "push_json": None,
-            "machine_came": None, "machine_seconds": None,
+            "machine_came": None, "machine_seconds": None, "web": 1 if web else 0,
         }
         with self._lock:
             self._db.execute(

@@ -90,7 +90,8 @@ def read_job_file(job_dir: Path) -> dict:
 
 def job_spec(job: dict) -> dict:
     return {"task": job["task"], "os": job["os"], "project": job["project"],
-            "owner": job["owner"], "chat_id": job["chat_id"], "model": job["model"]}
+            "owner": job["owner"], "chat_id": job["chat_id"], "model": job["model"],
+            "web": bool(job.get("web", 1))}
 
 
 def _pid_runs_job(pid: int | None, job_dir: Path) -> bool:
