@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.loop_harness import call, running_vmd
-from tests.ollama_server import start_ollama
+from tests.ollama_server import start_ollama, unused_port
+from tests.openai_server import start_openai
 from tests.test_loop import finish_script
 from vmagent.cli import exit_code
 from vmagent.loop import Outcome, Verification
@@ -40,6 +41,27 @@ def test_run_shows_progress_prints_the_report_and_exits_0_when_verified(tmp_path
     assert "$ python3 hello.py" in done.stderr and "    hello" in done.stderr
     assert "[ ] 1. write hello.py" in done.stderr  # the task list when it changed
     assert done.stdout.startswith("# vmagent session ") and "✅ verified and proven" in done.stdout
+
+
+def test_run_speaks_to_an_openai_compatible_server_chosen_by_the_environment(tmp_path):
+    key = "sk-cli-test-key"
+    with running_vmd(tmp_path) as vmd, start_openai(finish_script(), key=key, model_name="served") as server:
+        done = vmagent("run", "write hello.py", "--project", "hello", "--model", "served",
+                       env=environment(VMD_SOCKET=vmd.socket, VMAGENT_MODEL_API="openai",
+                                       VMAGENT_MODEL_URL=server.base_url, VMAGENT_MODEL_KEY=key))
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "✅ verified and proven" in done.stdout and server.script_done
+    assert key not in done.stdout + done.stderr
+
+
+def test_run_exits_2_before_any_machine_when_the_model_server_is_not_there(tmp_path):
+    url = f"http://127.0.0.1:{unused_port()}/v1"
+    with running_vmd(tmp_path) as vmd:
+        done = vmagent("run", "anything", "--project", "p",
+                       env=environment(VMD_SOCKET=vmd.socket, VMAGENT_MODEL_API="openai", VMAGENT_MODEL_URL=url))
+        assert vmd.machines.machines == {}  # no machine was asked for
+    assert done.returncode == 2, done.stderr
+    assert f"Could not reach the model server at {url}" in done.stderr and "VMAGENT_MODEL_URL" in done.stderr
 
 
 def test_run_exits_1_when_vmds_verification_fails(tmp_path):
@@ -133,8 +155,10 @@ def test_the_guest_defaults_to_the_default_os_setting(monkeypatch):
 
     monkeypatch.setattr(loop, "run_job", run_job)
     try:
-        assert cli.main(["run", "anything", "--project", "p"]) == 0
-        assert cli.main(["run", "anything", "--project", "p", "--os", "debian"]) == 0
+        with start_ollama([]) as model_server:  # `vmagent run` asks it for the model first
+            monkeypatch.setenv("OLLAMA_HOST", model_server.url)
+            assert cli.main(["run", "anything", "--project", "p"]) == 0
+            assert cli.main(["run", "anything", "--project", "p", "--os", "debian"]) == 0
     finally:
         listening.close()
         shutil.rmtree(top, ignore_errors=True)

@@ -4,6 +4,7 @@ job; these tests prove the wire: what a real inference server sends reaches the 
 
 from __future__ import annotations
 
+import json
 import random
 import string
 import threading
@@ -14,12 +15,16 @@ import httpx
 import pytest
 
 from tests.llamacpp_server import LlamaCppServer, start_llamacpp
+from tests.ollama_server import Turn
+from tests.openai_server import start_openai
 from vmagent import tools
 from vmagent.compact import COMPACTED_HEADER, Compactor, PinnedContext
 from vmagent.config import AgentConfig
 from vmagent.llm_failures import ContextTooLong
 from vmagent.model import open_model
 from vmagent.openai_model import OpenAICompatModel
+from vmagent.openai_stream import OpenAIStream
+from vmagent.openai_wire import request_body
 from vmd.verbs import Run
 
 CONTEXT = 2048
@@ -173,3 +178,80 @@ def test_the_server_killed_mid_stream_is_asked_again_and_answers_once(server):
     # Answered once: the reply is one answer, not the broken one and the next run together.
     counted = httpx.post(f"{server.url}/tokenize", json={"content": reply.content}).json()["tokens"]
     assert abs(len(counted) - reply.eval_count) <= 2
+
+
+# --- the stand-in's stream against the real one ------------------------------------------
+
+
+def _events(url: str, body: dict) -> list:
+    """The chunks of one streamed response, parsed; "[DONE]" for the end marker."""
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        data = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def _calls(events: list) -> list[tuple[str, object]]:
+    """The calls the client reads from these chunks."""
+    stream = OpenAIStream(None, None)
+    for event in events:
+        stream.take_line("data: " + (event if event == "[DONE]" else json.dumps(event)))
+        stream.take_line("")
+    return [(call.name, call.arguments) for call in stream.reply().tool_calls]
+
+
+def _shape(events: list) -> dict:
+    """What a client depends on in a stream, with the values left out."""
+    order, per_call, keys = [], {}, set()
+    for event in events:
+        if event == "[DONE]":
+            order.append("done")
+            continue
+        keys.add(tuple(sorted(set(event) - {"usage", "timings"})))  # timings: llama.cpp's own extra
+        if not event["choices"]:
+            order.append(("usage", tuple(sorted(k for k in event["usage"] if k.endswith("_tokens")))))
+            continue
+        choice = event["choices"][0]
+        keys.add(("choice",) + tuple(sorted(choice)))
+        delta = choice["delta"]
+        if "role" in delta:
+            order.append("role")
+        elif delta.get("tool_calls"):
+            piece = delta["tool_calls"][0]
+            kind = ("start" if "id" in piece else "arguments", tuple(sorted(piece)), tuple(sorted(piece["function"])))
+            calls = per_call.setdefault(piece["index"], [])
+            if not calls or calls[-1] != kind:
+                calls.append(kind)
+            if not order or order[-1] != "calls":
+                order.append("calls")
+        elif choice.get("finish_reason"):
+            order.append(("finish", tuple(sorted(delta))))
+        elif delta.get("content"):
+            order.append("content")
+    collapsed = [kind for n, kind in enumerate(order) if n == 0 or order[n - 1] != kind]
+    return {"order": collapsed, "calls": sorted(map(tuple, per_call.values())), "keys": keys}
+
+
+def test_the_stand_ins_stream_has_the_real_servers_shape(server):
+    messages = [{"role": "system", "content": "You are an agent that works through tools."},
+                {"role": "user", "content": "List the files in /tmp."},
+                {"role": "assistant", "content": "<tool_call>\n"}]
+    body = request_body(server.model, messages, [RUN_TOOL], 60, None, {"temperature": 0, "tool_choice": "required"})
+    real = _events(f"{server.base_url}/chat/completions", body)
+    calls = _calls(real)
+    assert calls and all(isinstance(arguments, dict) for _, arguments in calls), calls
+
+    # The same calls, played by the stand-in for the same request.
+    script = [Turn(tool_calls=[{"name": name, "arguments": arguments} for name, arguments in calls])]
+    with start_openai(script, model_name=server.model) as stand_in:
+        played = _events(f"{stand_in.base_url}/chat/completions", {**body, "model": stand_in.model_name})
+
+    real_shape, played_shape = _shape(real), _shape(played)
+    assert played_shape["order"] == real_shape["order"] == [
+        "role", "calls", ("finish", ()), ("usage", ("completion_tokens", "prompt_tokens", "total_tokens")), "done"]
+    # each call: a first delta with index, id, type, name and arguments, then arguments alone
+    assert played_shape["calls"] == real_shape["calls"]
+    assert real_shape["calls"][0] == (("start", ("function", "id", "index", "type"), ("arguments", "name")),
+                                      ("arguments", ("function", "index"), ("arguments",)))
+    assert played_shape["keys"] == real_shape["keys"]
+    assert _calls(played) == calls

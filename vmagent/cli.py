@@ -4,7 +4,8 @@ Exit codes of `run`:
   0  done, verified and proven: vmd's own run of the agent's check passed, and the same
      check failed on the project as it was before the session;
   1  failed, or any other outcome (cancelled, waiting for a person);
-  2  the job could not start (usage, configuration, a missing prompt.md, vmd not reachable);
+  2  the job could not start (usage, configuration, a missing prompt.md, vmd not reachable,
+     the model server not reachable or without the model);
   3  done, passed but not proven: the check passed, but it also passed on the project as
      it was before the session (or vmd could not run it there), so it does not show the
      work was done;
@@ -85,6 +86,8 @@ def _run(args: argparse.Namespace) -> int:
     from vmagent import loop, tools
     from vmagent.client import Vmd, VmdUnavailable, default_socket
     from vmagent.config import AgentConfig, ConfigError
+    from vmagent.loop_guards import model_unfit
+    from vmagent.model import open_model
     from vmagent.prompts import PromptMissing, load_prompts
     from vmd.verbs import WAITING_STATES
 
@@ -96,6 +99,12 @@ def _run(args: argparse.Namespace) -> int:
         Vmd(socket_path, timeout=10).connect().close()
     except (ConfigError, PromptMissing, VmdUnavailable) as exc:
         show(f"vmagent run: {exc}", sys.stderr)
+        return EXIT_USAGE
+    # The chosen model server (VMAGENT_MODEL_API, VMAGENT_MODEL_URL) answers and has the
+    # model, with tool calling, before any machine boots.
+    unfit = model_unfit(open_model(config.model_copy(update={"model": args.model}) if args.model else config))
+    if unfit:
+        show(f"vmagent run: {unfit}", sys.stderr)
         return EXIT_USAGE
 
     spec = loop.JobSpec(task=args.task, os=guest_os, project=args.project, owner=args.owner or "",
@@ -196,7 +205,8 @@ def parser() -> argparse.ArgumentParser:
                                    "else debian)")
     run.add_argument("--project", required=True, help="the project folder (a git repository) to work in")
     run.add_argument("--owner", default="", help="the project's owner (Gitea user or org)")
-    run.add_argument("--model", help="the Ollama model (default: from config / VMAGENT_MODEL)")
+    run.add_argument("--model", help="the model, as the server names it (default: from config / VMAGENT_MODEL); "
+                                      "the server is VMAGENT_MODEL_API (ollama or openai) at VMAGENT_MODEL_URL")
     run.add_argument("--transcript", help="where to keep the transcript (default: a temporary folder)")
     sub.add_parser("serve", help="serve the job API (options: vmagent serve --help)", add_help=False)
     return p
