@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from vmd.guests.guest import LinuxGuest
+from vmd.guests.linux import LinuxGuest
 from vmd.machines.images import find_image
 from vmd.machines.machine import Machine
 from vmd.machines.warm_pool import WarmPool

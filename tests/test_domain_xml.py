@@ -17,7 +17,8 @@ import pytest
 
 from vmd.machines.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, SerialLog, SharedFolder, UserNetwork, Video
 from vmd.machines.images import Image, ImageMissing, find_image
-from vmd.machines.machine import Machine, MachineError
+from vmd.machines.machine import Machine
+from vmd.machines.port import MachineError
 
 TEST_URI = "test:///default"
 # The whole domain of `_domain()`, as vmd would hand it to libvirt. A change to the XML
@@ -164,3 +165,4 @@ def test_no_guest_has_a_screen_server_on_any_port():
     root = ET.fromstring(_domain().to_xml())
     assert root.findall("./devices/graphics") == []
     assert root.find("./devices/video") is not None  # QEMU still renders; screendump reads it
+

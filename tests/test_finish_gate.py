@@ -7,7 +7,7 @@ import pytest
 
 from vmd import verbs as V
 from vmd.errors import REFUSED
-from vmd.machines.port import LibvirtMachines
+from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.session.record import read_record
 from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, RpcClient, RpcError, make_config

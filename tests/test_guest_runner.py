@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from vmd.guests.guest import GuestError, LinuxGuest
+from vmd.guests.guest import GuestError
+from vmd.guests.linux import LinuxGuest
 from vmd.guests.runner_link import (RUNNER_PATH, RUNNER_SHA256, RUNNER_SOURCE, RunnerDeadline, RunnerLink,
                              RunnerLost, RunnerPool, RunnerUnavailable, SshRunnerLauncher)
 
@@ -467,7 +468,7 @@ def test_without_python3_the_guest_falls_back_to_exec_and_says_so_once(tmp_path,
     with pytest.raises(RunnerUnavailable, match="exit status 127.*command not found"):
         launcher()
     guest = LinuxGuest(ssh, str(tmp_path), runners=RunnerPool(launcher))
-    with caplog.at_level(logging.WARNING, logger="vmd.guests.guest"):
+    with caplog.at_level(logging.WARNING, logger="vmd.guests.linux"):
         assert guest.run("echo one").exit_code == 0
         assert guest.run("echo two").exit_code == 0
     assert guest.exec_runs == 2 and guest.runner_runs == 0 and "command not found" in guest.runner_off

@@ -97,7 +97,7 @@ def test_a_real_guest_destroyed_through_libvirt_mid_session_still_reports(tmp_pa
     import libvirt
 
     from tests.vmd_fakes import make_config
-    from vmd.machines.port import LibvirtMachines
+    from vmd.machines.libvirt_machines import LibvirtMachines
     from vmd.server.rpc import VmdServer
 
     config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=900,

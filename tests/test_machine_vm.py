@@ -23,7 +23,8 @@ from PIL import Image as PILImage, ImageStat
 
 from tests.conftest import make_traversable
 
-from vmd.guests.guest import GuestError, LinuxGuest
+from vmd.guests.guest import GuestError
+from vmd.guests.linux import LinuxGuest
 from vmd.machines.machine import Machine
 from vmd.guests.runner_link import RUNNER_PATH
 from vmd.machines.screen import ScreenError

@@ -17,7 +17,7 @@ from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
 from vmagent.job import JobSpec
 from vmagent.loop import run_job
-from vmd.machines.port import LibvirtMachines
+from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 
 pytestmark = pytest.mark.vm

@@ -1,9 +1,9 @@
-"""The guest's output capper (vmd/guests/guest.py `_CappedStream`): a command's output keeps its
+"""The guest's output capper (vmd/guests/output.py `_CappedStream`): a command's output keeps its
 head and its tail, says how much was cut between them, and never grows past its limits."""
 
 from __future__ import annotations
 
-from vmd.guests.guest import OUTPUT_HEAD, OUTPUT_TAIL, _CappedStream
+from vmd.guests.output import OUTPUT_HEAD, OUTPUT_TAIL, _CappedStream
 
 
 def test_output_within_the_limits_is_kept_whole():

@@ -18,7 +18,7 @@ import pytest
 
 from vmagent.client import Vmd, VmdError
 from vmd.server import rpc
-from vmd.errors import REFUSED
+from vmd.errors import PARSE_ERROR, REFUSED
 from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, make_config
 
@@ -474,7 +474,7 @@ def test_deep_nesting_and_odd_ids_are_answered_under_their_id(vmd):
     assert reply["id"] == {"a": ["\ufffd"]} and reply["error"]["code"] == rpc.METHOD_NOT_FOUND
     client.send(b'{"id": 5, "method": "note", "params": {"text": "\xff"}}\n')
     reply = client.reply()
-    assert reply["id"] == 5 and reply["error"]["code"] == rpc.PARSE_ERROR and "UTF-8" in reply["error"]["message"]
+    assert reply["id"] == 5 and reply["error"]["code"] == PARSE_ERROR and "UTF-8" in reply["error"]["message"]
     client.send(b'{"id": 6, "method": "wait", "params": {"seconds": NaN}}\n')
     assert client.reply()["id"] == 6
     assert client.call({"id": 7, "method": "session_status"})["id"] == 7

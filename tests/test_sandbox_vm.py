@@ -19,7 +19,7 @@ from tests.vmd_fakes import make_config
 from vmagent.client import Vmd
 from vmd import verbs as V
 from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
-from vmd.machines.port import LibvirtMachines
+from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 
 TOKEN = "gitea-token-" + secrets.token_hex(8)

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from vmagent.client import Vmd
-from vmd.machines.port import LibvirtMachines
+from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 from tests.gitea_server import start_gitea
 from tests.test_private_state import entries, loose, readable_as

@@ -16,7 +16,8 @@ import time
 import paramiko
 import pytest
 
-from vmd.guests.guest import GuestError, LinuxGuest
+from vmd.guests.guest import GuestError
+from vmd.guests.linux import LinuxGuest
 from vmd.guests.ssh import GuestNotAnswering, SshConnection
 
 

@@ -1,4 +1,4 @@
-"""The sweep of guests no session owns (vmd/server/lifecycle.py `_sweep`, vmd/machines/port.py
+"""The sweep of guests no session owns (vmd/server/lifecycle.py `_sweep`, vmd/machines/libvirt_machines.py
 `sweep`) on libvirt's test:///default driver: a guest is this vmd's when its <metadata>
 names this vmd's state dir exactly and a session of it (vmd/machines/domain_xml.py `VmdOwner`),
 and it is kept while that session is open on disk, whatever the guest is named."""
@@ -14,7 +14,7 @@ from tests.vmd_fakes import make_config
 from vmd.machines.domain_xml import (DirectKernel, Disk, Domain, UserNetwork, VmdOwner, nic_macs, set_session,
                             vmd_owner)
 from vmd.server.lifecycle import Lifecycle
-from vmd.machines.port import LibvirtMachines
+from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.session.state import SessionState
 from vmd.session.registry import Sessions
 

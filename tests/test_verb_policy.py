@@ -1,11 +1,11 @@
 """The contract's tables (vmd/verbs.py): when a session serves each verb (POLICY), what
-each verb answers (RESULTS), and one way to refuse (an error with code REFUSED)."""
+each verb answers (RESULTS), and one way to refuse (an error with code REFUSED). The gate
+is tested as a client meets it: a real vmd on its socket, each verb called in each state
+a session can be brought to, the refusal's sentence as the client reads it."""
 
 from __future__ import annotations
 
-import itertools
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,22 +13,45 @@ from vmd import verbs as V
 from vmd.errors import FAILED, INTERNAL_ERROR, REFUSED, VerbError, refused
 from vmd.session.record import Record, read_record
 from vmd.session.report import build_report
-from vmd.session.session import Session
 from tests.vmd_fakes import RpcClient, RpcError, local_vmd
 
-STATES = ("booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed")
-# The machine verbs as they were listed by hand before the table.
-MACHINE_VERBS_BEFORE = {
+# The verbs that act on the guest, named here by hand: the table must keep them so.
+MACHINE = {
     "run", "read_file", "write_file", "append_file", "edit_file", "list_dir", "screenshot",
     "click", "move", "type", "key", "scroll", "launch_app", "check_internet", "reboot_vm",
 }
+# What a closed session still serves: its reads, a note, and the close (again).
+SERVED_WHEN_CLOSED = {"session_status", "report", "peek", "note", "session_close", "session_cancel"}
+# One call of every verb the gate stands before (session_open and session_attach bind the
+# connection in vmd/server/rpc.py), with arguments its model takes.
+CALLS = {
+    "session_ready": {"timeout": 5}, "session_status": {}, "session_cancel": {}, "session_close": {},
+    "session_resume": {"answer": "blue"}, "peek": {}, "report": {}, "note": {"text": "a note"},
+    "web_source": {"kind": "page", "target": "https://docs.python.org/3/", "detail": "characters 0-4,000 of 9,000"},
+    "plan_tasks": {"tasks": ["one"]}, "add_task": {"title": "two"},
+    "update_task": {"id": 1, "status": "in_progress"}, "run": {"command": "true"},
+    "read_file": {"path": "a.txt"}, "write_file": {"path": "a.txt", "content": "a"},
+    "append_file": {"path": "a.txt", "content": "b"}, "edit_file": {"path": "a.txt", "old": "a", "new": "c"},
+    "list_dir": {"path": "."}, "git_commit": {"message": "files"}, "screenshot": {}, "click": {"x": 1, "y": 1},
+    "move": {"x": 1, "y": 1}, "type": {"text": "x"}, "key": {"keys": "Return"},
+    "scroll": {"x": 1, "y": 1, "amount": 1}, "launch_app": {"path": "xterm"}, "wait": {"seconds": 0.01},
+    "check_internet": {}, "reboot_vm": {}, "ask_user": {"question": "which colour?"},
+    "request_unfreeze": {"reason": "pip install"}, "finish": {"summary": "done", "verification": "true"},
+}
+NO_PLAN = ("REFUSED: {verb} needs a plan first: call plan_tasks with the steps of the work (the machine "
+           "boots meanwhile), then use the machine.")
+WAITING = ("REFUSED: the session waits for a person ({state}: {waiting!r}); the machine is suspended "
+           "until session_resume brings the answer.")
+CANCELLED = "REFUSED: the session was cancelled; stop and call session_close."
+CLOSED = "REFUSED: session {sid} is closed; read its report(), or open a new session to do more."
 
 
 def test_every_verb_has_a_policy_and_a_result_model():
     assert set(V.POLICY) == set(V.VERBS)
     assert set(V.RESULTS) == set(V.VERBS)
     assert all(issubclass(model, V.Result) for model in V.RESULTS.values())
-    assert V.MACHINE_VERBS == {verb for verb, p in V.POLICY.items() if p.needs_machine} == MACHINE_VERBS_BEFORE
+    assert V.MACHINE_VERBS == {verb for verb, p in V.POLICY.items() if p.needs_machine} == MACHINE
+    assert set(CALLS) == set(V.VERBS) - {"session_open", "session_attach"}, "a new verb: add a call of it"
 
 
 def test_the_policy_is_frozen_data():
@@ -36,43 +59,80 @@ def test_the_policy_is_frozen_data():
         V.POLICY["run"].needs_plan = False
 
 
-def _gate_before(s, planned: bool, verb: str) -> str | None:
-    """The gate as it was written before the table (vmd/session/session.py's if-chain), the
-    reference the table must keep."""
-    state = s.state
-    if state == "closed" and verb not in ("session_status", "report", "session_close", "session_cancel", "note"):
-        return f"REFUSED: session {s.id} is closed; read its report(), or open a new session to do more."
-    if state == "cancelled" and (verb in MACHINE_VERBS_BEFORE or verb in ("finish", "ask_user", "request_unfreeze")):
-        return "REFUSED: the session was cancelled; stop and call session_close."
-    if state in ("question", "unfreeze") and (verb in MACHINE_VERBS_BEFORE or verb == "finish"):
-        waiting = s.question if state == "question" else s.unfreeze_request
-        return (f"REFUSED: the session waits for a person ({state}: {waiting!r}); the machine is suspended "
-                "until session_resume brings the answer.")
-    if verb in MACHINE_VERBS_BEFORE and not planned:
-        return (f"REFUSED: {verb} needs a plan first: call plan_tasks with the steps of the work (the machine "
-                "boots meanwhile), then use the machine.")
+def _answer(c: RpcClient, verb: str) -> str | None:
+    """What a client hears: a refusal's sentence, or None when vmd served the verb (its own
+    failure, a file not there, is still served: the gate let it through)."""
+    try:
+        c.call(verb, **CALLS[verb])
+    except RpcError as err:
+        if err.code == REFUSED:
+            assert not err.has_data, (verb, err.data)
+            return err.message
     return None
 
 
-# session_open and session_attach bind the connection in vmd/server/rpc.py; peek was served
-# before the gate: its row lets it through in every state.
-GATED = [v for v in V.VERBS if v not in ("session_open", "session_attach")]
+def _refusals(c: RpcClient, verbs) -> dict[str, str | None]:
+    return {verb: _answer(c, verb) for verb in sorted(verbs)}
 
 
-@pytest.mark.parametrize("state, planned", list(itertools.product(STATES, (False, True))))
-def test_the_gate_reads_the_table_and_refuses_as_the_if_chains_did(state, planned):
-    s = SimpleNamespace(id="s-20260101-000000-abcdef", state=state, question="which colour?",
-                        unfreeze_request="pip install")
-    session = SimpleNamespace(s=s, tasks=SimpleNamespace(planned=planned))
-    for verb in GATED:
-        expected = _gate_before(s, planned, verb) if verb != "peek" else None
-        try:
-            Session._gate(session, verb)
-            got = None
-        except VerbError as exc:
-            assert exc.code == REFUSED and exc.data is None
-            got = exc.message
-        assert got == expected, (state, planned, verb)
+@pytest.fixture
+def vmd(tmp_path):
+    with local_vmd(tmp_path) as running:
+        yield running
+
+
+def test_the_machine_verbs_wait_for_a_plan(vmd):
+    _, _, config = vmd
+    with RpcClient(config.socket) as c:
+        sid = c.call("session_open", project="gate", task="no plan yet")["session_id"]
+        assert _refusals(c, MACHINE) == {verb: NO_PLAN.format(verb=verb) for verb in sorted(MACHINE)}
+        assert _refusals(c, {"session_status", "note", "git_commit", "wait"}) == dict.fromkeys(
+            ["git_commit", "note", "session_status", "wait"])
+        c.call("plan_tasks", tasks=["one"])
+        assert _refusals(c, {"write_file", "run", "screenshot"}) == dict.fromkeys(["run", "screenshot", "write_file"])
+    refused_in_record = [e["verb"] for e in read_record(config.sessions_dir / sid / "record.jsonl")
+                         if e["kind"] == "verb" and e.get("code") == REFUSED]
+    assert sorted(refused_in_record) == sorted(MACHINE)
+
+
+@pytest.mark.parametrize("ask, state, waiting", [("ask_user", "question", "which colour?"),
+                                                 ("request_unfreeze", "unfreeze", "pip install")])
+def test_a_session_waiting_for_a_person_refuses_the_machine_and_finish(vmd, ask, state, waiting):
+    _, _, config = vmd
+    with RpcClient(config.socket) as c:
+        c.call("session_open", project="gate", task="a question")
+        c.call("plan_tasks", tasks=["one"])
+        c.call(ask, **CALLS[ask])
+        sentence = WAITING.format(state=state, waiting=waiting)
+        assert _refusals(c, MACHINE | {"finish"}) == dict.fromkeys(sorted(MACHINE | {"finish"}), sentence)
+        assert _refusals(c, {"session_status", "note", "add_task", "git_commit", "peek"}) == dict.fromkeys(
+            ["add_task", "git_commit", "note", "peek", "session_status"])
+        c.call("session_resume", answer="blue", approved=True)
+        assert _answer(c, "run") is None
+
+
+def test_a_cancelled_session_refuses_the_machine_finish_and_the_people_verbs(vmd):
+    _, _, config = vmd
+    with RpcClient(config.socket) as c:
+        c.call("session_open", project="gate", task="cancelled")
+        c.call("plan_tasks", tasks=["one"])
+        c.call("session_cancel")
+        refused_now = MACHINE | {"finish", "ask_user", "request_unfreeze"}
+        assert _refusals(c, refused_now) == dict.fromkeys(sorted(refused_now), CANCELLED)
+        assert _refusals(c, {"session_status", "note", "add_task", "git_commit", "report"}) == dict.fromkeys(
+            ["add_task", "git_commit", "note", "report", "session_status"])
+        assert _answer(c, "session_close") is None
+
+
+def test_a_closed_session_serves_only_its_reads_a_note_and_the_close(vmd):
+    _, _, config = vmd
+    with RpcClient(config.socket) as c:
+        sid = c.call("session_open", project="gate", task="closed")["session_id"]
+        c.call("plan_tasks", tasks=["one"])
+        c.call("session_close")
+        refused_now = set(CALLS) - SERVED_WHEN_CLOSED
+        assert _refusals(c, refused_now) == dict.fromkeys(sorted(refused_now), CLOSED.format(sid=sid))
+        assert _refusals(c, SERVED_WHEN_CLOSED) == dict.fromkeys(sorted(SERVED_WHEN_CLOSED))
 
 
 def test_which_verbs_are_steps():
@@ -89,12 +149,6 @@ def test_a_refusal_always_starts_with_the_prefix_and_carries_data_only_when_give
 
 
 # --- every verb over the socket, each result checked against its model -------------------
-
-@pytest.fixture
-def vmd(tmp_path):
-    with local_vmd(tmp_path) as running:
-        yield running
-
 
 def test_every_verb_answers_what_its_result_model_says(vmd):
     _, _, config = vmd

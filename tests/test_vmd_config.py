@@ -10,7 +10,7 @@ import pytest
 from vmd.config import ENV_FIELDS, VmdConfig, VmdConfigError
 from vmd.guests.os_verbs import LinuxVerbs
 from vmd.session.handlers import screen_verbs
-from vmd.machines.port import LibvirtMachine, LibvirtMachines
+from vmd.machines.libvirt_machines import LibvirtMachine, LibvirtMachines
 from vmd.session.record import Redactor
 
 

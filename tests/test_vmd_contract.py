@@ -13,7 +13,7 @@ from vmagent.client import Vmd, VmdError
 from vmd import verbs as V
 from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
 from vmd.session.handlers.session_verbs import PEEK_MAX_AGE_S
-from vmd.machines.port import LibvirtMachines
+from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, local_vmd, make_config
 

@@ -121,7 +121,7 @@ def test_a_session_whose_machine_came_warm_says_so_and_keeps_the_slots_name(tmp_
 
 def test_auto_sizes_the_pool_for_the_host_and_a_bad_size_is_refused_with_what_to_give():
     from vmd.config import VmdConfig, VmdConfigError
-    from vmd.machines.warm_pool import host_pool_size
+    from vmd.machines.host_room import host_pool_size
 
     gib = 1024
     assert host_pool_size(2, 24 * gib, 2048) == 1  # this kind of host: one slot, one core left to the sessions
@@ -143,7 +143,7 @@ def test_auto_sizes_the_pool_for_the_host_and_a_bad_size_is_refused_with_what_to
 def test_the_refill_waits_while_the_host_has_no_room(tmp_path, monkeypatch):
     import os
 
-    from vmd.machines.warm_pool import no_room
+    from vmd.machines.host_room import no_room
 
     cores = os.cpu_count() or 1
     monkeypatch.setattr(os, "getloadavg", lambda: (2 * cores + 1.0, 0.0, 0.0))
@@ -161,7 +161,7 @@ def test_the_refill_waits_while_the_host_has_no_room(tmp_path, monkeypatch):
 
 def test_a_vmd_started_with_the_pool_off_removes_an_earlier_pools_slots(tmp_path):
     from tests.vmd_fakes import make_config
-    from vmd.machines.port import LibvirtMachines
+    from vmd.machines.libvirt_machines import LibvirtMachines
 
     config = make_config(tmp_path, warm_pool_size=0, libvirt_uri="test:///default")
     pool = WarmPool(config.state_dir, "test:///default", "nobody", size=1)

@@ -179,7 +179,7 @@ class VmdConfig(BaseModel):
     # Warm machines (vmd/machines/warm_pool.py): this many guests of the default image booted ahead
     # and saved, each handed out by a restore in seconds instead of a cold boot. Each
     # costs a boot in the background and its memory image on disk (~the guest's memory).
-    # "auto" sizes the pool for the host (warm_pool.host_pool_size: one slot per two
+    # "auto" sizes the pool for the host (vmd/machines/host_room.py host_pool_size: one slot per two
     # cores, within memory, at most 4); 0 turns it off and every session boots cold.
     warm_pool_size: int | Literal["auto"] = "auto"
 

@@ -78,7 +78,7 @@ class SessionStatusResult(TextResult):
     machine_seconds: float | None = None  # its boot or warm hand-out, in seconds
     came_note: str | None = None  # why it came cold although the warm pool was on
     outcome: dict | None  # finish's outcome once accepted (FinishOutcome)
-    push: dict | None  # the push at close and its retries (vmd/server/push_retry.py PushState.view)
+    push: dict | None  # the push at close and its retries (vmd/projects/push_state.py PushState.view)
     clients: int  # connections bound to the session
     detached_s: float | None  # seconds since the last client went; None while one is bound
     ended_by: Literal["vmd", "client"] | None  # once closed

@@ -136,6 +136,12 @@ class SessionOpen(Params):
     chat_id: str = Field(default="", max_length=ID_CHARS)
 
 
+# A session id as vmd makes it (vmd/session/state.py `new_session_id`): a name on disk and
+# in libvirt's <metadata>, so anything else that claims to be one is refused before it
+# becomes a path.
+SESSION_ID = re.compile(r"^s-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+
+
 class SessionAttach(Params):
     """-> SessionAttachResult"""
     session_id: str = Field(max_length=ID_CHARS)
@@ -365,7 +371,7 @@ VERBS: dict[str, type[Params]] = {
 
 
 # --- when a session serves a verb -------------------------------------------------------
-# One row per verb: the gate (vmd/session/session.py `Session._gate`) and the step count read this
+# One row per verb: the gate (vmd/session/serving.py `gate`) and the step count read this
 # table, and nothing else decides. The gate asks in this order: closed, cancelled,
 # waiting for a person, a plan; each refusal has its own sentence, saying what to do.
 

@@ -14,12 +14,9 @@ from __future__ import annotations
 import secrets
 import shlex
 import subprocess
-from typing import TYPE_CHECKING
 
 from vmd.errors import VerbError
-
-if TYPE_CHECKING:
-    from vmd.guests.guest import CommandResult
+from vmd.guests.guest import CommandResult
 
 LAUNCH_TIMEOUT_S = 30  # starting a program returns at once; its window comes later
 PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s

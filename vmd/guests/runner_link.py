@@ -331,7 +331,7 @@ class RunnerPool:
 
 
 class SshRunnerLauncher:
-    """Starts a runner on a new channel of `ssh` (vmd.guests.guest.SshConnection), uploading the
+    """Starts a runner on a new channel of `ssh` (vmd.guests.ssh.SshConnection), uploading the
     runner first when the guest lacks it, and once more when what starts is not it."""
 
     def __init__(self, ssh, start_timeout: float = START_TIMEOUT):

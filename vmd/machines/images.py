@@ -24,7 +24,8 @@ from pydantic import BaseModel
 from vmd.config import VmdConfig
 from vmd.host_env import clean_env
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "images"
+# The recipes beside vmd/ in a clone (and in the editable install of the containers).
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "images"
 # What a recipe's build script gets of vmd's environment besides clean_env's allow-list:
 # its own VMD_* settings (the apt mirror, VMD_APT_MIRROR, is the recipe's, not vmd's) and a
 # proxy where the host uses one. Never a token.

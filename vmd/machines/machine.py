@@ -23,47 +23,25 @@ from pathlib import Path
 import libvirt
 import libvirt_qemu
 import paramiko
-from pydantic import BaseModel
 
-from vmd.machines.accel import choose_accel
-from vmd.machines.accel import timeout_scale as scale_for
 from vmd.config import VmdConfig
-from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, DirectKernel, Disk, Domain, RunAs, SerialLog,
-                            SharedFolder, UserNetwork, Video, VmdOwner, nic_macs)
-from vmd.guests.guest import Guest, GuestError, LinuxGuest
+from vmd.guests.guest import Guest, GuestError
+from vmd.guests.linux import LinuxGuest
 from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
+from vmd.machines.accel import choose_accel
+from vmd.machines.accel import timeout_scale as scale_for
+from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, DirectKernel, Disk, Domain, RunAs, SerialLog,
+                                     SharedFolder, UserNetwork, Video, VmdOwner, nic_macs)
 from vmd.machines.images import Image
-from vmd.machines.port import Stall
+from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
+from vmd.machines.screen import Screen
 from vmd.private_fs import open_private, passable_dir, private_file, write_private
 from vmd.projects.tree import share_owner
-from vmd.machines.screen import Screen
 
 DEFAULT_URI = "qemu:///system"
-# A guest's memory. The warm pool sizes itself by it (vmd/machines/warm_pool.py: host_pool_size).
+# A guest's memory. The warm pool sizes itself by it (vmd/machines/host_room.py: host_pool_size).
 GUEST_MEMORY_MIB = 2048
-
-
-class MachineError(RuntimeError):
-    """The machine could not be created, reached or destroyed; the message says what to do."""
-
-
-class DesktopMissing(MachineError):
-    """The guest answers over SSH, but its desktop did not come up in time."""
-
-
-class Facts(BaseModel):
-    os: str
-    kernel: str
-    python: str
-    git: str
-    desktop: bool
-    project_path: str
-    project_mounted: bool
-    boot_id: str
-    hostname: str
-    accel: str
-    seconds: float = 0.0
 
 
 def accel(setting: str | None = None) -> str:
@@ -154,7 +132,7 @@ class Machine:
                vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None,
                owner: VmdOwner | None = None) -> "Machine":
         """`owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
-        vmd's sweep tells its own guests (vmd/machines/port.py `sweep`)."""
+        vmd's sweep tells its own guests (vmd/machines/libvirt_machines.py `sweep`)."""
         if image.os_family != "linux":
             raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
                                "Linux guests only so far.")
@@ -423,23 +401,8 @@ class Machine:
         # The domain goes first: a boot thread may hold the SSH lock while it connects to a
         # guest still booting (up to its connect timeout), and the guest's end is what
         # frees it. A close during boot must not wait for that.
-        persistent = True
-        try:
-            # Asked first: a warm machine's restored domain is transient, gone once destroyed.
-            persistent = self.domain.isPersistent() == 1
-            if self.domain.isActive():
-                self.domain.destroy()
-        except libvirt.libvirtError:
-            pass
-        if persistent:
-            try:
-                self.domain.undefine()
-            except libvirt.libvirtError:
-                pass
+        _remove(self.domain, self.workdir)
         self.ssh.close()
-        overlay = self.workdir / "overlay.qcow2"
-        overlay.unlink(missing_ok=True)
-        shutil.rmtree(_screen_dir(self.workdir), ignore_errors=True)  # the last frame is the guest's
 
     @staticmethod
     def discard(name: str, workdir: Path, uri: str = DEFAULT_URI) -> bool:
@@ -451,17 +414,27 @@ class Machine:
                 domain = conn.lookupByName(name)
             except libvirt.libvirtError:
                 return False
-            try:
-                if domain.isActive():
-                    domain.destroy()
-            except libvirt.libvirtError:
-                pass
-            try:
-                domain.undefine()
-            except libvirt.libvirtError:
-                pass
-            (workdir / "overlay.qcow2").unlink(missing_ok=True)
-            shutil.rmtree(_screen_dir(workdir), ignore_errors=True)
+            _remove(domain, workdir)
             return True
         finally:
             conn.close()
+
+
+def _remove(domain: libvirt.virDomain, workdir: Path) -> None:
+    """All vmd made for one guest: its domain destroyed and undefined (a warm machine's
+    restored domain is transient, gone once destroyed), its overlay and its screen folder
+    (the last frame is the guest's)."""
+    persistent = True
+    try:
+        persistent = domain.isPersistent() == 1  # asked first: a transient one is gone after destroy
+        if domain.isActive():
+            domain.destroy()
+    except libvirt.libvirtError:
+        pass
+    if persistent:
+        try:
+            domain.undefine()
+        except libvirt.libvirtError:
+            pass
+    (workdir / "overlay.qcow2").unlink(missing_ok=True)
+    shutil.rmtree(_screen_dir(workdir), ignore_errors=True)

@@ -20,8 +20,8 @@ in the record. Slots of an older build of the image are discarded (the image fol
 name carries its recipe's hash). The refill runs in the background at low priority
 (`nice`) and only while the host has room (`no_room`: load, memory, disk); it waits out
 the cold boots of sessions that found the pool empty. `VMD_WARM_POOL_SIZE=auto` sizes
-the pool for the host (`host_pool_size`); a vmd started with the pool off removes an
-earlier pool's slots.
+the pool for the host (`host_pool_size`; both in vmd/machines/host_room.py); a vmd
+started with the pool off removes an earlier pool's slots.
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ import libvirt
 from pydantic import BaseModel
 
 from vmd.machines.domain_xml import VmdOwner, set_session
+from vmd.machines.host_room import no_room
 from vmd.machines.images import Image
+from vmd.machines.machine import Machine, connect, timeout_scale
 from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
+from vmd.projects.tree import share_owner
 
 log = logging.getLogger("vmd.machines.warm_pool")
 
@@ -110,7 +113,6 @@ class WarmPool:
 
     def make_slot(self, image: Image) -> Path:
         """Boots one slot of `image` and saves it; returns its folder."""
-        from vmd.machines.machine import Machine, timeout_scale
 
         slot_id = uuid.uuid4().hex[:12]
         folder = self._image_dir(image) / f".{slot_id}.making"  # not a slot until renamed
@@ -187,7 +189,6 @@ class WarmPool:
                  session_id: str | None = None):
         """Restores the claimed slot as a session's machine (vmd.machines.machine.Machine). The slot
         is gone afterwards, handed out or discarded (WarmFailed)."""
-        from vmd.machines.machine import Machine, connect
 
         try:
             info = SlotInfo.model_validate_json((claimed / "slot.json").read_text())
@@ -227,7 +228,6 @@ class WarmPool:
                     session_id: str | None = None):
         """(a warm machine, None), or (None, why not): then the session boots cold, and
         the refill waits that boot out rather than compete with it."""
-        from vmd.machines.machine import timeout_scale
 
         claimed = self.take(image) or self._wait_for_the_slot_being_made(image)
         if claimed is None:
@@ -253,7 +253,6 @@ class WarmPool:
         The wait is not cut shorter than that: a session that gave up on a slot at its
         last slot's pace then boots cold beside the slot it gave up on (seen in
         bench/load.py: 256 s to the first command against 164 s for a plain cold boot)."""
-        from vmd.machines.machine import timeout_scale
 
         with self._changed:
             name = self._making
@@ -317,7 +316,6 @@ class WarmPool:
 
     def _discard_half_made(self, slot: Path) -> None:
         """The guest of `.<id>.making`, a slot an earlier vmd was booting when it stopped."""
-        from vmd.machines.machine import Machine
         try:
             Machine.discard(SLOT_PREFIX + slot.name.strip(".").removesuffix(".making"), slot, self.uri)
         except Exception as exc:
@@ -335,7 +333,6 @@ class WarmPool:
         making = self._making
         if making is not None:  # a slot booting now: its create or ready fails and cleans up
             try:
-                from vmd.machines.machine import connect
                 connect(self.uri).lookupByName(making).destroy()
             except Exception:
                 pass
@@ -371,62 +368,6 @@ class WarmPool:
             self._stop.wait(2)
 
 
-def host_pool_size(cores: int | None = None, memory_mib: int | None = None,
-                   guest_mib: int | None = None) -> int:
-    """The pool size "auto" means: one slot per two cores, since a slot's boot takes about
-    a core for its length and the sessions need the rest; no more than a quarter of the
-    host's memory in guests being made and restored at once; and at most 4, because past
-    that the slots wait on disk for sessions a host of this size could not run together
-    anyway. A 2-core host gets 1; a 1-core host none."""
-    from vmd.machines.machine import GUEST_MEMORY_MIB
-    cores = cores if cores is not None else (os.cpu_count() or 1)
-    memory_mib = memory_mib if memory_mib is not None else _meminfo_mib("MemTotal")
-    guest_mib = guest_mib or GUEST_MEMORY_MIB
-    by_memory = memory_mib // (4 * guest_mib) if memory_mib is not None else 4
-    return max(0, min(4, cores // 2, by_memory))
-
-
-def no_room(folder: Path, guest_mib: int | None = None) -> str | None:
-    """Why the host has no room to make a slot now, or None.
-
-    - Runnable work past twice the cores: a slot's boot now would slow the sessions'
-      work. (An idle TCG guest alone keeps the load near 1 on a small host, so one
-      core's worth would stop every refill while any session runs.)
-    - Less memory available than two guests: the slot's guest would push the sessions'
-      guests into swap.
-    - Less free disk than the slot's saved memory and overlay plus 3 GiB: vmd's own
-      records and the sessions' disks need it more (a full disk pauses their guests).
-      Measured on `folder`'s nearest existing folder: before the first slot there is no
-      pool folder yet, and the disk is the one it will be made on."""
-    from vmd.machines.machine import GUEST_MEMORY_MIB
-    guest_mib = guest_mib or GUEST_MEMORY_MIB
-    cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
-    if load > 2 * cores:
-        return f"the host is busy (load {load:.1f} on {cores} cores)"
-    available = _meminfo_mib("MemAvailable")
-    if available is not None and available < 2 * guest_mib:
-        return f"the host has {available} MiB of memory available, under two guests' {2 * guest_mib} MiB"
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
-    try:
-        free_mib = shutil.disk_usage(existing).free // 2**20
-    except OSError:
-        return None
-    if free_mib < guest_mib + 3072:
-        return f"the disk under {folder} has {free_mib} MiB free, under a slot's {guest_mib + 3072} MiB"
-    return None
-
-
-def _meminfo_mib(field: str) -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _renice(name: str, niceness: int = 10) -> None:
     """Every thread of a slot's QEMU (started by libvirtd, at its priority) yields to the
     sessions' guests while it boots; a hand-out's restore is a new QEMU, at the usual one."""
@@ -440,7 +381,6 @@ def _renice(name: str, niceness: int = 10) -> None:
 
 def _give_to_qemu(share: Path, qemu_user: str) -> None:
     """An empty share folder of QEMU's user, 0700, as the project folders are."""
-    from vmd.projects.tree import share_owner
     private_dir(share)
     owner = share_owner(qemu_user)
     if owner is not None:

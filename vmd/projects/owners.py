@@ -32,6 +32,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from vmd.projects.gitea import GiteaClient, GiteaError
+from vmd.verbs import LOCAL_OWNER
 
 # --- Gitea's name rules ------------------------------------------------------------------
 # From Gitea's source (models/repo/repo.go, models/user/user.go, models/db/name.go): names
@@ -251,8 +252,6 @@ def plan_place(policy: OwnerPolicy, person: str, project: str) -> GiteaPlace:
     if mapped:
         return GiteaPlace(owner=mapped, repo=project, kind="owner")
     if policy.mode == "org":
-        from vmd.verbs import LOCAL_OWNER
-
         who = person or LOCAL_OWNER
         return GiteaPlace(owner=policy.org, repo=org_repo_name(who, project), kind="org",
                           topics=(SERVICE_TOPIC, person_topic(who)), legacy=legacy_place(who, project))

@@ -36,11 +36,11 @@ from urllib.parse import quote, urlsplit
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
 from vmd import verbs as V
+from vmd.private_fs import passable_dir, private_dir
 from vmd.projects.gitea import GiteaClient, GiteaError, GiteaUnavailable, RepoInfo, StatusState
 from vmd.projects.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_place
-from vmd.private_fs import passable_dir, private_dir
+from vmd.projects.repository import BRANCH, Identity, Repository, RepositoryError, tail
 from vmd.projects.tree import Limits, present_to_guest, walk
-from vmd.projects.repository import BRANCH, Identity, Repository, RepositoryError
 
 LOCAL_OWNER = V.LOCAL_OWNER
 
@@ -171,7 +171,7 @@ class PushResult(BaseModel):
     error: str | None = None  # why nothing was pushed; a sentence without the token
     warnings: list[str] = []  # pushed, but topics or commit status could not be set
     # Not pushed for a reason that may pass by itself (Gitea unreachable or answering 5xx,
-    # a network error): vmd retries it later (vmd/server/push_retry.py). A refusal, a redirect or
+    # a network error): vmd retries it later (vmd/server/push_retrier.py). A refusal, a redirect or
     # a bad token does not pass by waiting.
     retry: bool = False
 
@@ -342,8 +342,6 @@ def _target_branch(client: GiteaClient, info: RepoInfo, recorded: str) -> str:
 
 def _push_failure(result, where: str, branch: str, remote: Remote) -> tuple[str, bool]:
     """Why git's push failed, in a sentence, and whether trying again later may help."""
-    from vmd.projects.repository import tail
-
     text = tail(result, remote.token())
     if "non-fast-forward" in text or "fetch first" in text or "[rejected]" in text:
         return (f"The push to {where} was refused: its branch {branch} holds commits this "

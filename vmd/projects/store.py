@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vmd.config import VmdConfig
+from vmd.projects.publish import changed_files, commit_project, prepare_project, push_project, remote_for
+from vmd.projects.tree import Limits, share_owner
 
 
 class ProjectStore:
@@ -19,13 +21,10 @@ class ProjectStore:
     def remote(self, owner: str, project: str, description: str = ""):
         # Where the person's project lives on Gitea: the service's organisation or their
         # mapped Gitea user (vmd/projects/owners.py); vmd's own repository keeps owner/project.
-        from vmd.projects.publish import remote_for
         return remote_for(self.config, owner, project, description)
 
     def prepare(self, project_dir: Path, owner: str, project: str, description: str) -> dict:
         """-> {text, base_commit, branch}"""
-        from vmd.projects.tree import share_owner
-        from vmd.projects.publish import prepare_project
         prepared = prepare_project(project_dir, self.remote(owner, project, description),
                                    share_owner=share_owner(self.config.share_user))
         return prepared.model_dump()
@@ -33,8 +32,6 @@ class ProjectStore:
     def commit(self, project_dir: Path, owner: str, project: str, message: str,
                allow_empty: bool = False) -> dict:
         """-> {sha, new, left_out}"""
-        from vmd.projects.tree import Limits
-        from vmd.projects.publish import commit_project
         limits = Limits(max_file_bytes=int(self.config.commit_max_file_mib * 1024 * 1024),
                         max_total_bytes=int(self.config.commit_max_total_mib * 1024 * 1024))
         return commit_project(project_dir, self.remote(owner, project), message, limits,
@@ -46,12 +43,10 @@ class ProjectStore:
         return self.remote(owner, project).repository().head()
 
     def changed_files(self, owner: str, project: str, base: str | None) -> list[str]:
-        from vmd.projects.publish import changed_files
         return changed_files(self.remote(owner, project), base)
 
     def push(self, owner: str, project: str, description: str, branch: str,
              outcome: dict | None) -> dict:
-        from vmd.projects.publish import push_project
         if outcome is None:
             status, text = "pending", "vmd did not verify this commit: the session did not finish"
         elif outcome.get("passed") and outcome.get("proven"):

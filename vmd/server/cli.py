@@ -7,12 +7,18 @@ import os
 import signal
 import sys
 
-from vmd.server import doctor
 from vmd.config import VmdConfig
+from vmd.machines.egress_guard import EgressGuard, EgressGuardError
+from vmd.machines.images import cli_build, cli_list
+from vmd.server import doctor
+from vmd.server.session_list import list_sessions, render
 
 
 def _serve(args) -> int:
+    # Here, not above: `vmd doctor`, `vmd sessions`, `vmd guard` and `vmd images` start
+    # without the server's libvirt and paramiko.
     from vmd.server.rpc import VmdServer
+
     try:
         config = VmdConfig.load(args.config, socket=args.socket, state_dir=args.state_dir,
                                 images_dir=args.images_dir)
@@ -40,7 +46,6 @@ def _serve(args) -> int:
 
 
 def _sessions(args) -> int:
-    from vmd.server.session_list import list_sessions, render
     try:
         config = VmdConfig.load(args.config, socket=args.socket, state_dir=args.state_dir)
     except (FileNotFoundError, ValueError) as exc:
@@ -56,7 +61,6 @@ def _sessions(args) -> int:
 
 
 def _guard(args) -> int:
-    from vmd.machines.egress_guard import EgressGuard, EgressGuardError
     try:
         guard = EgressGuard.from_config(VmdConfig.load(args.config))
         if args.guard_command == "install":
@@ -74,7 +78,6 @@ def _guard(args) -> int:
 
 
 def _images(args) -> int:
-    from vmd.machines.images import cli_build, cli_list  # lazily: serving needs no image tooling
     return cli_build(args) if args.images_command == "build" else cli_list(args)
 
 

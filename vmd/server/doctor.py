@@ -40,7 +40,9 @@ from typing import Callable, Literal
 from pydantic import SecretStr
 
 from vmd.config import VmdConfig
+from vmd.machines.accel import choose_accel
 from vmd.machines.egress_guard import EgressGuard
+from vmd.machines.images import ImageMissing, recipe_hash
 
 Status = Literal["ok", "warn", "wait", "fail"]
 CHECKS = ("libvirtd", "accel", "egress", "image", "socket", "gitea", "ollama")
@@ -104,8 +106,6 @@ def check_libvirtd(uri: str) -> Finding:
 def check_accel(kvm_probe: Callable[[], bool] | None = None, setting: str = "auto") -> Finding:
     """The accelerator guests get under `setting` (VmdConfig.accel, VMD_ACCEL), asking
     `kvm_probe` (QEMU itself, by default) when the setting forces none."""
-    from vmd.machines.accel import choose_accel
-
     if not shutil.which("qemu-system-x86_64"):
         return Finding("accel", "fail", "qemu-system-x86_64 is not installed: "
                                         "`apt-get install qemu-system-x86 qemu-utils`.")
@@ -144,8 +144,6 @@ def _build_running(partial: Path, proc_root: Path = Path("/proc")) -> bool:
 
 
 def check_image(images_dir: Path, name: str = "debian", proc_root: Path = Path("/proc")) -> Finding:
-    from vmd.machines.images import ImageMissing, recipe_hash
-
     try:
         current = images_dir / f"{name}-{recipe_hash(name)}"
     except ImageMissing as exc:

@@ -12,7 +12,7 @@ way (commit, push, destroy), with the reason in the record and the report:
   waited for a person longer than `question_keep_s`; it ends a session whose files a
   full disk could not take, saves what a full disk held back once there is room, and
   destroys guests of this state dir that no session owns (`sweep`).
-- pushes that failed at close are retried by vmd/server/push_retry.py.
+- pushes that failed at close are retried by vmd/server/push_retrier.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import threading
 import time
 
 from vmd.config import VmdConfig
-from vmd.server.push_retry import PushRetrier
+from vmd.server.push_retrier import PushRetrier
+from vmd.session.handlers.end_verbs import close
+from vmd.session.registry import Sessions
 from vmd.session.session import Session
 from vmd.session.state import SessionState
-from vmd.session.registry import Sessions
 from vmd.verbs import WAITING_STATES
 
 log = logging.getLogger("vmd.server.lifecycle")
@@ -161,8 +162,6 @@ class Lifecycle:
     def end(self, session: Session, reason: str) -> dict:
         """Closes `session` on vmd's own account: commit, push, destroy, `reason` in the
         record and the report."""
-        from vmd.session.handlers.end_verbs import close
-
         closed = close(session, reason=reason)
         self.sessions.release(session)
         if session.s.push is not None and session.s.push.state == "pending":

@@ -10,92 +10,34 @@ acts on it. While `run` works, vmd sends notifications without an id:
 No input loses a connection: every line gets one reply, under the request's id when it
 can be read (else null), and the next line is served. Requests are cleaned at the edge
 (nesting depth, lone surrogates) so that what reaches a session can always be stored as
-JSON, and replies are always written as JSON any reader can parse.
+JSON, and replies are always written as JSON any reader can parse (the wire itself:
+vmd/server/wire.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import re
 import socket
 import threading
 import traceback
-import typing
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.errors import (
-    BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION, PARSE_ERROR, VerbError,
-    checked_result,
-)
-from vmd.server.lifecycle import Lifecycle
+from vmd.errors import (BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION,
+                        VerbError, checked_result)
+from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.machines.port import MachineFactory
 from vmd.projects.store import ProjectStore
-from vmd.session.session import Session
+from vmd.server.lifecycle import Lifecycle
+from vmd.server.wire import (MAX_LINE, clean_request, encode, error_reply, id_of, leading_id, params_error, read_json,
+                             shape)
 from vmd.session.registry import Sessions
-
-# A request line longer than this is refused: write_file bodies are the largest thing
-# sent, and 64 MiB is far past any source file an agent should write in one call.
-MAX_LINE = 64 * 1024 * 1024
-# Requests nested deeper than this are refused. vmd's deepest request is 3 levels
-# (request -> params -> verification); before this bound, a line of 10,000 '[' raised
-# RecursionError and took the connection down.
-MAX_DEPTH = 64
-# A lone UTF-16 surrogate (JSON allows "\ud800") cannot be written as UTF-8: one in an
-# answer or a summary made every later save of session.json fail. They become U+FFFD.
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-# The id of a line that cannot be parsed, when the line begins with it as vmagent's
-# client writes it: `{"id": 7, ...`. A client waits for its id; a null one never comes.
-_LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*(-?[0-9][0-9.eE+-]{0,40}'  # a number
-                         rb'|"(?:[^"\\\x00-\x1f]|\\.){0,200}"'  # a string
-                         rb'|null|true|false)\s*[,}]')
-
-
-def _type_name(annotation) -> str:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        return "|".join(json.dumps(a) for a in typing.get_args(annotation))
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return "|".join(_type_name(a) for a in typing.get_args(annotation))
-    if origin is list:
-        args = typing.get_args(annotation)
-        return f"list[{_type_name(args[0])}]" if args else "list"
-    if annotation is type(None):
-        return "null"
-    if isinstance(annotation, type) and issubclass(annotation, V.Params):
-        return "{" + shape(annotation) + "}"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def shape(model: type[V.Params]) -> str:
-    """`command: str, timeout: float = 300, cwd: str|null = null` for a verb's params."""
-    parts = []
-    for name, field in model.model_fields.items():
-        part = f"{name}: {_type_name(field.annotation)}"
-        if not field.is_required():
-            default = field.get_default(call_default_factory=True)
-            part += f" = {json.dumps(default, default=str)}"
-        parts.append(part)
-    return ", ".join(parts) or "no params"
-
-
-def params_error(verb: str, exc: ValidationError, model: type[V.Params]) -> str:
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "params"
-        if err["type"] == "extra_forbidden":
-            problems.append(f"{where}: not a param of {verb}")
-        elif err["type"] == "missing":
-            problems.append(f"{where}: required")
-        else:
-            problems.append(f"{where}: {err['msg']}")
-    return f"bad params for {verb}: {'; '.join(problems)}. Expected {{{shape(model)}}}."
+from vmd.session.serving import serve
+from vmd.session.session import Session
 
 
 class Connection:
@@ -128,7 +70,7 @@ class Connection:
         except Exception as exc:  # a reply vmd cannot write as JSON still answers its request
             if "id" not in message:
                 raise
-            data = encode(_error(message["id"], INTERNAL_ERROR,
+            data = encode(error_reply(message["id"], INTERNAL_ERROR,
                                  f"vmd could not write its reply as JSON ({type(exc).__name__}: {exc}); "
                                  "this is a bug in vmd: report it with the request that caused it."))
         with self._write_lock:
@@ -148,7 +90,7 @@ class Connection:
                 if not line:
                     break
                 if len(line) > MAX_LINE and not line.endswith(b"\n"):
-                    self.send(_error(_leading_id(line), INVALID_REQUEST,
+                    self.send(error_reply(leading_id(line), INVALID_REQUEST,
                                      f"the request is over {MAX_LINE} bytes and was not read; send files "
                                      "in parts with append_file."))
                     while line and not line.endswith(b"\n"):  # the rest of the line is dropped
@@ -169,11 +111,11 @@ class Connection:
 
     def handle_line(self, line: bytes) -> dict:
         """The reply to one request line; never raises."""
-        request_id, method = _leading_id(line), "the request"
+        request_id, method = leading_id(line), "the request"
         try:
             request = read_json(line)
             if isinstance(request, dict):
-                request_id = _id_of(request)
+                request_id = id_of(request)
             request = clean_request(request)
             if not isinstance(request.get("method"), str):
                 raise VerbError('a request is an object with "id", "method" (a string) and "params" '
@@ -184,9 +126,9 @@ class Connection:
                 # A closed session leaves vmd's memory; session_attach reads it from disk.
                 self.server.sessions.release(self.session)
         except VerbError as exc:
-            return _error(request_id, exc.code, exc.message, exc.data)
+            return error_reply(request_id, exc.code, exc.message, exc.data)
         except Exception as exc:  # a bug in vmd must not take the connection down
-            return _error(request_id, INTERNAL_ERROR, f"vmd failed serving {method}: "
+            return error_reply(request_id, INTERNAL_ERROR, f"vmd failed serving {method}: "
                                                       f"{type(exc).__name__}: {exc}")
         return {"id": request_id, "result": result}
 
@@ -223,99 +165,7 @@ class Connection:
         if self.session is None:
             raise VerbError(f"no session on this connection: call session_open or session_attach before "
                             f"{verb}.", NO_SESSION)
-        return self.session.call(verb, params, notify=self.notify)
-
-
-def _error(request_id, code: int, message: str, data: dict | None = None) -> dict:
-    # The one place every error reply's message is made: guest text in it (a path, a
-    # command's stderr, an SFTP server's status) reaches a terminal as data, escapes gone.
-    error = {"code": code, "message": V.printable(message)}
-    if data is not None:  # JSON-RPC: `data` is absent, not null, when there is none
-        error["data"] = data
-    return {"id": request_id, "error": error}
-
-
-def encode(message: dict) -> bytes:
-    """One line of JSON that any reader can parse: lone surrogates become U+FFFD; NaN,
-    cycles and keys that are not strings raise (ValueError, TypeError)."""
-    text = json.dumps(message, ensure_ascii=False, default=str, allow_nan=False)
-    return (_SURROGATE.sub("\ufffd", text) + "\n").encode()
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def _json(text: str):
-    return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
-
-
-def read_json(line: bytes):
-    """The JSON value on one line; raises VerbError (PARSE_ERROR, or INVALID_REQUEST
-    for nesting deeper than json can read) saying what is wrong."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise VerbError(f"the request is not UTF-8 text (byte {line[exc.start]:#04x} at offset "
-                        f"{exc.start}); send one UTF-8 JSON object per line.", PARSE_ERROR) from None
-    try:
-        return _json(text)
-    except RecursionError:
-        raise VerbError(f"the request is nested too deep: at most {MAX_DEPTH} levels of objects and "
-                        "lists are read.", INVALID_REQUEST) from None
-    except ValueError as exc:  # JSONDecodeError, an int of over 4300 digits, NaN, 1e400
-        raise VerbError(f"the request is not valid JSON ({str(exc)[:200]}); send one JSON object per "
-                        'line: {"id": 1, "method": "...", "params": {...}}.', PARSE_ERROR) from None
-
-
-def clean_request(request) -> dict:
-    """The request with no lone surrogates, nested at most MAX_DEPTH deep; raises
-    VerbError (INVALID_REQUEST) when it is not a request object or nested deeper."""
-    if not isinstance(request, dict):
-        raise VerbError('a request is an object with "id", "method" (a string) and "params" (an '
-                        f"object), not a JSON {type(request).__name__}.", INVALID_REQUEST)
-    return _clean(request, 1)
-
-
-def _id_of(request: dict):
-    """A request's id, cleaned, for the reply even when the rest of it is refused."""
-    try:
-        return _clean(request.get("id"), 2)
-    except VerbError:
-        return None
-
-
-def _clean(value, depth: int):
-    """`value` with every lone surrogate (in keys and strings) replaced by U+FFFD; deeper
-    than MAX_DEPTH raises. The recursion stops at MAX_DEPTH, far below Python's limit."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, (dict, list)) and depth > MAX_DEPTH:
-        raise VerbError(f"the request is nested too deep: at most {MAX_DEPTH} levels of objects and "
-                        "lists are read.", INVALID_REQUEST)
-    if isinstance(value, dict):
-        return {_SURROGATE.sub("\ufffd", k): _clean(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v, depth + 1) for v in value]
-    return value
-
-
-def _leading_id(line: bytes):
-    """The id at the head of a line that may not parse; None when there is none."""
-    match = _LEADING_ID.match(line[:512])
-    if match is None:
-        return None
-    try:
-        return _clean(_json(match[1].decode("utf-8")), 2)
-    except (ValueError, VerbError):
-        return None
+        return serve(self.session, verb, params, notify=self.notify)
 
 
 def _log_record_factory(base):
@@ -352,7 +202,8 @@ class VmdServer:
     def __init__(self, config: VmdConfig, machines: MachineFactory | None = None,
                  store: ProjectStore | None = None):
         self.config = config
-        self.sessions = Sessions(config, machines, store)
+        # libvirt unless told otherwise (the tests hand in stand-ins, tests/vmd_fakes.py).
+        self.sessions = Sessions(config, machines or LibvirtMachines(config), store)
         # Adoption at start, the reaper, the push retries: vmd owns every session's end.
         self.lifecycle = Lifecycle(self.sessions, config)
         self._sock: socket.socket | None = None
@@ -414,7 +265,7 @@ class VmdServer:
         """One error line to a connection over the limit, then close it."""
         try:
             client.settimeout(1)  # the accept loop waits for no client
-            client.sendall(encode(_error(None, BUSY, f"vmd is at its connection limit "
+            client.sendall(encode(error_reply(None, BUSY, f"vmd is at its connection limit "
                                                      f"({self.config.max_connections} connections); "
                                                      "retry later.")))
         except OSError:

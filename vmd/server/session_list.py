@@ -11,6 +11,7 @@ import time
 from pydantic import BaseModel
 
 from vmd.config import VmdConfig
+from vmd.session.state import SessionState
 
 
 class SessionRow(BaseModel):
@@ -54,8 +55,6 @@ def _domain_states(config: VmdConfig, names: list[str]) -> dict[str, str]:
 
 
 def list_sessions(config: VmdConfig, libvirt: bool = True, now: float | None = None) -> list[SessionRow]:
-    from vmd.session.state import SessionState
-
     now = time.time() if now is None else now
     rows = []
     folder = config.sessions_dir

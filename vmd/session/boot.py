@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from vmd.errors import sentence
 from vmd.machines.port import SessionMachine
+from vmd.session.session import Session
 from vmd.verbs import WAITING_STATES
-
-if TYPE_CHECKING:
-    from vmd.session.session import Session
 
 # How long a close waits for a boot in progress to stop: a create under way (qemu-img, the
 # domain's definition and start: seconds) must return before its domain can be destroyed,

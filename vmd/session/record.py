@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from vmd.session import disk
 from vmd.private_fs import private_dir, write_private
+from vmd.session import disk
 
 REDACTED = "[redacted]"
 # Argument and result keys whose values are file bodies: summarised, never stored.

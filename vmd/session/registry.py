@@ -8,9 +8,10 @@ import time
 
 from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.machines.port import LibvirtMachines, MachineFactory
+from vmd.machines.port import MachineFactory
 from vmd.private_fs import passable_dir, qemu_gid, state_root
 from vmd.projects.store import ProjectStore
+from vmd.session import boot
 from vmd.session.session import Session
 from vmd.session.state import SESSION_ID, SessionState
 
@@ -18,10 +19,9 @@ from vmd.session.state import SESSION_ID, SessionState
 class Sessions:
     """The live sessions of one vmd, by id; loads a session from disk on attach."""
 
-    def __init__(self, config: VmdConfig, machines: MachineFactory | None = None,
-                 store: ProjectStore | None = None):
+    def __init__(self, config: VmdConfig, machines: MachineFactory, store: ProjectStore | None = None):
         self.config = config
-        self.machines = machines or LibvirtMachines(config)
+        self.machines = machines
         self.store = store or ProjectStore(config)
         self._live: dict[str, Session] = {}
         self._lock = threading.Lock()
@@ -30,6 +30,9 @@ class Sessions:
 
     def open(self, params: V.SessionOpen) -> Session:
         session = Session.open(params, self.config, self.machines, self.store)
+        boot.start_machine(session, attach=False)
+        if params.wait:
+            session.boot_done.wait(session.boot_timeout)
         with self._lock:
             self._live[session.s.id] = session
         return session
@@ -38,7 +41,7 @@ class Sessions:
         with self._lock:
             session = self._live.get(session_id)
             if session is None:
-                session = Session.load(session_id, self.config, self.machines, self.store)
+                session = self._load(session_id)
                 if session.s.state != "closed":  # a closed one is read from disk each time
                     self._live[session_id] = session
         return session
@@ -62,13 +65,23 @@ class Sessions:
             with self._lock:
                 if session_id in self._live:
                     continue
-                session = Session.load(session_id, self.config, self.machines, self.store, adopt=True)
+                session = self._load(session_id, adopt=True)
                 # Its clients were those of the vmd that died: none is bound now, and the
                 # grace period of the reaper counts from this start.
                 session.s.clients, session.s.detached_at = 0, time.time()
                 self._live[session_id] = session
             adopted.append(session)
         return adopted
+
+    def _load(self, session_id: str, adopt: bool = False) -> Session:
+        """A session from its session.json; one not closed gets its machine re-bound in the
+        background (vmd/session/boot.py)."""
+        session = Session.load(session_id, self.config, self.machines, self.store, adopt=adopt)
+        if session.s.state != "closed":
+            boot.start_machine(session, attach=True)
+        else:
+            session.boot_done.set()
+        return session
 
     def live(self) -> list[Session]:
         with self._lock:

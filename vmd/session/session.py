@@ -1,12 +1,11 @@
 """A session: one task, one machine, one project folder, one record.
 
-`Session` opens or loads a session, keeps its state on disk (vmd/session/state.py) and
-serves a verb (`call`): the gate, the handler from vmd/session/handlers/, the check of its result
-against the contract, the count and the record. When a session serves a verb, and
-whether it is a step, is the table `POLICY` of vmd/verbs.py; the rules of the verbs
-themselves (finish refused while a task is open, the check re-run by vmd) live in their
-handlers. The machine boots in the background and stops with the session's end
-(vmd/session/boot.py); vmd's live sessions are vmd/session/registry.py.
+`Session` opens or loads a session and keeps its state on disk (vmd/session/state.py),
+its record, its task list and its machine. It serves no verb itself: vmd/session/serving.py
+does (the gate, the handler from vmd/session/handlers/, the check of its result against the
+contract, the count and the record), and the handlers read and change the session. The
+machine boots in the background and stops with the session's end (vmd/session/boot.py);
+vmd's live sessions, which start the boot, are vmd/session/registry.py.
 
 All machine access goes through `SessionMachine` (vmd/machines/port.py: its `guest`,
 its `screen`, its life cycle), made by a `MachineFactory`; the default one drives
@@ -25,16 +24,14 @@ import threading
 import time
 from pathlib import Path
 
-from vmd.session import disk
-from vmd.session import boot as session_boot
 from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.errors import FAILED, INVALID_PARAMS, NOT_READY, VerbError, checked_result, refused, sentence
-from vmd.session.handlers import HANDLERS
-from vmd.session.handlers.output import Notify
+from vmd.errors import INVALID_PARAMS, NOT_READY, VerbError, sentence
 from vmd.machines.port import MachineFactory, MachineSpec, SessionMachine, Stall
 from vmd.private_fs import passable_dir, qemu_gid
+from vmd.projects.owners import gitea_name_problem
 from vmd.projects.store import ProjectStore
+from vmd.session import disk
 from vmd.session.record import Record, Redactor
 from vmd.session.state import SESSION_ID, SessionState, new_session_id
 from vmd.session.tasks import TaskList
@@ -90,7 +87,6 @@ class Session:
             if problem:
                 raise VerbError(problem, INVALID_PARAMS)
         # Names Gitea reserves (`notes.wiki`, `api`, …) fail here with a sentence, not at close.
-        from vmd.projects.owners import gitea_name_problem
         problem = gitea_name_problem(config, params.owner, params.project)
         if problem:
             raise VerbError(problem, INVALID_PARAMS)
@@ -120,9 +116,6 @@ class Session:
         if session.disk_full:
             raise VerbError(f"{session.disk_full}. Nothing was started; free space on the host, then open "
                             "the session again.")
-        session_boot.start_machine(session, attach=False)
-        if params.wait:
-            session.boot_done.wait(session.boot_timeout)
         return session
 
     @classmethod
@@ -139,10 +132,6 @@ class Session:
         session.adopted = adopt
         session.record.append("session", event="adopt" if adopt else "attach", session_id=session_id,
                               state=session.s.state)
-        if session.s.state != "closed":
-            session_boot.start_machine(session, attach=True)
-        else:
-            session.boot_done.set()
         return session
 
     def save(self) -> None:
@@ -208,51 +197,15 @@ class Session:
         """Seconds since the last client went, or None while one is bound."""
         return None if self.clients else time.monotonic() - self.detached_since
 
-    def spec(self) -> MachineSpec:
-        return MachineSpec(session_id=self.s.id, os=self.s.os, name=self.s.machine_name,
-                           workdir=self.dir / "machine",
-                           project_dir=Path(self.s.project_dir) if self.s.project_dir else None,
-                           egress=self.s.egress)
+    # --- what serving a verb changes (vmd/session/serving.py) ------------------------------
 
-    # --- serving a verb -------------------------------------------------------------------
+    def count(self, verb: str) -> None:
+        if V.POLICY[verb].counts_as_step:
+            with self.lock:
+                self.s.steps += 1
+                self.save()
 
-    def call(self, verb: str, params: V.Params, notify: Notify | None = None) -> dict:
-        if not V.POLICY[verb].recorded:  # a watcher's look (peek): not a step, not in the record
-            self._gate(verb)
-            return checked_result(verb, HANDLERS[verb](self, params, notify))
-        # Open when the verb came: a full disk found meanwhile (by this verb, or by the
-        # reaper, which may end the session while the verb waits on a guest QEMU paused)
-        # is what the agent hears, not the error the end left this verb with.
-        was_open = self.s.state != "closed"
-        try:
-            result = self._serve(verb, params, notify)
-        except VerbError as exc:
-            if self._ends_on_full_disk(verb, was_open):
-                raise self._end_on_full_disk() from exc
-            raise
-        finally:
-            self._track_waiting()
-        if self._ends_on_full_disk(verb, was_open):
-            raise self._end_on_full_disk()
-        return result
-
-    def _ends_on_full_disk(self, verb: str, was_open: bool) -> bool:
-        return bool(self.disk_full) and verb != "session_close" and was_open
-
-    def _end_on_full_disk(self) -> VerbError:
-        """The host's disk is full: nothing more of this session can be recorded or saved,
-        so vmd ends it (commit what it can, push, destroy), unless the reaper did already,
-        and tells the agent why."""
-        from vmd.session.handlers.end_verbs import close
-        reason = self.disk_full or "the host's disk is full"
-        closed = close(self, reason=reason)
-        # The close's text starts with the reason again; the agent reads it once.
-        body = closed["text"].removeprefix("already closed. ").removeprefix(f"vmd closed the session: {reason}. ")
-        return VerbError(f"{reason}. vmd ended the session, as nothing more of it could be kept: "
-                         f"{body} What was committed stays committed. Free space on the host, "
-                         "then open a new session to carry on.")
-
-    def _track_waiting(self) -> None:
+    def track_waiting(self) -> None:
         """When the session began to wait for a person: the reaper keeps its guest
         question_keep_s from then."""
         with self.lock:
@@ -263,53 +216,11 @@ class Session:
             if self.s.state != "closed":
                 self.save()
 
-    def _serve(self, verb: str, params: V.Params, notify: Notify | None) -> dict:
-        started = time.monotonic()
-        args = params.model_dump()
-        try:
-            self._gate(verb)
-            result = checked_result(verb, HANDLERS[verb](self, params, notify))
-        except VerbError as exc:
-            self._count(verb)
-            self.record.verb(verb, args, error=exc.message, code=exc.code,
-                             duration=time.monotonic() - started)
-            raise
-        except Exception as exc:
-            self._count(verb)
-            message = sentence(exc, f"{verb} failed")
-            if disk.full(exc):  # an OSError of this host (never a guest's own full disk)
-                self.note_full(disk.sentence(f"{verb} could not write on the host", exc))
-                message = self.disk_full or message
-            if V.POLICY[verb].needs_machine and not self.machine_alive():
-                message = ("the machine is gone (destroyed or crashed), so nothing more can run in this "
-                           "session. The project folder is kept on the host: call session_close to "
-                           f"commit it. ({message})")
-            self.record.verb(verb, args, error=message, code=FAILED, duration=time.monotonic() - started)
-            raise VerbError(message) from exc
-        self._count(verb)
-        self.record.verb(verb, args, result=_for_record(verb, result), duration=time.monotonic() - started)
-        return result
-
-    def _count(self, verb: str) -> None:
-        if V.POLICY[verb].counts_as_step:
-            with self.lock:
-                self.s.steps += 1
-                self.save()
-
-    def _gate(self, verb: str) -> None:
-        """Refuses `verb` when the session's state or its lack of a plan says no (POLICY)."""
-        policy, state = V.POLICY[verb], self.s.state
-        if state == "closed" and policy.when_closed == "refuse":
-            raise refused(f"session {self.s.id} is closed; read its report(), or open a new session to do more.")
-        if state == "cancelled" and policy.when_cancelled == "refuse":
-            raise refused("the session was cancelled; stop and call session_close.")
-        if state in V.WAITING_STATES and policy.when_waiting == "refuse":
-            waiting = self.s.question if state == "question" else self.s.unfreeze_request
-            raise refused(f"the session waits for a person ({state}: {waiting!r}); the machine is "
-                          "suspended until session_resume brings the answer.")
-        if policy.needs_plan and not self.tasks.planned:
-            raise refused(f"{verb} needs a plan first: call plan_tasks with the steps of the work (the "
-                          "machine boots meanwhile), then use the machine.")
+    def spec(self) -> MachineSpec:
+        return MachineSpec(session_id=self.s.id, os=self.s.os, name=self.s.machine_name,
+                           workdir=self.dir / "machine",
+                           project_dir=Path(self.s.project_dir) if self.s.project_dir else None,
+                           egress=self.s.egress)
 
     @property
     def boot_timeout(self) -> float:
@@ -401,16 +312,3 @@ class _WatchedStore:
                 self._session.note_full(disk.sentence("a commit into vmd's repository failed", exc))
             raise
 
-
-def _for_record(verb: str, result: dict) -> dict:
-    """What the record keeps of a result: no file bodies, no images, short text."""
-    if verb == "report":
-        return {"outcome": result.get("outcome")}  # the report is built from the record itself
-    kept = dict(result)
-    if verb == "read_file":
-        kept.pop("text", None)  # the body, again; `content` is summarised by the record
-    if verb == "screenshot":
-        kept.pop("png_base64", None)
-    if verb in ("run",):
-        kept.pop("text", None)  # stdout/stderr are kept (cut) on their own
-    return kept

@@ -4,19 +4,15 @@ restarted vmd needs to carry on, read by vmd/session/registry.py (adoption), vmd
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from datetime import datetime, timezone
-
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from vmd.server.push_retry import PushState
-from vmd.verbs import SessionStateName
-
-SESSION_ID = re.compile(r"^s-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+from vmd.projects.push_state import PushState
+from vmd.verbs import SESSION_ID, SessionStateName  # noqa: F401  (SESSION_ID: its readers import it here)
 
 
 def new_session_id() -> str:
@@ -58,7 +54,7 @@ class SessionState(BaseModel):
     baseline_refused: bool = False  # a finish was refused once for a check that proves nothing
     summary: str = ""
     close: dict | None = None
-    push: PushState | None = None  # the push at close and its retries (vmd/server/push_retry.py)
+    push: PushState | None = None  # the push at close and its retries (vmd/projects/push_state.py, retried by vmd/server/push_retrier.py)
     # Connections bound to the session as vmd last saved them, and since when none is
     # (epoch seconds): what `vmd sessions` shows; the reaper counts live ones in memory.
     clients: int = 0

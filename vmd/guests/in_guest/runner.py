@@ -3,7 +3,7 @@ into the guest by vmd, vmd/guests/runner_link.py is its host end).
 
 vmd starts it once per SSH channel as `python3 -I -S -u <this file>` and keeps it: a
 command then costs one `bash -c` in the guest instead of a new channel, a login shell,
-`timeout` and bash (the exec path of vmd/guests/guest.py, still there as the fallback).
+`timeout` and bash (the exec path of vmd/guests/linux.py, still there as the fallback).
 
 Requests, host -> runner, one JSON object a line:
     {"id": int, "command": str, "cwd": str, "timeout": number, "marker": str}

@@ -1,5 +1,5 @@
 """The verb handlers, grouped as in the verb table (docs/architecture.md), and the one
-table `Session.call` serves from: verb name -> handler(session, params, notify) -> dict.
+table vmd/session/serving.py serves from: verb name -> handler(session, params, notify) -> dict.
 
 session_open and session_attach are served by vmd/server/rpc.py (they bind the connection);
 every other verb in vmd/verbs.py has exactly one handler here.

@@ -4,22 +4,21 @@ refusal is a REFUSED error, the two after a run of the check carry the attempt) 
 session_close (commit, push, destroy the machine, also one still booting). vmd closes a
 session on its own account through the same `close(session, reason=…)`
 (vmd/server/lifecycle.py); a push that fails for a reason that may pass is retried later
-(vmd/server/push_retry.py)."""
+(vmd/server/push_retrier.py)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from vmd.session import disk
-from vmd.session import boot as session_boot
 from vmd import verbs as V
 from vmd.errors import refused, sentence
+from vmd.projects.push_state import after_close, pending_text
+from vmd.session import boot as session_boot
+from vmd.session import disk
+from vmd.session import verification as check
 from vmd.session.handlers.output import streamed
-
-if TYPE_CHECKING:
-    from vmd.session.session import Session
+from vmd.session.session import Session
 
 
 def finish(session: Session, p: V.Finish, notify) -> dict:
@@ -42,8 +41,6 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
     failures are spent; a pass is checked against the baseline (vmd/session/verification.py).
     A refusal after the run is kept like any attempt (session.json's verifications, the
     record's "verification" line) and carries it as its data (FinishRefusalData)."""
-    from vmd.session import verification as check
-
     machine = session.ready_machine()
     command, expect = p.verification.command, p.verification.expect_exit
     cwd = session.s.facts.get("project_path") or machine.project_path if session.s.project_dir else None
@@ -122,8 +119,6 @@ def close(session: Session, reason: str | None = None) -> dict:
 
 
 def _close(session: Session, reason: str | None) -> dict:
-    from vmd.server.push_retry import after_close, pending_text
-
     started = time.monotonic()
     if reason:
         session.record.append("session", event="ended_by_vmd", reason=reason)

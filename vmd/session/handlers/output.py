@@ -5,7 +5,7 @@ Every line streamed is an event that the watcher shows and the job service store
 real guest `yes '' | head -n 1000000` put 1,000,090 lines on the operator's terminal, and
 in the job service 200,000 empty lines became 28.6 MB of its database. The watcher is
 shown what a person can follow; the rest is counted and said once when the command ends.
-The command's result keeps its own head and tail of the output (vmd/guests/guest.py).
+The command's result keeps its own head and tail of the output (vmd/guests/output.py).
 """
 
 from __future__ import annotations

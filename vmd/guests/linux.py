@@ -1,0 +1,308 @@
+"""A Linux guest over SSH (vmd/guests/guest.py `Guest`): commands through the runner kept
+in the guest, or one exec channel each where no runner can start; files over SFTP; every
+request bounded in time and size. Its OS verbs are `LinuxVerbs` (vmd/guests/os_verbs.py)."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import select
+import shlex
+import stat
+import threading
+import time
+import uuid
+
+import paramiko
+
+from vmd.guests.guest import CommandResult, DirEntry, DirListing, FileChunk, Guest, GuestError, OutputCallback
+from vmd.guests.os_verbs import LinuxVerbs
+from vmd.guests.output import _CappedStream, _LineSplitter
+from vmd.guests.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
+                                    SshRunnerLauncher)
+from vmd.guests.ssh import LIST_TIME_S, NAME_MAX_BYTES, SshConnection
+from vmd.verbs import READ_LIMIT, one_line  # READ_LIMIT: the contract's bound on one read
+
+log = logging.getLogger("vmd.guests.linux")
+
+# Characters of the guest's own words (an SFTP server's status text) in an error message.
+GUEST_TEXT_CHARS = 500
+
+
+def _kind(mode: int) -> str:
+    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "link" if stat.S_ISLNK(mode) else "other")
+
+
+class LinuxGuest(LinuxVerbs, Guest):
+    """A Linux guest over SSH. Commands go through a runner kept in the guest
+    (vmd/guests/in_guest/runner.py, vmd/guests/runner_link.py): one `bash -c` per command. Where the runner
+    cannot start (no python3, an upload refused), each command is its own SSH exec of
+    `timeout … bash -c`, the path it replaced; `use_runner = False` forces that path."""
+
+    os_family = "linux"
+    use_runner = True
+
+    def __init__(self, ssh: SshConnection, project_path: str = "/mnt/project", *,
+                 use_runner: bool | None = None, runners: RunnerPool | None = None):
+        self.ssh = ssh
+        self.project_path = project_path
+        if use_runner is not None:
+            self.use_runner = use_runner
+        self.runners = runners if runners is not None else RunnerPool(SshRunnerLauncher(ssh))
+        self.runner_off: str | None = None  # why this guest's commands go through exec instead
+        self.runner_runs = 0  # commands the runner ran (tests, the benchmark)
+        self.exec_runs = 0  # commands exec'd one channel each
+        self._count_lock = threading.Lock()  # the counters and runner_off
+
+    @property
+    def user(self) -> str:
+        return self.ssh.user
+
+    # --- shell ---------------------------------------------------------------------
+
+    def run(self, command: str, timeout: float = 300, cwd: str | None = None,
+            on_output: OutputCallback | None = None) -> CommandResult:
+        marker = uuid.uuid4().hex
+        cwd = self.resolve(cwd) if cwd else self.project_path
+        seconds = max(1, int(round(timeout)))
+        started = time.monotonic()
+        deadline = started + timeout + 10  # the guest's own timeout fires first
+        caps = {"stdout": _CappedStream(), "stderr": _CappedStream()}
+        splitters = {"stdout": _LineSplitter("stdout", on_output), "stderr": _LineSplitter("stderr", on_output)}
+
+        def sink(stream: str, data: bytes) -> None:
+            caps[stream].add(data)
+            splitters[stream].feed(data)
+
+        killed = False  # everything marked is killed already (by the runner)
+        try:
+            outcome = self._run_in_runner(command, cwd, seconds, marker, sink, deadline)
+            if outcome is not None:
+                exit_code, timed_out = outcome
+                killed = timed_out
+            else:
+                exit_code, timed_out = self._run_exec(command, cwd, seconds, marker, sink, deadline)
+                if exit_code == 124 and time.monotonic() - started >= timeout - 0.5:
+                    timed_out = True
+        except RunnerDeadline:
+            exit_code, timed_out = 124, True
+        except RunnerLost as exc:
+            self._kill_marked(marker)
+            raise GuestError(
+                f"{exc}. The command's result is lost and vmd did not run it again; look at what it "
+                "changed before you run it again.") from None
+        finally:
+            for splitter in splitters.values():
+                splitter.flush()
+        if timed_out and not killed:
+            self._kill_marked(marker)
+        duration = time.monotonic() - started
+        out, err = caps["stdout"], caps["stderr"]
+        stderr = err.text()
+        if timed_out:
+            stderr += (f"\n[vmd: the command ran past its {timeout:g} s timeout and was killed with "
+                       "everything it started; give a longer timeout or run it in smaller steps]")
+        return CommandResult(exit_code=exit_code, stdout=out.text(), stderr=stderr,
+                             duration=round(duration, 3), truncated=bool(out.dropped or err.dropped),
+                             timed_out=timed_out)
+
+    def prewarm(self) -> None:
+        """Starts a runner ahead of the first command, so that it does not wait for one."""
+        if not self.use_runner or self.runner_off is not None:
+            return
+        try:
+            link = self.runners.acquire()
+        except Exception:  # the first command tries again and says why
+            return
+        self.runners.release(link)
+
+    def _run_in_runner(self, command: str, cwd: str, seconds: int, marker: str, sink,
+                       deadline: float) -> tuple[int, bool] | None:
+        """(exit code, timed out) from a runner, or None when no runner could take the
+        command (it was not sent): then the exec path runs it."""
+        if not self.use_runner or self.runner_off is not None:
+            return None
+        for _ in range(3):
+            try:
+                link = self.runners.acquire()
+            except RunnerUnavailable as exc:
+                # A dropped connection is no fault of the runner: the next command tries again.
+                if exc.permanent and self.ssh.active():
+                    with self._count_lock:
+                        first, self.runner_off = self.runner_off is None, self.runner_off or str(exc)
+                    if first:
+                        log.warning("the command runner cannot start in the guest at %s:%s (%s); every "
+                                    "command there now goes through its own SSH exec, which is slower",
+                                    self.ssh.host, self.ssh.port, exc)
+                return None
+            try:
+                outcome = link.run(command, cwd, seconds, marker, sink, deadline)
+            except RunnerNotSent:
+                continue  # it never reached the runner: another one may take it
+            finally:
+                self.runners.release(link)
+            with self._count_lock:
+                self.runner_runs += 1
+            return outcome
+        return None
+
+    def _run_exec(self, command: str, cwd: str, seconds: int, marker: str, sink,
+                  deadline: float) -> tuple[int, bool]:
+        """The fallback: one SSH exec of `timeout … bash -c` per command."""
+        # `timeout` signals the command's whole process group (not when exec'd as the SSH
+        # session leader: measured, the group kill then never came), and the marker in the
+        # environment finds anything that escaped the group (setsid, daemons) so that
+        # nothing outlives its time.
+        wrapped = (
+            f"cd {shlex.quote(cwd)} 2>/dev/null || cd ~; "
+            f"export VMD_RUN={marker}; "
+            f"timeout -k 3 {seconds} bash -c {shlex.quote(command)} </dev/null"
+        )
+        channel = self.ssh.open_channel(command=wrapped)
+        with self._count_lock:
+            self.exec_runs += 1
+        timed_out = False
+        try:
+            while True:
+                # Checked on every turn: checked only when nothing came, a guest printing
+                # without end kept run(timeout=1) going for 40 s and got exit 0.
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                if channel.recv_ready():
+                    sink("stdout", channel.recv(65536))
+                    continue
+                if channel.recv_stderr_ready():
+                    sink("stderr", channel.recv_stderr(65536))
+                    continue
+                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                select.select([channel], [], [], 0.2)
+            return (channel.recv_exit_status() if not timed_out else 124), timed_out
+        finally:
+            channel.close()
+
+    def _kill_marked(self, marker: str) -> None:
+        # One grep over every process environment: a loop forking a grep per process
+        # took over 10 s under TCG.
+        script = (f"pids=$(grep -lsa 'VMD_RUN={marker}' /proc/[0-9]*/environ | cut -d/ -f3); "
+                  "[ -z \"$pids\" ] || kill -9 $pids 2>/dev/null; true")
+        try:
+            channel = self.ssh.open_channel(
+                command=f"sudo -n sh -c {shlex.quote(script)} || sh -c {shlex.quote(script)}", timeout=10)
+            channel.status_event.wait(30)  # bounded: a guest going away must not hang the caller
+            channel.close()
+        except Exception:
+            pass
+
+    # --- files ---------------------------------------------------------------------
+
+    def resolve(self, path: str) -> str:
+        if not path:
+            return self.project_path
+        if "\\" in path or (len(path) > 1 and path[1] == ":"):
+            raise GuestError(f"'{path}' is a Windows path; this guest is Linux: use paths like "
+                             f"{self.project_path}/file.txt")
+        if not path.startswith("/"):
+            path = posixpath.join(self.project_path, path)
+        return posixpath.normpath(path)
+
+    def _sftp_call(self, verb: str, path: str, fn):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise GuestError(f"{verb} {path}: no such file or directory in the guest; "
+                             f"list_dir its parent to see what is there") from None
+        except PermissionError:
+            raise GuestError(f"{verb} {path}: permission denied for the user '{self.ssh.user}'; "
+                             f"work under {self.project_path} or use run with sudo") from None
+        except IsADirectoryError:
+            raise GuestError(f"{verb} {path}: that is a directory; use list_dir") from None
+        except TimeoutError:  # one SFTP reply did not come: the client is out of step now
+            self.ssh.drop_sftp()
+            raise GuestError(f"{verb} {path}: the guest did not answer within {self.ssh.sftp_reply_timeout:g} s "
+                             "(it is paused, overloaded or gone); try again, or run a command to see "
+                             "whether it still answers") from None
+        except (OSError, paramiko.SSHException) as exc:  # its text may be the guest's: one line, cut
+            raise GuestError(f"{verb} {path}: {one_line(str(exc))[:GUEST_TEXT_CHARS]}") from None
+
+    def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> FileChunk:
+        full = self.resolve(path)
+        limit = min(limit or READ_LIMIT, READ_LIMIT)  # one read holds this much in vmd at most
+
+        def read():
+            sftp = self.ssh.sftp()
+            attrs = sftp.stat(full)
+            if stat.S_ISDIR(attrs.st_mode or 0):
+                raise IsADirectoryError(full)
+            with sftp.open(full, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(limit + 1)
+            return attrs.st_size or 0, data
+
+        size, data = self._sftp_call("read_file", full, read)
+        truncated = len(data) > limit
+        return FileChunk(content=data[:limit].decode("utf-8", "replace"), size=size,
+                         offset=offset, truncated=truncated)
+
+    def _write(self, verb: str, path: str, content: str | bytes, mode: str) -> int:
+        full = self.resolve(path)
+        data = content.encode() if isinstance(content, str) else content
+
+        def write():
+            sftp = self.ssh.sftp()
+            self._make_parents(sftp, posixpath.dirname(full))
+            with sftp.open(full, mode) as fh:
+                fh.write(data)
+            return len(data)
+
+        return self._sftp_call(verb, full, write)
+
+    def _make_parents(self, sftp: paramiko.SFTPClient, folder: str) -> None:
+        missing = []
+        while folder not in ("", "/"):
+            try:
+                sftp.stat(folder)
+                break
+            except FileNotFoundError:
+                missing.append(folder)
+                folder = posixpath.dirname(folder)
+        for part in reversed(missing):
+            sftp.mkdir(part)
+
+    def write_file(self, path: str, content: str | bytes) -> int:
+        return self._write("write_file", path, content, "wb")
+
+    def append_file(self, path: str, content: str | bytes) -> int:
+        return self._write("append_file", path, content, "ab")
+
+    def list_dir(self, path: str) -> DirListing:
+        full = self.resolve(path)
+
+        def listing():
+            sftp = self.ssh.sftp()
+            folder = sftp.list_folder(full)
+            if folder.out_of_step:  # a reply was cut off by the time bound
+                self.ssh.drop_sftp()
+            entries = DirListing(sorted((DirEntry(name=e.name, type=_kind(e.mode), size=e.size)
+                                         for e in folder.entries), key=lambda e: (e.type != "dir", e.name)))
+            notes = []
+            if folder.more:
+                notes.append(f"the first {len(entries)} entries are listed and more entries were not listed; "
+                             "list a narrower folder or use run('ls | head')")
+            elif folder.timed_out:
+                notes.append(f"the guest took longer than {LIST_TIME_S:g} s to list the folder, so only the "
+                             f"{len(entries)} entries read by then are listed; list a narrower folder or use "
+                             "run('ls | head')")
+            if folder.long_names:
+                notes.append(f"{folder.long_names} entries with names over {NAME_MAX_BYTES} bytes (longer than "
+                             "any Linux file name) were left out")
+            entries.note = "; ".join(notes)
+            return entries
+
+        return self._sftp_call("list_dir", full, listing)
+
+    def close(self) -> None:
+        self.runners.close()
+        self.ssh.close()

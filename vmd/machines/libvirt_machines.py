@@ -1,0 +1,209 @@
+"""The default machine factory: a domain in libvirt per session (vmd/machines/machine.py:
+libvirt + SSH + QMP), from an image of the images dir, warm from the pool
+(vmd/machines/warm_pool.py) when it has one. `LibvirtMachines` is a `MachineFactory`,
+`LibvirtMachine` a `SessionMachine` (vmd/machines/port.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Callable
+
+import libvirt
+
+from vmd.config import VmdConfig
+from vmd.guests.guest import Guest
+from vmd.machines.domain_xml import VmdOwner, vmd_owner
+from vmd.machines.egress_guard import EgressGuard, EgressGuardError
+from vmd.machines.host_room import host_pool_size
+from vmd.machines.images import find_image
+from vmd.machines.machine import Machine, timeout_scale
+from vmd.machines.port import DesktopMissing, MachineSpec, SessionMachine
+from vmd.machines.screen import Screen
+from vmd.machines.warm_pool import WarmPool
+from vmd.verbs import SESSION_ID
+
+log = logging.getLogger("vmd.machines.libvirt_machines")
+
+
+class LibvirtMachine:
+    """SessionMachine over vmd.machines.machine.Machine (libvirt + SSH + QMP). Its guest, screen,
+    reboot, suspend, resume, destroy and set_egress are the Machine's own; only `ready`
+    (the desktop, or a shell-only machine) and `alive` are made here."""
+
+    def __init__(self, machine, image, desktop_wait_s: float = 30.0, came: str = "cold",
+                 came_note: str | None = None, guard: EgressGuard | None = None):
+        self.machine = machine
+        self.name = machine.name  # a warm machine keeps its slot's domain name
+        self.came = came  # "warm" (restored from the pool) or "cold" (booted)
+        self.came_note = came_note  # why a session that could have come warm came cold
+        self.guest: Guest = machine.guest
+        self.screen: Screen = machine.screen
+        self.os_family = image.os_family
+        self.project_path = image.project_path
+        self.desktop_wait_s = desktop_wait_s  # vmd/config.py says why
+        self.reboot = machine.reboot
+        self.suspend = machine.suspend
+        self.resume = machine.resume
+        self.destroy = machine.destroy
+        self.stalled = machine.stalled
+        self.guard = guard
+
+    def set_egress(self, open_: bool) -> None:
+        if open_ and self.guard is not None:
+            self.guard.require()  # raises EgressGuardError with what to install
+        self.machine.set_egress(open_)
+
+    def ready(self, timeout, desktop=False):
+        """SSH, and the desktop when the image has one: the machine is handed over with a
+        usable screen, so the agent's first screenshot shows it. A desktop that does not
+        come up leaves a shell-only machine (facts say desktop false), not a failed boot."""
+        try:
+            facts = self.machine.ready(timeout, desktop=True,
+                                       desktop_timeout=self.desktop_wait_s * timeout_scale(self.machine.accel))
+        except DesktopMissing as exc:
+            facts = self.machine.read_facts()
+            facts.desktop = False
+            facts.seconds = round(time.monotonic() - self.machine.started, 1)
+            return {**facts.model_dump(), "desktop_problem": str(exc)}
+        return facts.model_dump()
+
+    def alive(self) -> bool:
+        # Not Machine.alive() (libvirt's "active"): a domain shutting down or suspended by
+        # its own power management is active but answers nothing, and the session's
+        # "the machine is gone" sentence is what fits it.
+        return self.machine.state() in ("running", "paused")
+
+
+class LibvirtMachines:
+    """The default MachineFactory: an image from the images dir, a domain in libvirt."""
+
+    def __init__(self, config: VmdConfig):
+        self.config = config
+        self.pool = None  # vmd.machines.warm_pool.WarmPool once started (start_pool)
+        self.guard = EgressGuard.from_config(config)
+
+    def install_guard(self) -> None:
+        """At vmd's start: the egress guard in place before any guest can ask for egress
+        (rules do not survive a host reboot). Failing is no reason not to serve: egress
+        is then refused, with the sentence, until it is fixed."""
+        try:
+            self.guard.install()
+        except EgressGuardError as exc:
+            log.warning("egress guard: %s; approved egress will be refused until it is installed", exc)
+
+    def egress_problem(self) -> str | None:
+        try:
+            self.guard.require()
+        except EgressGuardError as exc:
+            return str(exc)
+        return None
+
+    def start_pool(self) -> None:
+        if self.pool is not None:
+            return
+        size = self.config.warm_pool_size
+        if size == "auto":
+            size = host_pool_size()
+            log.info("warm pool: %d slot(s), sized for this host (%d cores)", size, os.cpu_count() or 1)
+        pool = WarmPool(self.config.state_dir, self.config.libvirt_uri, self.config.share_user, size)
+        if size <= 0:
+            pool.clear()  # an earlier vmd's slots: their disk back, half-made guests destroyed
+            return
+        self.pool = pool.start(lambda: find_image(self.config.default_os, self.config.images_dir))
+
+    def stop_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+
+    def timeout_scale(self) -> float:
+        return timeout_scale()
+
+    def _adapter(self, machine, image, came: str = "cold", came_note: str | None = None) -> LibvirtMachine:
+        return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came=came,
+                              came_note=came_note, guard=self.guard)
+
+    def _image(self, spec: MachineSpec):
+        return find_image(spec.os, self.config.images_dir)
+
+    def create(self, spec: MachineSpec) -> SessionMachine:
+        image = self._image(spec)
+        note = None
+        if self.pool is not None:
+            machine, note = self.pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir,
+                                                  session_id=spec.session_id)
+            if machine is not None:
+                return self._adapter(machine, image, came="warm")
+        machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
+                                 uri=self.config.libvirt_uri, egress=spec.egress and self.egress_problem() is None,
+                                 qemu_user=self.config.share_user, owner=self._owner(spec))
+        return self._adapter(machine, image, came_note=note)
+
+    def _owner(self, spec: MachineSpec):
+        return VmdOwner(state_dir=str(self.config.state_dir), session=spec.session_id)
+
+    def attach(self, spec: MachineSpec) -> SessionMachine:
+        image = self._image(spec)
+        machine = Machine.attach(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
+                                 uri=self.config.libvirt_uri)
+        return self._adapter(machine, image)
+
+    def discard(self, spec: MachineSpec) -> bool:
+        """Destroys what a create cut short left in libvirt (a domain defined or started
+        after the session's close began); True when there was one."""
+        return Machine.discard(spec.name, spec.workdir, self.config.libvirt_uri)
+
+    def sweep(self, keep: Callable[[str, str | None], bool]) -> list[str]:
+        """Destroys and undefines the guests of this vmd's state dir that no session owns
+        any more (`keep(name, session id)` is False): no guest may run without a live or
+        pending session. A domain is this vmd's when its <metadata> names this state dir
+        exactly (vmd/machines/domain_xml.py `VmdOwner`), so the guests of another vmd on the same
+        libvirt are never touched; warm pool slots (no session yet) are the pool's.
+        Returns the names destroyed; libvirt unreachable is no error here (the next sweep
+        tries again)."""
+        try:
+            conn = libvirt.open(self.config.libvirt_uri)
+        except libvirt.libvirtError:
+            return []
+        destroyed = []
+        try:
+            for domain in conn.listAllDomains():
+                try:
+                    name = domain.name()
+                    if not name.startswith("vmagent-"):
+                        continue
+                    session = self._session_of(domain.XMLDesc(0))
+                    if (session is None or keep(name, session)
+                            or (self.pool is not None and self.pool.handing_out(name))):
+                        continue
+                    if domain.isActive():
+                        domain.destroy()
+                    domain.undefine()
+                except libvirt.libvirtError:
+                    continue
+                # A warm machine keeps its slot's name: its files are under its session's id.
+                (self.config.sessions_dir / session / "machine" / "overlay.qcow2").unlink(missing_ok=True)
+                destroyed.append(name)
+        finally:
+            conn.close()
+        return destroyed
+
+    def _session_of(self, xml: str) -> str | None:
+        """The session of this vmd that a domain belongs to, or None when it is not this
+        vmd's (or a warm slot no session owns yet). A domain of a vmd older than the
+        <metadata> owner is this vmd's when its disk lies in a session folder of this
+        state dir (a path under it, compared by parts, never as a substring)."""
+        root = ET.fromstring(xml)
+        owner = vmd_owner(root)
+        if owner is not None:
+            if Path(owner.state_dir) != Path(self.config.state_dir) or not owner.session:
+                return None
+            return owner.session if SESSION_ID.match(owner.session) else None
+        for source in root.iterfind("devices/disk/source"):
+            path = Path(source.get("file") or "")
+            if path.parent.parent.parent == Path(self.config.sessions_dir) and SESSION_ID.match(path.parent.parent.name):
+                return path.parent.parent.name
+        return None
