@@ -166,3 +166,31 @@ def test_no_guest_has_a_screen_server_on_any_port():
     assert root.findall("./devices/graphics") == []
     assert root.find("./devices/video") is not None  # QEMU still renders; screendump reads it
 
+
+def test_the_accel_in_vmds_config_file_is_what_its_machines_and_warm_pool_use(fake_image, tmp_path, monkeypatch):
+    # `vmd serve --config FILE` with accel in the file and nothing in the environment: the
+    # doctor obeyed the file, the machines and the warm pool read the environment instead.
+    from vmd.config import VmdConfig
+    from vmd.machines import accel
+    from vmd.machines.libvirt_machines import LibvirtMachines
+    from vmd.machines.port import MachineSpec
+    from vmd.machines.warm_pool import WarmPool
+
+    monkeypatch.delenv("VMD_CONFIG", raising=False)
+    monkeypatch.delenv("VMD_ACCEL", raising=False)
+    monkeypatch.setattr(accel, "kvm_works", lambda: True)  # what "auto" would pick on this host
+    (tmp_path / "vmd.toml").write_text('accel = "qemu"\n')
+    config = VmdConfig.load(tmp_path / "vmd.toml", state_dir=str(tmp_path / "state"), images_dir=str(tmp_path),
+                            libvirt_uri=TEST_URI, warm_pool_size=1, share_user="nobody")
+    machines = LibvirtMachines(config)
+    made = machines.create(MachineSpec(session_id="s-20260101-000000-abcdef", os="debian", name="accel-file",
+                                       workdir=tmp_path / "w", project_dir=None))
+    try:
+        assert made.machine.accel == "qemu"
+        assert ET.fromstring(made.machine.domain.XMLDesc(0)).get("type") == "qemu"
+        assert machines.timeout_scale() == 4.0  # TCG's, as the file says, not KVM's
+    finally:
+        made.destroy()
+    monkeypatch.setattr(WarmPool, "start", lambda pool, find_image: pool)  # no slot made here
+    machines.start_pool()
+    assert machines.pool.timeout_scale() == 4.0

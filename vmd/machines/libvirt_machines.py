@@ -20,7 +20,7 @@ from vmd.machines.domain_xml import VmdOwner, vmd_owner
 from vmd.machines.egress_guard import EgressGuard, EgressGuardError
 from vmd.machines.host_room import host_pool_size
 from vmd.machines.images import find_image
-from vmd.machines.machine import Machine, timeout_scale
+from vmd.machines.machine import Machine, accel, timeout_scale
 from vmd.machines.port import DesktopMissing, MachineSpec, SessionMachine
 from vmd.machines.screen import Screen
 from vmd.machines.warm_pool import WarmPool
@@ -109,7 +109,8 @@ class LibvirtMachines:
         if size == "auto":
             size = host_pool_size()
             log.info("warm pool: %d slot(s), sized for this host (%d cores)", size, os.cpu_count() or 1)
-        pool = WarmPool(self.config.state_dir, self.config.libvirt_uri, self.config.share_user, size)
+        pool = WarmPool(self.config.state_dir, self.config.libvirt_uri, self.config.share_user, size,
+                        accel_setting=self.config.accel)
         if size <= 0:
             pool.clear()  # an earlier vmd's slots: their disk back, half-made guests destroyed
             return
@@ -120,7 +121,9 @@ class LibvirtMachines:
             self.pool.stop()
 
     def timeout_scale(self) -> float:
-        return timeout_scale()
+        # The config's setting, never the environment's: `vmd serve --config FILE` with
+        # accel in the file is obeyed here as by the doctor.
+        return timeout_scale(accel(self.config.accel))
 
     def _adapter(self, machine, image, came: str = "cold", came_note: str | None = None) -> LibvirtMachine:
         return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came=came,
@@ -139,7 +142,8 @@ class LibvirtMachines:
                 return self._adapter(machine, image, came="warm")
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  uri=self.config.libvirt_uri, egress=spec.egress and self.egress_problem() is None,
-                                 qemu_user=self.config.share_user, owner=self._owner(spec))
+                                 qemu_user=self.config.share_user, accel_setting=self.config.accel,
+                                 owner=self._owner(spec))
         return self._adapter(machine, image, came_note=note)
 
     def _owner(self, spec: MachineSpec):

@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from vmd.machines.domain_xml import VmdOwner, set_session
 from vmd.machines.host_room import no_room
 from vmd.machines.images import Image
-from vmd.machines.machine import Machine, connect, timeout_scale
+from vmd.machines.machine import Machine, accel, connect, timeout_scale
 from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
 from vmd.projects.tree import share_owner
 
@@ -77,8 +77,11 @@ class WarmFailed(RuntimeError):
 
 
 class WarmPool:
-    def __init__(self, state_dir: Path, uri: str, qemu_user: str, size: int):
+    def __init__(self, state_dir: Path, uri: str, qemu_user: str, size: int, accel_setting: str | None = None):
         self.dir = state_dir / "warm"
+        # VmdConfig.accel of the vmd that owns the pool; None: the setting in effect
+        # (VMD_ACCEL, VMD_CONFIG), for a caller without vmd's config (the benchmark, tests).
+        self.accel_setting = accel_setting
         self.uri = uri
         self.qemu_user = qemu_user
         self.size = size
@@ -97,6 +100,10 @@ class WarmPool:
         # have stored its machine's name yet, and the sweep must not take them meanwhile.
         self._handing_out: dict[str, float] = {}
         self._handing_lock = threading.Lock()  # sessions' boots add, the reaper's sweep reads
+
+    def timeout_scale(self) -> float:
+        """How much longer than on KVM the pool's guests take (vmd/machines/accel.py)."""
+        return timeout_scale(accel(self.accel_setting))
 
     # --- slots ---------------------------------------------------------------------------
 
@@ -131,7 +138,7 @@ class WarmPool:
         machine = None
         try:
             machine = Machine.create(image, name=name, workdir=folder, project_dir=share, uri=self.uri,
-                                     qemu_user=self.qemu_user,
+                                     qemu_user=self.qemu_user, accel_setting=self.accel_setting,
                                      owner=VmdOwner(state_dir=str(self.dir.parent), session=None))
             if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
                 _renice(name)
@@ -240,7 +247,7 @@ class WarmPool:
                                      session_id=session_id), None
             except WarmFailed as exc:
                 note = f"the warm machine could not be handed out ({exc}); it was discarded and this one booted cold"
-        self.defer(30 * timeout_scale())  # about a cold boot
+        self.defer(30 * self.timeout_scale())  # about a cold boot
         return None, note
 
     def _wait_for_the_slot_being_made(self, image: Image) -> Path | None:
@@ -259,7 +266,7 @@ class WarmPool:
             if name is None or self._waited_for is not None:
                 return None
             self._waited_for = name
-            deadline = self._making_since + SLOT_MAKE_S * timeout_scale()
+            deadline = self._making_since + SLOT_MAKE_S * self.timeout_scale()
         try:
             _renice(name, 0)
             with self._changed:
