@@ -172,3 +172,22 @@ def test_the_job_service_passes_the_model_server_settings_to_its_workers():
     assert {k: env[k] for k in environ if k in env} == {k: v for k, v in environ.items() if k != "VMAGENT_SERVICE_TOKEN"}
     settings = AgentConfig.load(env=env)
     assert settings.model_api == "openai" and settings.model_server() == "http://gpu:8000/v1"
+
+
+def test_a_server_with_less_context_than_the_settings_say_is_compacted_to_its_own():
+    # No /v1/models: the settings say 32768 tokens, the server has 3000. Its refusal says
+    # so, and the history is compacted to fit what it has, then answered.
+    from vmagent.compact import COMPACTED_HEADER, Compactor, PinnedContext
+
+    history = TASK + [m for n in range(6) for m in (
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "run", "arguments": {"command": f"cat log{n}"}}}]},
+        {"role": "tool", "tool_name": "run", "content": f"line {n} " * 300})]
+    with start_openai(["the summary of the logs", "answered"], list_models=False, context=3000) as server:
+        settings = config(server, num_ctx=32768, keep_tail_messages=2)
+        compactor = Compactor(settings, open_model(settings))
+        sent, reply, compacted = compactor.ask(history, None, PinnedContext(task_list="1. read the logs"))
+    assert compacted and reply.content == "answered"
+    assert [r.outcome for r in server.requests if r.path.endswith("/completions")] == [
+        "refused 400 context", "reply", "reply"]
+    assert compactor.num_ctx == 3000 and server.requests[-1].prompt_eval_count <= 3000
+    assert any(str(m.get("content", "")).startswith(COMPACTED_HEADER) for m in sent)

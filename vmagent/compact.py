@@ -224,12 +224,16 @@ class Compactor:
         self.history: list[Compaction] = []
         # A reply cut at the context's end (finish "length"): compact before the next turn.
         self.due = False
+        # The context a server said it has when it refused a prompt, below what it was
+        # thought to have (a server without /v1/models, num_ctx set too high).
+        self.refused_at: int | None = None
 
     @property
     def num_ctx(self) -> int:
         """The model's context: num_ctx for Ollama (sent with every request), what the
         server says for an OpenAI-compatible one (vmagent/model.py)."""
-        return self.llm.context_length()
+        known = self.llm.context_length()
+        return min(known, self.refused_at) if self.refused_at else known
 
     @property
     def target(self) -> int:
@@ -256,6 +260,8 @@ class Compactor:
             return messages, self.llm.chat(messages, tools=tools, retry_until=retry_until), False
         except ContextTooLong as refused:
             log.warning("the server refused the prompt as too long (%s); compacting", refused)
+            if refused.context and refused.context < self.num_ctx:
+                self.refused_at = refused.context
             self.calibration.num_ctx = self.num_ctx
             self.calibration.observe_refused(messages, tools, refused.prompt_tokens, refused.context)
             messages, _ = self.maybe_compact(messages, tools, pinned, force=True)

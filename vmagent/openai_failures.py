@@ -29,6 +29,8 @@ MESSAGE_CHARS = 300
 
 _CONTEXT_WORDS = re.compile(r"context (length|size|window)|maximum context|too many tokens", re.I)
 _REQUESTED = re.compile(r"(?:requested|input \(|request \()\s*(\d+) tokens", re.I)
+# vLLM: "maximum context length is 32768 tokens"; SGLang: "context length (32768 tokens)".
+_CONTEXT = re.compile(r"(?:maximum context length is|context length \()\s*(\d+) tokens", re.I)
 
 
 class StreamError(Exception):
@@ -69,8 +71,8 @@ def context_refusal(body: Any, message: str) -> tuple[bool, int | None, int | No
         if "exceed_context_size" in kind or "context_length_exceeded" in kind:
             return True, _int(error.get("n_prompt_tokens")), _int(error.get("n_ctx"))
     if _CONTEXT_WORDS.search(message):
-        found = _REQUESTED.search(message)
-        return True, int(found.group(1)) if found else None, None
+        found, context = _REQUESTED.search(message), _CONTEXT.search(message)
+        return True, int(found.group(1)) if found else None, int(context.group(1)) if context else None
     return False, None, None
 
 
