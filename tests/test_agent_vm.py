@@ -1,5 +1,7 @@
 """End to end on a real guest, the way a person runs it: `vmd serve` and `vmagent run` as
-processes, the model played by the scripted Ollama server.
+processes, the model played by a scripted server: Ollama's protocol, or an OpenAI-compatible
+one (VMAGENT_MODEL_API=openai: tests/openai_server.py, the stream shaped as vLLM's and
+llama.cpp's).
 
 The agent plans while the guest boots, writes and runs code in the project, has its
 first finish refused while a task is open, recovers, finishes; vmd re-runs the check,
@@ -8,6 +10,7 @@ printed by `vmagent run` carries the commit and vmd's exit code."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +22,7 @@ import pytest
 
 from tests.loop_harness import call, calls, tool_results
 from tests.ollama_server import start_ollama
+from tests.openai_server import start_openai
 from tests.vmd_fakes import short_socket_dir
 
 pytestmark = pytest.mark.vm
@@ -64,11 +68,24 @@ def vmd_serve(tmp_path, debian_image):
     log.close()
 
 
-def test_vmagent_run_on_a_real_guest(tmp_path, vmd_serve):
+@contextlib.contextmanager
+def scripted_model(api: str):
+    """The scripted model server and the settings that choose it."""
+    if api == "ollama":
+        with start_ollama(SCRIPT) as server:
+            yield server, {"OLLAMA_HOST": server.url}
+    else:
+        with start_openai(SCRIPT) as server:
+            yield server, {"VMAGENT_MODEL_API": "openai", "VMAGENT_MODEL_URL": server.base_url,
+                           "VMAGENT_MODEL": server.model_name}
+
+
+@pytest.mark.parametrize("api", ["ollama", "openai"])
+def test_vmagent_run_on_a_real_guest(tmp_path, vmd_serve, api):
     socket, state = vmd_serve
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VMAGENT_", "OLLAMA_"))}
-    with start_ollama(SCRIPT) as server:
-        env.update(VMD_SOCKET=str(socket), OLLAMA_HOST=server.url, VMAGENT_RETRIES="0")
+    with scripted_model(api) as (server, settings):
+        env.update(VMD_SOCKET=str(socket), VMAGENT_RETRIES="0", **settings)
         done = subprocess.run([sys.executable, "-m", "vmagent.cli", "run", "Add greet.py that prints a greeting",
                                "--os", "debian", "--project", "greeting", "--transcript",
                                str(tmp_path / "transcript.json")],

@@ -191,3 +191,17 @@ def test_a_server_with_less_context_than_the_settings_say_is_compacted_to_its_ow
         "refused 400 context", "reply", "reply"]
     assert compactor.num_ctx == 3000 and server.requests[-1].prompt_eval_count <= 3000
     assert any(str(m.get("content", "")).startswith(COMPACTED_HEADER) for m in sent)
+
+
+def test_questions_about_a_job_go_to_the_server_the_jobs_use(monkeypatch):
+    from vmagent.service.ask import _ask_model
+    from vmagent.service.config import ServiceConfig
+
+    monkeypatch.delenv("VMAGENT_CONFIG", raising=False)
+    with start_openai(["main.py was added"], key=KEY, model_name="asker") as server:
+        for name, value in {"VMAGENT_MODEL_API": "openai", "VMAGENT_MODEL_URL": server.base_url,
+                            "VMAGENT_MODEL_KEY": KEY}.items():
+            monkeypatch.setenv(name, value)
+        answer = _ask_model(ServiceConfig(ask_model="asker"), "What changed?", [("report", "main.py was added")])
+    assert answer == "main.py was added"
+    assert server.chat_requests[0]["model"] == "asker" and server.headers[-1]["Authorization"] == f"Bearer {KEY}"

@@ -141,7 +141,7 @@ def read_git(repo: Path, args: list[str], home: str, timeout_s: float) -> str:
 def answer_question(store: Store, job: dict, question: str, config: ServiceConfig) -> dict:
     sources = gather_sources(store, job, question, config)
     note = ""
-    if config.ollama_url and config.ask_model:
+    if config.ask_model and (config.ollama_url or _agent_settings().model_api == "openai"):
         try:
             return {"answer": _ask_model(config, question, sources), "method": "model",
                     "sources": [name for name, _ in sources]}
@@ -163,26 +163,34 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
         {"role": "user", "content": question},
     ]
     # Imported here: the service runs (extractive answers) without the model client.
-    from vmagent.config import AgentConfig
-    from vmagent.llm import LLM
+    from vmagent.model import open_model
 
-    llm = LLM(AgentConfig(ollama_host=config.ollama_url, model=config.ask_model,
-                          num_ctx=config.ask_num_ctx or agent_num_ctx(),
-                          request_timeout_s=config.ask_timeout_s, retries=1))
-    content = llm.chat(messages, think=False).content.strip()
+    content = open_model(_ask_settings(config)).chat(messages, think=False).content.strip()
     if not content:
         raise ValueError("the model returned an empty answer")
     return content
 
 
-def agent_num_ctx() -> int:
-    """The num_ctx the agent sends: its config file and environment, else its default."""
+def _agent_settings():
+    """The agent's settings (its config file and environment), else its defaults."""
     from vmagent.config import AgentConfig, ConfigError
 
     try:
-        return AgentConfig.load().num_ctx
+        return AgentConfig.load()
     except ConfigError:
-        return AgentConfig().num_ctx
+        return AgentConfig()
+
+
+def _ask_settings(config: ServiceConfig):
+    """The model server the jobs use (VMAGENT_MODEL_API, VMAGENT_MODEL_URL, VMAGENT_MODEL_KEY)
+    with the answer model; for Ollama at OLLAMA_URL, as before. One num_ctx for every call
+    to the same model: Ollama reloads a model whose num_ctx changes."""
+    agent = _agent_settings()
+    update = {"model": config.ask_model, "num_ctx": config.ask_num_ctx or agent.num_ctx,
+              "request_timeout_s": config.ask_timeout_s, "retries": 1}
+    if agent.model_api == "ollama":
+        update |= {"ollama_host": config.ollama_url, "model_url": None}
+    return type(agent).model_validate({**agent.model_dump(), **update})
 
 
 def _words(text: str) -> set[str]:
