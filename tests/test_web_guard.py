@@ -235,3 +235,8 @@ def test_https_goes_to_the_pinned_address_with_the_names_sni_and_certificate():
         assert not by_address.ok and "CERTIFICATE_VERIFY_FAILED" in by_address.text, by_address.text
     finally:
         server.close()
+
+
+def test_a_path_as_a_person_writes_it_goes_percent_encoded_and_the_fragment_stays_home():
+    target = Guard(resolver=SpyResolver(NAMES)).check("https://docs.example/wiki/Straße a?q=ü&x=%20#part")
+    assert target.target == "/wiki/Stra%C3%9Fe%20a?q=%C3%BC&x=%20"

@@ -159,6 +159,9 @@ def _read_url(url: str) -> tuple[str, str, int, str]:
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
+    # A path as a person writes it (spaces, non-ASCII) goes on the request line percent-encoded;
+    # what is encoded already stays as it is.
+    target = urllib.parse.quote(target, safe="/?&=%:@!$'()*+,;-._~")
     return scheme, host, port or SCHEMES[scheme], target
 
 
