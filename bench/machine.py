@@ -28,6 +28,7 @@ from vmd.guests.linux import LinuxGuest
 from vmd.machines.images import find_image
 from vmd.machines.machine import Machine
 from vmd.machines.warm_pool import WarmPool
+from vmd.private_fs import state_root
 
 
 def median_ms(samples: list[float]) -> float:
@@ -86,7 +87,9 @@ def main() -> None:
         finally:
             machine.destroy()
         # A warm slot made as vmd's pool makes them, then handed out to a session's folder.
-        pool = WarmPool(Path(tmp) / "state", "qemu:///system", "libvirt-qemu", size=1)
+        # The state dir as vmd makes it (0711): QEMU's user passes through it to the slot's
+        # folder; a plain 0700 temp folder stopped the slot at create.
+        pool = WarmPool(state_root(Path(tmp) / "state"), "qemu:///system", "libvirt-qemu", size=1)
         slot_boot = time.monotonic()
         pool.make_slot(image)
         slot_s = time.monotonic() - slot_boot
