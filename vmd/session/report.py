@@ -248,7 +248,8 @@ def _sources(events: list[dict]) -> list[str]:
         last = group[-1]
         times = f", {len(group)} times" if len(group) > 1 else ""
         if kind == "search":
-            line = f"- searched {_code(target)}" + (f": {_code(last.get('detail'))}" if last.get("detail") else "")
+            line = f"- {'searched' if ok else 'could not search'} {_code(target)}"
+            line += f": {_code(last.get('detail'))}" if last.get("detail") else ""
         else:
             line = f"- {'read' if ok else 'could not read'} {_code(target)}"
             if last.get("title"):
