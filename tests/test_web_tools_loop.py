@@ -126,3 +126,14 @@ def test_an_older_job_database_lets_its_jobs_use_the_web(tmp_path):
     off = store.create_job(owner="alice", task="t", os="debian", project=None, web=False)
     assert JobSpec(**job_spec(store.get_job(off["id"]))).web is False
     store.close()
+
+
+def test_the_opening_message_says_the_web_tools_work_while_the_machine_boots(tmp_path, searx):
+    from tests.loop_harness import user_texts
+
+    with running_vmd(tmp_path) as vmd, start_ollama([call("plan_tasks", {"tasks": ["a"]})]) as model:
+        run_job(JobSpec(task="t", project="p"), on_event=lambda e: None, transcript_path=tmp_path / "job" / "t.json",
+                config=agent_config(model, searxng_url=searx.url), vmd_socket=vmd.socket)
+    opening = user_texts(model.chat_requests[0])[0]
+    assert opening.endswith(" web_search and read_page run outside the machine and work now: look up what you "
+                            "are not sure of (an API, an error message) instead of guessing.")

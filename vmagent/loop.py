@@ -100,7 +100,7 @@ def run_job(
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
     job.messages = [
         {"role": "system", "content": system},
-        {"role": "user", "content": opening_message(spec, opened)},
+        {"role": "user", "content": opening_message(spec, opened, job.web_tools)},
     ]
     job.save()
     return _work(job, link, config, events, cancel, llm, web)

@@ -26,9 +26,11 @@ def waiting_tools() -> list[str]:
     return [name for name in tools.OFFERED_TOOLS if name not in tools.PLANNING_TOOLS]
 
 
-def opening_message(spec: JobSpec, opened: dict) -> str:
+def opening_message(spec: JobSpec, opened: dict, web_tools: "list[str] | tuple[str, ...]" = ()) -> str:
     where = tools.OS_WORDS[tools.os_family_of(spec.os)]
     storage = opened.get("storage") or ""
+    web = (f" {' and '.join(web_tools)} run outside the machine and work now: look up what you are "
+           "not sure of (an API, an error message) instead of guessing." if web_tools else "")
     return (
         f"The task:\n\n{spec.task.strip()}\n\n"
         f"A {spec.os} machine is booting for you now ({where['shell']}; the project folder "
@@ -37,6 +39,7 @@ def opening_message(spec: JobSpec, opened: dict) -> str:
         "will do them, the last one the check that proves the result. Every tool is listed "
         f"from the start, but these wait for the machine: {', '.join(waiting_tools())}. vmd "
         "refuses the machine's tools until the plan exists; a message says when the machine is up."
+        + web
     )
 
 
