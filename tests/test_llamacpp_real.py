@@ -9,7 +9,6 @@ import random
 import string
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
