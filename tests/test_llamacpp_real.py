@@ -76,7 +76,7 @@ def test_a_constrained_tool_call_reaches_the_loop_as_a_call_vmds_contract_accept
         {"role": "user", "content": "List the files in /tmp."},
         {"role": "assistant", "content": "<tool_call>\n"},
     ]
-    reply = model.chat(messages, tools=[RUN_TOOL], max_tokens=60)
+    reply = model.chat(messages, tools=[RUN_TOOL], max_tokens=40)  # one call is ~26 tokens
 
     assert reply.tool_calls, reply
     first = reply.tool_calls[0]
@@ -95,8 +95,9 @@ def _random_words(rng: random.Random, chars: int) -> str:
 
 
 def test_a_prompt_longer_than_the_context_takes_the_compaction_path(server):
-    # max_tokens in the body: the loop's own requests set none, and the tiny model would
-    # write to the end of the context (1016 tokens, 76 s here).
+    # max_tokens in the body, a ceiling for every reply: the loop's own requests set none,
+    # and the tiny model would write to the end of the context (1016 tokens, 76 s here), and
+    # the summary asks for ~300 (2 tokens/s here beside three TCG guests: 120 s).
     config = config_for(server, keep_tail_messages=2, model_extra_body={"temperature": 0, "max_tokens": 24})
     model = open_model(config)
     # Random characters: ~1.2 per token for SmolLM2's tokenizer (4002 tokens here), where the

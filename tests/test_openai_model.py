@@ -205,3 +205,11 @@ def test_questions_about_a_job_go_to_the_server_the_jobs_use(monkeypatch):
         answer = _ask_model(ServiceConfig(ask_model="asker"), "What changed?", [("report", "main.py was added")])
     assert answer == "main.py was added"
     assert server.chat_requests[0]["model"] == "asker" and server.headers[-1]["Authorization"] == f"Bearer {KEY}"
+
+
+def test_a_max_tokens_in_the_settings_caps_every_reply():
+    with start_openai(["a", "b"]) as server:
+        model = open_model(config(server, model_extra_body={"max_tokens": 100, "top_k": 20}))
+        model.chat(TASK)
+        model.chat(TASK, max_tokens=500)
+    assert [(b["max_tokens"], b["top_k"]) for b in server.chat_requests] == [(100, 20), (100, 20)]

@@ -60,7 +60,8 @@ class AgentConfig(BaseModel):
     # the OpenAI client's extra_body: sampling (temperature, top_k), or {"tool_choice":
     # "required"} for a small model that answers in prose, which makes llama.cpp and vLLM
     # constrain every reply with tools to a call. tool_choice and parallel_tool_calls go
-    # only with tools; the fields vmagent sets itself (model, messages, stream) are kept.
+    # only with tools; the fields vmagent sets itself (model, messages, stream) are kept;
+    # a max_tokens here caps every reply, the compaction's summary too.
     model_extra_body: dict[str, Any] = Field(default_factory=dict)
     ollama_host: str = "http://127.0.0.1:11434"
     # A model with tool calling (the agent works only through tools) and vision (the

@@ -86,7 +86,9 @@ def request_body(model: str, messages: list[dict[str, Any]], tools: list[dict[st
     if tools:
         body["tools"] = list(tools)
     if max_tokens is not None:
-        body["max_tokens"] = max_tokens
+        # A max_tokens of the settings is a ceiling for every reply, a summary's too.
+        ceiling = body.get("max_tokens")
+        body["max_tokens"] = min(max_tokens, ceiling) if isinstance(ceiling, int) and ceiling > 0 else max_tokens
     if think is not None:
         # How vLLM, SGLang and llama.cpp switch a template's thinking (Qwen3, DeepSeek).
         body["chat_template_kwargs"] = {"enable_thinking": think}
