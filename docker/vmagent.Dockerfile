@@ -14,10 +14,12 @@ COPY configs ./configs
 COPY docker/openwebui-provision.py /app/docker/openwebui-provision.py
 # libvirt-python is a dependency of the vmd half of the package; the service never
 # imports it (nor does `python -m vmd.server.doctor --check socket --check ollama`, its health
-# check), so it is left out here (it needs libvirt headers to build).
+# check), so it is left out here (it needs libvirt headers to build). The workers read web
+# pages for the agent (vmagent/web/): trafilatura, readability-lxml, markdownify, pypdf.
 RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --no-deps . \
     && /opt/venv/bin/pip install --no-cache-dir "pydantic>=2.6" "httpx>=0.27" "ollama>=0.5.2" \
-        "json-repair>=0.30" "fastapi>=0.110" "uvicorn>=0.29" "PyYAML>=6" "Pillow>=10"
+        "json-repair>=0.30" "fastapi>=0.110" "uvicorn>=0.29" "PyYAML>=6" "Pillow>=10" \
+        "httpcore>=1.0" "certifi" "trafilatura>=2.0" "readability-lxml>=0.8" "markdownify>=0.13" "pypdf>=4"
 RUN groupadd --gid 1001 vmagent && useradd --create-home --uid 1001 --gid 1001 vmagent \
     && mkdir -p /var/lib/vmagent/service && chown vmagent:vmagent /var/lib/vmagent/service
 USER vmagent
