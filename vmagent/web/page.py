@@ -90,7 +90,11 @@ class PageReader:
             return page, True
         fetched = self._fetch(url, self.guard, self.limits)
         self.fetches += 1
-        title, text = page_text(fetched)
+        try:
+            title, text = page_text(fetched)
+        except ImportError as exc:  # an install without the web tools' packages (pyproject.toml)
+            raise FetchFailed(f"{url} was fetched, but this vmagent cannot turn it into text: the Python "
+                              f"package {exc.name} is not installed; an administrator installs it.") from None
         page = Page(url=url, final_url=fetched.url, media_type=fetched.media_type, title=title, text=text,
                     cut=fetched.cut, admitted_by=fetched.admitted_by, read_at=now)
         self._cache[url] = page
