@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from vmagent.web.allow_list import parse_allow_list
+
 CONFIG_ENV = "VMAGENT_CONFIG"
 PROMPTS_ENV = "VMAGENT_PROMPTS"
 # Names people already set, read for a field besides its VMAGENT_<FIELD> form and winning
@@ -227,8 +229,6 @@ class AgentConfig(BaseModel):
     @field_validator("web_allow", mode="before")
     @classmethod
     def _web_allow_entries(cls, value: Any) -> Any:
-        from vmagent.web.allow_list import parse_allow_list
-
         if isinstance(value, str):  # from the environment: "10.1.2.0/24=the docs mirror; docs.lan=the wiki"
             value = [entry.strip() for entry in value.split(";") if entry.strip()]
         if isinstance(value, list):

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vmagent.client import VmdError
 from vmagent.web.allow_list import parse_allow_list
 from vmagent.web.fetch import FetchLimits
 from vmagent.web.guard import Guard
@@ -104,8 +105,6 @@ def record_source(vmd: Any, emit: Callable[[dict], None], source: dict[str, Any]
     """A search or a page read: a line of the live feed, and of vmd's record (the
     `web_source` verb), from which the report lists the sources. A refusal there is logged;
     the work goes on (vmd gone, VmdUnavailable, is the loop's to hear)."""
-    from vmagent.client import VmdError
-
     line = {"kind": source.get("kind", "page"), "target": str(source.get("target") or "?")[:4000],
             "title": str(source.get("title") or "")[:500], "detail": str(source.get("detail") or "")[:900],
             "ok": bool(source.get("ok"))}
