@@ -194,3 +194,24 @@ def test_the_accel_in_vmds_config_file_is_what_its_machines_and_warm_pool_use(fa
     monkeypatch.setattr(WarmPool, "start", lambda pool, find_image: pool)  # no slot made here
     machines.start_pool()
     assert machines.pool.timeout_scale() == 4.0
+
+
+def test_the_image_manifest_picks_the_guest_and_session_open_can_say_its_family(fake_image, tmp_path):
+    from vmd.config import VmdConfig
+    from vmd.guests.linux import LinuxGuest
+    from vmd.machines.libvirt_machines import LibvirtMachines
+    from vmd.machines.port import MachineError
+
+    machine = Machine.create(fake_image, name="family", workdir=tmp_path / "w", project_dir=None, uri=TEST_URI)
+    try:
+        assert isinstance(machine.guest, LinuxGuest) and machine.guest.os_family == "linux"
+    finally:
+        machine.destroy()
+    machines = LibvirtMachines(VmdConfig.load(env={}, images_dir=str(tmp_path), state_dir=str(tmp_path / "s")))
+    assert machines.os_family("debian") == "linux" and machines.os_family("plan9") is None
+    manifest = json.loads((fake_image.dir / "manifest.json").read_text())
+    (fake_image.dir / "manifest.json").write_text(json.dumps({**manifest, "os_family": "windows"}))
+    with pytest.raises(MachineError, match="is windows: this vmd drives linux guests; no guest class"):
+        Machine.create(find_image("debian", tmp_path), name="win", workdir=tmp_path / "w2", project_dir=None,
+                       uri=TEST_URI)
+    assert machines.os_family("debian") == "windows"

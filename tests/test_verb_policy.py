@@ -210,6 +210,7 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
             assert V.result_problem(verb, answer) is None, (verb, V.result_problem(verb, answer))
             V.RESULTS[verb].model_validate(answer)
     assert results["peek"][1]["available"] is False and results["git_commit"][1]["commit"]
+    assert results["session_open"][0]["os_family"] == "linux"  # the machines' word, not a guess from "debian"
 
 
 def test_a_result_that_breaks_its_contract_is_an_internal_error_naming_verb_and_field(vmd, monkeypatch):

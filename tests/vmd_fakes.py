@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vmd.guests.guest import CommandResult, DirEntry, FileChunk, Guest
+from vmd.guests.guest import CommandResult, DirEntry, FileChunk, Guest, GuestFacts
 from vmd.machines.port import MachineSpec
 from vmd.machines.screen import Shot
 
@@ -101,6 +101,28 @@ class LocalGuest(Guest):
             return self._bash(command, folder, timeout)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    # What the machine asks of its guest: this stand-in has no boot, share or desktop of its
+    # own (LocalMachine.ready says what it has), so these answer as a headless guest would.
+
+    def facts(self):
+        return GuestFacts(os="fake linux", kernel=os.uname().release, python="", git="", desktop=False,
+                          project_mounted=True, boot_id="fake", hostname="fake")
+
+    def desktop_problem(self):
+        return "this stand-in has no desktop"
+
+    def mount_share(self):
+        pass
+
+    def restored(self, now, mount_share):
+        return self.facts()
+
+    def reboot(self):
+        pass
+
+    def forget_identity(self):
+        pass
 
     def close(self):
         pass
@@ -224,6 +246,9 @@ class LocalMachines:
 
     def egress_problem(self):
         return self.egress_refusal  # None: these machines' egress is a flag, nothing to guard
+
+    def os_family(self, os):
+        return "linux"  # LocalGuest's
 
     def attach(self, spec):
         time.sleep(self.attach_seconds)

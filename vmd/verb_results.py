@@ -45,6 +45,9 @@ class TextResult(Result):
 class SessionOpenResult(TextResult):
     session_id: str
     os: str
+    # The guest's family from its image ("linux", "windows"), so no client guesses it from
+    # the name; None when vmd has no such image (the boot then says so).
+    os_family: str | None = None
     project: str | None
     project_share: bool  # the session has a project folder (shared with the guest)
     storage: str  # where the work is kept, in words

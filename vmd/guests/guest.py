@@ -37,6 +37,19 @@ class FileChunk(BaseModel):
     truncated: bool
 
 
+class GuestFacts(BaseModel):
+    """What a guest says of itself once it answers (the machine adds its own: vmd/machines/port.py Facts)."""
+
+    os: str
+    kernel: str
+    python: str
+    git: str
+    desktop: bool
+    project_mounted: bool
+    boot_id: str
+    hostname: str
+
+
 class DirEntry(BaseModel):
     name: str
     type: str  # "file" | "dir" | "link" | "other"
@@ -80,7 +93,27 @@ class Guest(ABC):
             )
         self.write_file(path, text.replace(old, new, 1))
 
-    # The verbs whose command differs by OS (vmd/guests/os_verbs.py).
+    # Every command that differs by OS is a method here, written per OS in
+    # vmd/guests/os_verbs.py: the verbs, and what the machine asks of its guest.
+
+    @abstractmethod
+    def facts(self) -> GuestFacts: ...
+
+    @abstractmethod
+    def desktop_problem(self) -> str | None: ...  # None once the desktop is up, else what is missing
+
+    @abstractmethod
+    def mount_share(self) -> None: ...  # the project share, unless it is mounted; facts say whether it is
+
+    @abstractmethod
+    def restored(self, now: float, mount_share: bool) -> GuestFacts: ...  # a saved guest woken: clock, share, facts
+
+    @abstractmethod
+    def reboot(self) -> None: ...  # asks the guest to restart; it goes away at once
+
+    @abstractmethod
+    def forget_identity(self) -> None: ...  # new host keys and machine id, share unmounted: before a save
+
 
     @abstractmethod
     def launch_app(self, path: str, args: list[str]) -> str: ...

@@ -16,10 +16,21 @@ import shlex
 import subprocess
 
 from vmd.errors import VerbError
-from vmd.guests.guest import CommandResult
+from vmd.guests.guest import CommandResult, GuestError, GuestFacts
 
 LAUNCH_TIMEOUT_S = 30  # starting a program returns at once; its window comes later
 PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s
+# A warm slot's guest gets its own identity before it is saved: every session restored
+# from it would otherwise share host keys and a machine-id (vmd/machines/warm_pool.py).
+LINUX_IDENTITY = ("rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && "
+                  "tr -d - </proc/sys/kernel/random/uuid >/etc/machine-id && "
+                  "systemctl reload ssh")
+# The desktop is up when openbox manages windows and the terminal is on screen (the
+# window exists, unmapped, well before that).
+LINUX_DESKTOP_PROBE = ("export DISPLAY=:0; xprop -root _NET_SUPPORTING_WM_CHECK 2>&1 | grep -q 'window id' "
+                       "|| { echo 'no window manager yet'; exit 1; }; "
+                       "xwininfo -name terminal 2>&1 | grep -E 'Map State|error' | grep -q IsViewable "
+                       "|| { echo 'the terminal window is not on screen yet'; exit 1; }")
 
 
 def _launched(path: str, result: CommandResult) -> str:
@@ -57,6 +68,46 @@ class LinuxVerbs:
         path = f"/tmp/vmd-baseline-{secrets.token_hex(4)}.tar"
         self.write_file(path, archive)
         return self.run(linux_baseline_command(command, self.project_path, self.user, path), timeout=timeout)
+
+    # --- what the machine asks of its guest ---------------------------------------------
+
+    def facts(self, prefix: str = "", runner=None) -> GuestFacts:
+        """`prefix`: commands run first in the same shell, their output dropped; `runner`: the
+        `run` to use (the exec path for a guest just restored)."""
+        script = prefix + (
+            ". /etc/os-release; echo \"$PRETTY_NAME\"; uname -srm; "
+            "python3 --version 2>&1 || echo none; git --version 2>&1 || echo none; "
+            "DISPLAY=:0 xdpyinfo >/dev/null 2>&1 && echo desktop || echo nodesktop; "
+            f"mountpoint -q {self.project_path} && echo mounted || echo unmounted; "
+            "cat /proc/sys/kernel/random/boot_id; hostname"
+        )
+        result = (runner or self.run)(script, timeout=30, cwd="/")
+        lines = result.stdout.strip().splitlines()
+        if len(lines) < 8:
+            raise GuestError(f"could not read facts from the guest: {result.stderr.strip()[:300]}")
+        return GuestFacts(os=lines[0], kernel=lines[1], python=lines[2], git=lines[3],
+                          desktop=lines[4] == "desktop", project_mounted=lines[5] == "mounted",
+                          boot_id=lines[6], hostname=lines[7])
+
+    def desktop_problem(self) -> str | None:
+        seen = self.run(LINUX_DESKTOP_PROBE, timeout=20)
+        return None if seen.exit_code == 0 else (seen.stdout + seen.stderr).strip()[-300:] or "no answer"
+
+    def _mount_line(self) -> str:
+        """Mounts the project share unless it is (fstab names it)."""
+        return f"mountpoint -q {self.project_path} || sudo -n mount {self.project_path}"
+
+    def mount_share(self) -> None:
+        self.run(self._mount_line(), timeout=30)
+
+    def reboot(self) -> None:
+        self.run("sudo systemctl reboot", timeout=10)
+
+    def forget_identity(self) -> None:
+        done = self.run(f"sudo sh -c {shlex.quote(LINUX_IDENTITY)} && sudo umount {self.project_path}",
+                        timeout=60, cwd="/")
+        if done.exit_code != 0:
+            raise GuestError(f"the guest could not take a new identity: {(done.stdout + done.stderr)[-300:]}")
 
 
 def linux_baseline_command(command: str, project_path: str, user: str, archive_path: str) -> str:

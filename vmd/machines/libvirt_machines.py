@@ -19,7 +19,7 @@ from vmd.guests.guest import Guest
 from vmd.machines.domain_xml import VmdOwner, vmd_owner
 from vmd.machines.egress_guard import EgressGuard, EgressGuardError
 from vmd.machines.host_room import host_pool_size
-from vmd.machines.images import find_image
+from vmd.machines.images import ImageMissing, find_image
 from vmd.machines.machine import Machine, accel, timeout_scale
 from vmd.machines.port import DesktopMissing, MachineSpec, SessionMachine
 from vmd.machines.screen import Screen
@@ -128,6 +128,12 @@ class LibvirtMachines:
     def _adapter(self, machine, image, came: str = "cold", came_note: str | None = None) -> LibvirtMachine:
         return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came=came,
                               came_note=came_note, guard=self.guard)
+
+    def os_family(self, os: str) -> str | None:
+        try:
+            return find_image(os, self.config.images_dir).os_family
+        except ImageMissing:
+            return None  # the boot says what is missing, in the session's words
 
     def _image(self, spec: MachineSpec):
         return find_image(spec.os, self.config.images_dir)

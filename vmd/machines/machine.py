@@ -16,7 +16,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -25,8 +24,8 @@ import libvirt_qemu
 import paramiko
 
 from vmd.config import VmdConfig
-from vmd.guests.guest import Guest, GuestError
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.families import guest_class
+from vmd.guests.guest import Guest, GuestError, GuestFacts
 from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
 from vmd.machines.accel import choose_accel
@@ -119,7 +118,7 @@ class Machine:
         self.accel = accel
         self.started = time.monotonic()
         self.ssh = SshConnection("127.0.0.1", ssh_port, image.user, str(image.path("ssh_key")))
-        self.guest: Guest = LinuxGuest(self.ssh, image.project_path)
+        self.guest: Guest = guest_class(image.os_family)(self.ssh, image.project_path)
         self.screen = Screen(domain, tuple(image.resolution), dump_path=_screen_dir(workdir) / "frame.ppm")
         self.facts: Facts | None = None
         self.restored = False  # handed out from the warm pool (vmd/machines/warm_pool.py)
@@ -133,9 +132,10 @@ class Machine:
                owner: VmdOwner | None = None) -> "Machine":
         """`owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
         vmd's sweep tells its own guests (vmd/machines/libvirt_machines.py `sweep`)."""
-        if image.os_family != "linux":
-            raise MachineError(f"the image '{image.name}' is {image.os_family}; this vmd drives "
-                               "Linux guests only so far.")
+        try:
+            guest_class(image.os_family)
+        except GuestError as exc:
+            raise MachineError(f"the image '{image.name}' is {image.os_family}: {exc}") from None
         base = image.path("disk")
         if not base.is_file():
             raise MachineError(f"the image '{image.name}' has no disk at {base}; rebuild it with "
@@ -257,31 +257,19 @@ class Machine:
             if facts is not None:
                 return facts
         if self.project_dir is not None:
-            self.guest.run(self._mount_share(), timeout=30)
+            self.guest.mount_share()
         if desktop and self.image.desktop:
-            # The desktop is up when openbox manages windows and the terminal is on screen
-            # (the window exists, unmapped, well before that).
-            probe = ("export DISPLAY=:0; xprop -root _NET_SUPPORTING_WM_CHECK 2>&1 | grep -q 'window id' "
-                     "|| { echo 'no window manager yet'; exit 1; }; "
-                     "xwininfo -name terminal 2>&1 | grep -E 'Map State|error' | grep -q IsViewable "
-                     "|| { echo 'the terminal window is not on screen yet'; exit 1; }")
             if desktop_timeout is not None:
                 deadline = min(deadline, time.monotonic() + desktop_timeout)
-            while (seen := self.guest.run(probe, timeout=20)).exit_code != 0:
+            while (problem := self.guest.desktop_problem()) is not None:
                 if time.monotonic() > deadline:
                     raise DesktopMissing(
                         f"the guest '{self.name}' answers over SSH but its desktop did not come up "
-                        f"within {timeout:.0f} s ({(seen.stdout + seen.stderr).strip()[-300:]}); use the "
-                        "shell, or reboot_vm.")
+                        f"within {timeout:.0f} s ({problem}); use the shell, or reboot_vm.")
                 time.sleep(1.0)
         self.facts = self.read_facts()
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
-
-    def _mount_share(self) -> str:
-        """The guest's command that mounts the project share unless it is (fstab names it)."""
-        path = self.image.project_path
-        return f"mountpoint -q {path} || sudo -n mount {path}"
 
     def _wait_for_ssh(self, deadline: float, timeout: float) -> None:
         last_error = "no answer yet"
@@ -302,40 +290,22 @@ class Machine:
             time.sleep(1.0)
 
     def _ready_restored(self) -> Facts | None:
-        """A warm machine (vmd/machines/warm_pool.py) in one command: its clock, which stood still
-        from the save to the restore, set; the session's share mounted; its facts. Its
-        desktop was checked before the save. Through one exec channel, while the command
-        runner starts in the background (a runner's start costs a second under TCG, more
-        than this whole command). None when the desktop is not there: the usual checks
-        follow."""
-        prefix = f"sudo -n date -u -s @{time.time():.3f} >/dev/null 2>&1; "
-        if self.project_dir is not None:
-            prefix += f"{self._mount_share()} >/dev/null 2>&1; "
-        facts = self.read_facts(prefix, LinuxGuest(self.ssh, self.image.project_path, use_runner=False))
-        threading.Thread(target=self.guest.prewarm, name=f"prewarm-{self.name}", daemon=True).start()
+        """A warm machine (vmd/machines/warm_pool.py): its guest woken in one command (clock,
+        share, facts: `Guest.restored`); its desktop was checked before the save. None when
+        the desktop is not there: the usual checks follow."""
+        facts = self._facts(self.guest.restored(time.time(), mount_share=self.project_dir is not None))
         if self.image.desktop and not facts.desktop:
             return None
         self.facts = facts
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
 
-    def read_facts(self, prefix: str = "", guest: Guest | None = None) -> Facts:
-        """The guest's facts; `prefix`: commands run first in the same shell, output dropped."""
-        script = prefix + (
-            ". /etc/os-release; echo \"$PRETTY_NAME\"; uname -srm; "
-            "python3 --version 2>&1 || echo none; git --version 2>&1 || echo none; "
-            "DISPLAY=:0 xdpyinfo >/dev/null 2>&1 && echo desktop || echo nodesktop; "
-            f"mountpoint -q {self.image.project_path} && echo mounted || echo unmounted; "
-            "cat /proc/sys/kernel/random/boot_id; hostname"
-        )
-        result = (guest or self.guest).run(script, timeout=30, cwd="/")
-        lines = result.stdout.strip().splitlines()
-        if len(lines) < 8:
-            raise MachineError(f"could not read facts from the guest: {result.stderr.strip()[:300]}")
-        return Facts(os=lines[0], kernel=lines[1], python=lines[2], git=lines[3],
-                     desktop=lines[4] == "desktop", project_path=self.image.project_path,
-                     project_mounted=lines[5] == "mounted", boot_id=lines[6], hostname=lines[7],
-                     accel=self.accel)
+    def read_facts(self) -> Facts:
+        """The guest's facts (`Guest.facts`) with the machine's own."""
+        return self._facts(self.guest.facts())
+
+    def _facts(self, guest: GuestFacts) -> Facts:
+        return Facts(**guest.model_dump(), project_path=self.image.project_path, accel=self.accel)
 
     def console_tail(self, lines: int = 15) -> str:
         path = self.workdir / "console.log"
@@ -388,7 +358,7 @@ class Machine:
     def reboot(self, timeout: float) -> float:
         started = time.monotonic()
         try:
-            self.guest.run("sudo systemctl reboot", timeout=10)
+            self.guest.reboot()
         except (GuestError, OSError, paramiko.SSHException, EOFError):
             pass
         self.ssh.close()

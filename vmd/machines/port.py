@@ -95,3 +95,6 @@ class MachineFactory(Protocol):
     # None when a machine's egress may be opened; else the sentence that says what is
     # missing (vmd/machines/egress_guard.py). Egress is never opened unguarded.
     def egress_problem(self) -> str | None: ...
+    # The family of the guest an `os` boots (its image manifest's os_family: "linux",
+    # "windows"), which picks its Guest class; None when there is no such image yet.
+    def os_family(self, os: str) -> str | None: ...

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import shutil
 import threading
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 import libvirt
 from pydantic import BaseModel
 
+from vmd.guests.guest import GuestError
 from vmd.machines.domain_xml import VmdOwner, set_session
 from vmd.machines.host_room import no_room
 from vmd.machines.images import Image
@@ -53,12 +53,9 @@ SLOT_PREFIX = "vmagent-w-"
 # with the identity and the save: the longest a session waits for a slot being made.
 SLOT_READY_S = 75
 SLOT_MAKE_S = 90
-# What makes a booted guest a slot: its own SSH host keys and machine-id (every guest of
-# an image would share the image's), nothing of the placeholder share mounted, and no
-# process of ours left in the guest.
-IDENTITY = ("rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && "
-            "tr -d - </proc/sys/kernel/random/uuid >/etc/machine-id && "
-            "systemctl reload ssh")
+# What makes a booted guest a slot is `Guest.forget_identity` (vmd/guests/os_verbs.py): its
+# own SSH host keys and machine-id (every guest of an image would share the image's),
+# nothing of the placeholder share mounted, and no process of ours left in the guest.
 
 
 class SlotInfo(BaseModel):
@@ -143,12 +140,10 @@ class WarmPool:
             if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
                 _renice(name)
             machine.ready(SLOT_READY_S * timeout_scale(machine.accel), desktop=True)
-            machine.guest.runners.close()  # its processes sit in the share: it must unmount
-            machine.guest.use_runner = False
-            prepared = machine.guest.run(f"sudo sh -c {shlex.quote(IDENTITY)} && sudo umount {image.project_path}",
-                                         timeout=60, cwd="/")
-            if prepared.exit_code != 0:
-                raise WarmFailed(f"the slot could not be prepared: {(prepared.stdout + prepared.stderr)[-300:]}")
+            try:
+                machine.guest.forget_identity()  # each session restored from it gets its own
+            except GuestError as exc:
+                raise WarmFailed(f"the slot could not be prepared: {exc}") from None
             boot_seconds = round(time.monotonic() - started, 1)
             machine.ssh.close()
             machine.domain.save(str(folder / "saved.img"))

@@ -94,6 +94,7 @@ class Session:
         state = SessionState(id=sid, os=params.os or config.default_os, project=params.project or None,
                              owner=params.owner, task=params.task, chat_id=params.chat_id,
                              machine_name=f"vmagent-{sid}")
+        state.os_family = machines.os_family(state.os)
         session = cls(state, config, machines, store)
         started = time.monotonic()
         if state.project:

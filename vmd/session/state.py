@@ -22,6 +22,7 @@ def new_session_id() -> str:
 class SessionState(BaseModel):
     id: str
     os: str
+    os_family: str | None = None  # the image's (vmd/machines/port.py MachineFactory.os_family)
     project: str | None = None
     owner: str = ""
     task: str = ""
