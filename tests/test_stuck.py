@@ -113,3 +113,69 @@ def test_a_model_that_changes_approach_after_the_notice_goes_on(tmp_path):
     script = [PLAN, same, same, same, other, same, same, other, same, same, other]
     outcome, _, _ = stuck_run(tmp_path, script, max_steps=len(script))
     assert "step cap" in outcome.report and "stuck" not in outcome.report
+
+
+# --- a poll waits on purpose: stuck only after stuck_poll_s with nothing changing ----------
+
+
+def poll_steps(n_pairs: int, screen: str = "same screen", seconds: float = 5) -> list[dict]:
+    from vmagent.loop_guards import call_step
+    from vmagent.tool_results import ToolOutcome
+
+    wait = call_step("wait", {"seconds": seconds}, ToolOutcome(ok=True, text=f"waited {seconds} s"))
+    shot = call_step("screenshot", {}, ToolOutcome(ok=True, text="1280x800", image_b64=screen))
+    return [wait, shot] * n_pairs
+
+
+def notices(steps: list[dict], **config) -> list[tuple[int, str]]:
+    from types import SimpleNamespace
+
+    from vmagent.config import AgentConfig
+    from vmagent.job import Guards
+    from vmagent.loop_guards import stuck_notice
+
+    job, said = SimpleNamespace(guards=Guards()), []
+    for i, s in enumerate(steps, 1):
+        if text := stuck_notice(job, s, AgentConfig(**config)):
+            said.append((i, text))
+        if job.guards.stuck_end:
+            break
+    return said
+
+
+def test_waiting_for_an_installer_through_the_screen_is_not_stuck_for_fifteen_minutes():
+    # wait 10 s + a screenshot of the same screen, for 7.5 minutes: six calls of this ended
+    # a job before the poll allowance.
+    assert notices(poll_steps(45, seconds=10)) == []
+
+
+def test_a_poll_that_never_sees_a_change_is_stuck_after_its_allowance():
+    # 6 calls hold 3 waits of 5 s: the allowance of 60 s is spent after 4 such runs (24 calls)
+    said = notices(poll_steps(60), stuck_poll_s=60)
+    assert [i for i, _ in said] == [24, 48]
+    assert "alternated between `wait" in said[0][1] and "This is a loop" in said[0][1]
+    assert "The job ends here as failed" in said[1][1]
+
+
+def test_a_screen_that_changes_starts_the_poll_allowance_again():
+    steps = poll_steps(9) + poll_steps(1, screen="a progress bar moved") + poll_steps(9)
+    assert notices(steps, stuck_poll_s=60) == []  # 45 s counted, a change, then 45 s again
+    assert notices(poll_steps(19), stuck_poll_s=60)  # without the change: stuck
+
+
+def test_a_command_that_sleeps_before_it_looks_is_a_poll():
+    from vmagent.loop_guards import call_step, waited_s
+    from vmagent.tool_results import ToolOutcome
+
+    assert waited_s("run", {"command": "sleep 30; tail -n 1 build.log"}) == 30
+    assert waited_s("run", {"command": "sleep 2m && ls"}) == 120
+    assert waited_s("run", {"command": "cat missing.txt"}) == 0
+    assert waited_s("wait", {"seconds": "oops"}) == 0
+    quiet = call_step("run", {"command": "sleep 30; tail -n 1 build.log"},
+                      ToolOutcome(ok=True, text="", result={"exit_code": 0, "stdout": "compiling", "stderr": ""}))
+    assert notices([quiet] * 29) == []  # 14.5 minutes of the same line
+    assert notices([quiet] * 40)[0][0] == 30  # 15 minutes: now it is a loop
+    # a command that does not wait is still stuck at its third identical answer
+    missing = call_step("run", {"command": "cat missing.txt"},
+                        ToolOutcome(ok=True, text="", result={"exit_code": 1, "stdout": "", "stderr": "No such file"}))
+    assert notices([missing] * 3)[0][0] == 3

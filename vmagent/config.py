@@ -156,6 +156,11 @@ class AgentConfig(BaseModel):
     # Hits of one pattern that end the job: the first is told to the model with what to do
     # instead; a model that goes on after that will not get out by itself.
     stuck_hits_to_end: int = Field(2, ge=1)
+    # A repeated call that waits (`wait`, or a `sleep N` in a command) is a poll: an
+    # installer or a build watched through the screen or a log can show nothing new for
+    # minutes, and six calls of wait + screenshot ended such a job in under a minute. A
+    # poll counts as stuck only once it has waited this long with no answer changing.
+    stuck_poll_s: float = Field(900.0, ge=0)
 
     # --- the machine and the watchers ------------------------------------------------
     # How long phase two waits for the guest at most: a cold TCG boot of the Debian guest

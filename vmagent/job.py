@@ -92,6 +92,10 @@ class Guards:
     recent_calls: list[dict] = field(default_factory=list)
     stuck_hits: dict[str, int] = field(default_factory=dict)
     stuck_end: str = ""
+    # A poll (a `wait` or a `sleep` among the repeated calls): the seconds it has waited with
+    # nothing changing, and the [call, answer] pairs it repeats; any other answer resets both.
+    poll_waited_s: float = 0.0
+    poll_pairs: list[list[str]] = field(default_factory=list)
 
 
 @dataclass

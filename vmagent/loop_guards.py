@@ -135,6 +135,9 @@ def stall_reminder(job: Job, config: AgentConfig) -> None:
 
 # Durations in an answer ("exit code 0 (0.4 s)") change from run to run; what they time does not.
 _DURATION = re.compile(r"\b\d+(?:\.\d+)?\s?m?s\b")
+# `sleep 30` (or `sleep 2m`) in a command: the command waits for something before it looks.
+_SLEEP = re.compile(r"\bsleep\s+(\d+(?:\.\d+)?)([smh]?)\b")
+_SLEEP_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600}
 
 
 @dataclass
@@ -157,15 +160,30 @@ def _label(verb: str, params: object) -> str:
     return f"`{verb} {shown}`" if shown else f"`{verb}`"
 
 
+def waited_s(verb: str, params: object) -> float:
+    """Seconds a call spends waiting on purpose: `wait`'s seconds, or the `sleep`s of a command."""
+    if not isinstance(params, dict):
+        return 0.0
+    try:
+        if verb == "wait":
+            return max(0.0, float(params.get("seconds") or 0))
+        if verb == "run":
+            return sum(float(n) * _SLEEP_UNIT_S[unit] for n, unit in _SLEEP.findall(str(params.get("command") or "")))
+    except (TypeError, ValueError):
+        pass
+    return 0.0
+
+
 def call_step(verb: str, params: object, outcome: ToolOutcome) -> dict:
-    """What the stuck detector keeps of one tool call: which call, which answer, refused or not."""
+    """What the stuck detector keeps of one tool call: which call, which answer, refused or not,
+    and how long it waited on purpose."""
     result = outcome.result or {}
     if verb == "run" and outcome.ok:  # the output itself, not the text that times it
         answer = [result.get("exit_code"), result.get("stdout"), result.get("stderr")]
     else:
         answer = [_DURATION.sub("#", outcome.text), _digest(outcome.image_b64) if outcome.image_b64 else None]
     return {"call": _digest([verb, params]), "answer": _digest(answer), "refused": not outcome.ok,
-            "verb": verb, "label": _label(verb, params)}
+            "verb": verb, "label": _label(verb, params), "waited_s": waited_s(verb, params)}
 
 
 def same_call_refused(steps: list[dict], n: int) -> Stuck | None:
@@ -202,6 +220,8 @@ def stuck_notice(job: Job, step: dict, config: AgentConfig) -> str:
     A pattern hit for the stuck_hits_to_end-th time sets job.guards.stuck_end instead,
     the sentence for the report (the loop ends the job on it, `stuck_ending`)."""
     guards = job.guards
+    if guards.poll_pairs and [step["call"], step["answer"]] not in guards.poll_pairs:
+        guards.poll_waited_s, guards.poll_pairs = 0.0, []  # something changed: the poll saw it
     guards.recent_calls = (guards.recent_calls + [step])[-max(config.stuck_same_answer, config.stuck_refused,
                                                                config.stuck_alternation):]
     steps = guards.recent_calls
@@ -210,12 +230,28 @@ def stuck_notice(job: Job, step: dict, config: AgentConfig) -> str:
     if hit is None:
         return ""
     guards.recent_calls = []  # the next hit needs as many calls again, after the notice
+    if hit.pattern != "refused" and still_polling(guards, steps[-hit.count:], config):
+        return ""
     guards.stuck_hits[hit.pattern] = hits = guards.stuck_hits.get(hit.pattern, 0) + 1
     if hits >= config.stuck_hits_to_end:
         guards.stuck_end = _stuck_report(hit, hits)
         told = ", after you were told to change approach" if hits > 1 else ""
         return f"\n[vmagent: {_stuck_what(hit, step)}{told}. The job ends here as failed.]"
     return f"\n[vmagent: {_stuck_what(hit, step)}. {_STUCK_INSTEAD[hit.pattern]}]"
+
+
+def still_polling(guards, window: list[dict], config: AgentConfig) -> bool:
+    # A repeat that waits on purpose is a poll, and a poll is allowed stuck_poll_s of
+    # unchanging answers (an installer's screen, a quiet build log) before it is a loop.
+    waited = sum(s.get("waited_s") or 0.0 for s in window)
+    if not waited:
+        return False
+    guards.poll_waited_s += waited
+    guards.poll_pairs = [list(p) for p in {(s["call"], s["answer"]) for s in window} | {tuple(p) for p in guards.poll_pairs}]
+    if guards.poll_waited_s < config.stuck_poll_s:
+        return True
+    guards.poll_waited_s, guards.poll_pairs = 0.0, []
+    return False
 
 
 _STUCK_INSTEAD = {
