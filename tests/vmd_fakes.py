@@ -177,6 +177,8 @@ class LocalMachine:
         self.stall = None  # set by a test to a vmd.machines.port.Stall: QEMU paused the guest
         self.guest = LocalGuest(self)
         self.screen = LocalScreen(self)
+        self.name = spec.name
+        self.came, self.came_note = "cold", None
 
     def alive(self) -> bool:
         return not self.gone
@@ -249,6 +251,26 @@ class LocalMachines:
 
     def os_family(self, os):
         return "linux"  # LocalGuest's
+
+    # What vmd asks of its factory besides machines: these machines run at KVM's pace, leave
+    # nothing behind a cut-short create, keep no warm pool and no guest no session owns.
+    def timeout_scale(self):
+        return 1.0
+
+    def discard(self, spec):
+        return False
+
+    def sweep(self, keep):
+        return []
+
+    def install_guard(self):
+        pass
+
+    def start_pool(self):
+        pass
+
+    def stop_pool(self):
+        pass
 
     def attach(self, spec):
         time.sleep(self.attach_seconds)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from pydantic import BaseModel
 
@@ -78,6 +78,9 @@ class SessionMachine(Protocol):
     screen: Screen
     os_family: str
     project_path: str
+    name: str  # its domain's name (a warm machine keeps its slot's)
+    came: str  # "warm" (restored from the pool) or "cold" (booted)
+    came_note: str | None  # why a machine that could have come warm came cold
 
     def ready(self, timeout: float, desktop: bool = False) -> dict: ...  # the facts (`Facts` above)
     def reboot(self, timeout: float) -> float: ...  # seconds until it answered again
@@ -98,3 +101,13 @@ class MachineFactory(Protocol):
     # The family of the guest an `os` boots (its image manifest's os_family: "linux",
     # "windows"), which picks its Guest class; None when there is no such image yet.
     def os_family(self, os: str) -> str | None: ...
+    def timeout_scale(self) -> float: ...  # how much longer than on KVM its guests take
+    # Destroys what a create cut short left behind for `spec`; True when there was something.
+    def discard(self, spec: MachineSpec) -> bool: ...
+    # Destroys the guests of this vmd that no session owns (`keep(name, session id)` False);
+    # the names destroyed.
+    def sweep(self, keep: Callable[[str, str | None], bool]) -> list[str]: ...
+    # vmd's start and stop: the egress guard in place, the warm pool started and stopped.
+    def install_guard(self) -> None: ...
+    def start_pool(self) -> None: ...
+    def stop_pool(self) -> None: ...

@@ -63,24 +63,18 @@ class Lifecycle:
             if self._started:
                 return
             self._started = True
-        install_guard = getattr(self.sessions.machines, "install_guard", None)
-        if install_guard is not None:  # before adoption: an adopted guest may have egress open
-            install_guard()
+        self.sessions.machines.install_guard()  # before adoption: an adopted guest may have egress open
         self.adopt()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="vmd-reaper")
         self._thread.start()
         self.pushes.start()
-        start_pool = getattr(self.sessions.machines, "start_pool", None)
-        if start_pool is not None:  # warm machines (vmd/machines/warm_pool.py), when configured
-            start_pool()
+        self.sessions.machines.start_pool()  # warm machines (vmd/machines/warm_pool.py), when configured
 
     def stop(self) -> None:
         """Stops the threads; sessions and machines stay as they are for the next vmd."""
         self._stop.set()
         self.pushes.stop()
-        stop_pool = getattr(self.sessions.machines, "stop_pool", None)
-        if stop_pool is not None:
-            stop_pool()
+        self.sessions.machines.stop_pool()
 
     # --- adoption ------------------------------------------------------------------------
 
@@ -171,11 +165,8 @@ class Lifecycle:
     # --- guests no session owns --------------------------------------------------------
 
     def _sweep(self) -> None:
-        sweep = getattr(self.sessions.machines, "sweep", None)
-        if sweep is None:
-            return
         live = {s.s.machine_name for s in self.sessions.live() if s.s.state != "closed"}
-        for name in sweep(lambda name, session: name in live or self._owned(session)):
+        for name in self.sessions.machines.sweep(lambda name, session: name in live or self._owned(session)):
             log.warning("destroyed the guest %s: no session of this vmd owns it any more", name)
 
     def _owned(self, session_id: str) -> bool:

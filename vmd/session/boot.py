@@ -57,9 +57,9 @@ def _boot(session: Session, attach: bool) -> None:
             if not attach:
                 # A warm machine keeps its slot's domain name: the sweep, a close and the
                 # next vmd find it by the name kept here.
-                s.machine_name = getattr(machine, "name", None) or s.machine_name
-                s.machine_came = getattr(machine, "came", None) or "cold"
-                s.came_note = getattr(machine, "came_note", None)
+                s.machine_name = machine.name or s.machine_name
+                s.machine_came = machine.came or "cold"
+                s.came_note = machine.came_note
             suspended = s.state in WAITING_STATES
             session.save()
         if ending:  # made after the close began: the close did not see it, so it goes here
@@ -131,11 +131,8 @@ def destroy(session: Session, machine: SessionMachine) -> str | None:
 
 def _discard(session: Session) -> None:
     """What a create cut short may have left in libvirt goes too."""
-    discard = getattr(session.machines, "discard", None)
-    if discard is None:
-        return
     try:
-        if discard(session.spec()):
+        if session.machines.discard(session.spec()):
             with session.lock:
                 session.destroyed = True
     except Exception as exc:

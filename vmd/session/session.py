@@ -234,16 +234,15 @@ class Session:
     def _timeout_scale(self) -> float:
         # The configured timeouts are what a KVM host needs; without KVM (TCG, as on the
         # CI machines) the same work takes several times longer.
-        scale = getattr(self.machines, "timeout_scale", None)
-        return float(scale()) if scale else 1.0
+        return float(self.machines.timeout_scale())
 
     def machine_alive(self) -> bool:
         """False only when the machine is known to be gone (destroyed from outside, crashed)."""
-        probe = getattr(self.machine, "alive", None)
-        if self.machine is None or probe is None:
+        machine = self.machine
+        if machine is None:
             return True
         try:
-            return bool(probe())
+            return bool(machine.alive())
         except Exception:
             return False
 
@@ -251,11 +250,10 @@ class Session:
         """Why QEMU paused the guest on its own (a write to its disk failed on the host),
         or None."""
         machine = self.machine
-        probe = getattr(machine, "stalled", None)
-        if probe is None:
+        if machine is None:
             return None
         try:
-            return probe()
+            return machine.stalled()
         except Exception:
             return None
 
