@@ -20,7 +20,7 @@ say() { printf '\n== %s\n' "$*"; }
 say "system packages"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
-# tesseract: vmd reads the screen as text for a model that cannot see images (vmd/screen_text.py).
+# tesseract: vmd reads the screen as text for a model that cannot see images (vmd/machines/screen_text.py).
 # searx: the real search engine web_search's tests run on loopback (tests/searx_server.py).
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
