@@ -37,6 +37,7 @@ CALLS = {
     "scroll": {"x": 1, "y": 1, "amount": 1}, "launch_app": {"path": "xterm"}, "wait": {"seconds": 0.01},
     "check_internet": {}, "reboot_vm": {}, "ask_user": {"question": "which colour?"},
     "request_unfreeze": {"reason": "pip install"}, "finish": {"summary": "done", "verification": "true"},
+    "hidden_check": {"command": "true"},
 }
 NO_PLAN = ("REFUSED: {verb} needs a plan first: call plan_tasks with the steps of the work (the machine "
            "boots meanwhile), then use the machine.")
@@ -137,7 +138,7 @@ def test_a_closed_session_serves_only_its_reads_a_note_and_the_close(vmd):
 
 def test_which_verbs_are_steps():
     not_steps = {verb for verb, p in V.POLICY.items() if not p.counts_as_step}
-    assert not_steps == {"session_open", "session_attach", "session_status", "report", "peek"}
+    assert not_steps == {"session_open", "session_attach", "session_status", "report", "peek", "hidden_check"}
 
 
 def test_a_refusal_always_starts_with_the_prefix_and_carries_data_only_when_given():
@@ -195,6 +196,7 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
     for task in (1, 2, 3):
         call("update_task", id=task, status="done")
     call("finish", summary="done", verification="grep -q there a.txt")
+    call("hidden_check", command='grep -q there a.txt && test -f "$CHECK_DIR/want"', files={"want": "there"})
     call("report")
     call("session_cancel")
     call("session_close")
@@ -210,6 +212,7 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
             assert V.result_problem(verb, answer) is None, (verb, V.result_problem(verb, answer))
             V.RESULTS[verb].model_validate(answer)
     assert results["peek"][1]["available"] is False and results["git_commit"][1]["commit"]
+    assert results["hidden_check"][0]["passed"] is True
     assert results["session_open"][0]["os_family"] == "linux"  # the machines' word, not a guess from "debian"
 
 

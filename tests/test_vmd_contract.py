@@ -164,6 +164,12 @@ def test_every_verb_over_the_socket(vmd):
         c.call("update_task", id=task, status="done")
     finished = c.call("finish", summary="done", verification="grep -q there a.txt")
     assert finished["accepted"] is True and finished["outcome"]["exit_code"] == 0
+    # The eval's check: its files in a folder of their own, the command in the project folder.
+    hidden = c.call("hidden_check", command='test -f a.txt && test "$(cat "$CHECK_DIR/want")" = there',
+                    files={"want": "there"})
+    assert hidden["passed"] is True and hidden["exit_code"] == 0
+    assert c.call("hidden_check", command="exit 4")["passed"] is False
+    assert not (config.projects_dir / "alice" / "everything" / "want").exists(), "the check's files stay out"
     report = c.call("report")
     assert "# vmagent session" in report["markdown"] and report["outcome"]["status"] == "passed"
     closed = c.call("session_close")

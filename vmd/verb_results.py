@@ -13,9 +13,9 @@ Pure pydantic and stdlib, like vmd/verbs.py.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "SessionStateName", "RESULTS", "result_problem",
@@ -25,7 +25,7 @@ __all__ = [
     "WriteFileResult", "EditFileResult", "ListDirEntry", "ListDirResult", "GitCommitResult",
     "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
     "RequestUnfreezeResult", "CheckRunResult", "CheckAttempt", "FinishRefusalData", "FinishOutcome",
-    "FinishResult",
+    "FinishResult", "HiddenCheck", "HiddenCheckResult",
 ]
 
 # A session's state, as session_status and session_attach report it and session.json keeps it.
@@ -269,6 +269,30 @@ class FinishResult(TextResult):
     outcome: FinishOutcome
 
 
+# --- the eval's hidden check: its params and its result (vmd/verbs.py is at its size bound) ---
+
+class HiddenCheck(BaseModel):
+    """Service only (`vmagent eval`): a check the agent never sees, which vmd runs in the
+    session's guest after the agent's work and before the close, as it runs the baseline
+    (vmd/session/handlers/eval_verbs.py). `files` are written to a fresh folder outside the
+    project, named to the command by $CHECK_DIR; `command` runs in the project folder.
+    -> HiddenCheckResult"""
+    model_config = ConfigDict(extra="forbid")
+    command: str = Field(min_length=1, max_length=128 * 1024)  # vmd/verbs.py COMMAND_CHARS
+    # Plain names (vmd/verbs.py NAME_PATTERN); a few KiB each in evals/, and the request
+    # line's own bound (64 MiB) bounds them all together.
+    files: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$", max_length=100)],
+                Annotated[str, Field(max_length=4 * 1024 * 1024)]] = Field(default={}, max_length=64)
+    expect_exit: int = Field(default=0, ge=0, le=255)
+    timeout: float = Field(default=300, gt=0, le=7200)  # vmd/verbs.py MAX_TIMEOUT_S
+
+
+class HiddenCheckResult(CheckRunResult, TextResult):
+    """The eval's hidden check as vmd ran it in the guest (vmd/session/handlers/eval_verbs.py)."""
+    command: str
+    expect_exit: int
+
+
 RESULTS: dict[str, type[Result]] = {
     "session_open": SessionOpenResult,
     "session_attach": SessionAttachResult,
@@ -304,6 +328,7 @@ RESULTS: dict[str, type[Result]] = {
     "ask_user": AskUserResult,
     "request_unfreeze": RequestUnfreezeResult,
     "finish": FinishResult,
+    "hidden_check": HiddenCheckResult,
 }
 
 

@@ -366,6 +366,7 @@ VERBS: dict[str, type[Params]] = {
     "ask_user": AskUser,
     "request_unfreeze": RequestUnfreeze,
     "finish": Finish,
+    "hidden_check": HiddenCheck,
 }
 
 
@@ -440,6 +441,8 @@ POLICY: dict[str, VerbPolicy] = {
     "ask_user": VerbPolicy(when_cancelled="refuse", agent_phase="planning"),
     "request_unfreeze": VerbPolicy(when_cancelled="refuse", agent_phase="working"),
     "finish": VerbPolicy(when_cancelled="refuse", when_waiting="refuse", agent_phase="working"),
+    # The eval's check after the work (vmd/verb_results.py): no tool, no step; served till the close.
+    "hidden_check": VerbPolicy(counts_as_step=False, when_waiting="refuse"),
 }
 
 # Verbs that need a live machine.

@@ -8,10 +8,11 @@ every other verb in vmd/verbs.py has exactly one handler here.
 from __future__ import annotations
 
 from vmd import verbs as V
-from vmd.session.handlers import end_verbs, people_verbs, screen_verbs, session_verbs, shell_verbs, task_verbs
+from vmd.session.handlers import (end_verbs, eval_verbs, people_verbs, screen_verbs, session_verbs, shell_verbs,
+                                  task_verbs)
 
 HANDLERS = {}
-for _group in (session_verbs, task_verbs, shell_verbs, screen_verbs, people_verbs, end_verbs):
+for _group in (session_verbs, task_verbs, shell_verbs, screen_verbs, people_verbs, end_verbs, eval_verbs):
     for _verb, _handler in _group.HANDLERS.items():
         if _verb in HANDLERS:
             raise RuntimeError(f"{_verb} has two handlers")
