@@ -15,6 +15,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, Field
 
 from vmagent import tools
+from vmd.verbs import HiddenCheck
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,9 @@ class JobSpec(BaseModel):
     # The person's switch for the web tools (the Open WebUI tool's web_tools user valve):
     # False offers them no web tool, whatever the operator's settings allow.
     web: bool = True
+    # `vmagent eval` only: a check vmd runs in the guest after the agent's last turn and
+    # before the close (the hidden_check verb); never shown to the model.
+    hidden_check: HiddenCheck | None = None
 
 
 class Verification(BaseModel):
@@ -61,6 +65,26 @@ class Outcome(BaseModel):
     # next_try, retry_until, error}); None without a close or a remote. A pending push is
     # retried by vmd after the job ended, and the job service asks vmd how it went.
     push: dict | None = None
+    reason: str = ""  # why the loop stopped, as the report's notes say it
+    usage: dict = Field(default_factory=dict)  # Usage, as a dict: the model's time and tokens
+    hidden_check: dict | None = None  # the eval's check as vmd ran it (HiddenCheckResult), or {"error"}
+
+
+@dataclass
+class Usage:
+    """What the job cost in the model: the calls of the turns (a compaction's summary is not
+    counted), the seconds waited for them and the tokens the server said it read and wrote."""
+
+    calls: int = 0
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    reply_tokens: int = 0
+
+    def add(self, seconds: float, reply) -> None:
+        self.calls += 1
+        self.seconds = round(self.seconds + seconds, 3)
+        self.prompt_tokens += int(getattr(reply, "prompt_eval_count", None) or 0)
+        self.reply_tokens += int(getattr(reply, "eval_count", None) or 0)
 
 
 @dataclass
@@ -124,6 +148,7 @@ class Job:
     # The host's web tools this job offers (web_search, read_page), decided when it started:
     # the tool list stays the same all job long, across a question and its answer too.
     web_tools: list[str] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
 
     @property
     def os_family(self) -> str:
@@ -152,6 +177,7 @@ class Job:
             "verification": self.verification,
             "notes": self.notes,
             "web_tools": self.web_tools,
+            "usage": asdict(self.usage),
             "messages": self.messages,
         }
         path = Path(self.transcript_path)
@@ -180,6 +206,7 @@ class Job:
         job.state = data.get("state") or "running"
         job.question = data.get("question")
         job.web_tools = [str(name) for name in data.get("web_tools") or []]
+        job.usage = Usage(**(data.get("usage") or {}))
         return job
 
 

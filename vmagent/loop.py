@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -234,11 +235,13 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
         events.emit({"type": "status", "text": "compacted the conversation to stay within the model's context"})
 
     # A prompt the server refuses as longer than the context is compacted and asked again.
+    asked = time.monotonic()
     job.messages, reply, refused = compactor.ask(job.messages, schemas, pinned, retry_until=_deadline_at(job, config))
     if refused:
         events.emit({"type": "status", "text": "the model server found the prompt longer than the model's context; "
                                                 "compacted the conversation and asked again"})
     job.steps += 1
+    job.usage.add(time.monotonic() - asked, reply)
     compactor.observe(job.messages, schemas, reply)
     if reply.thinking.strip():
         events.emit({"type": "thinking", "text": reply.thinking})
@@ -362,7 +365,7 @@ def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Model 
     job.notes.append(ending.reason)
     job.notes += outage_notes(vmd.outages, llm.outages if llm is not None else [])
     question = None
-    push = None
+    push = hidden = None
     reachable, vmd_error = bool(job.session_id), None if job.session_id else "no session was opened"
     try:
         if reachable and ending.state in WAITING_STATES:
@@ -371,6 +374,7 @@ def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Model 
         elif reachable:
             if ending.state == "cancelled":
                 _quietly(vmd, "session_cancel")
+            hidden = _hidden_check(job, vmd)
             closed = _quietly(vmd, "session_close")
             if closed is None:
                 job.notes.append("vmd could not close the session (commit and push); see its log.")
@@ -396,7 +400,7 @@ def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Model 
     save_quietly(job)
     outcome = Outcome(state=ending.state, report=report, session_id=job.session_id, question=question,
                       verification_passed=verification.passed, verification=verification, steps=job.steps,
-                      push=push)
+                      push=push, reason=ending.reason, usage=asdict(job.usage), hidden_check=hidden)
     state_event: Event = {"type": "state", "state": ending.state}
     if question:
         state_event["question"] = question
@@ -412,7 +416,8 @@ def _end_without_session(job: Job, events: Events, reason: str) -> Outcome:
     job.state = "failed"
     save_quietly(job)
     outcome = Outcome(state="failed", report=report, session_id=job.session_id, question=None,
-                      verification_passed=None, verification=Verification(), steps=job.steps)
+                      verification_passed=None, verification=Verification(), steps=job.steps, reason=reason,
+                      usage=asdict(job.usage))
     events.emit({"type": "state", "state": "failed"})
     events.emit({"type": "done", "outcome": outcome.model_dump()})
     return outcome
@@ -462,6 +467,18 @@ def _note(vmd: SessionLink, turn: int, text: str) -> None:
         vmd.call("note", turn=turn, text=text[:4000])
     except VmdError as exc:  # the record misses a line; the work goes on
         log.warning("vmd refused a note: %s", exc)
+
+
+def _hidden_check(job: Job, vmd: SessionLink) -> dict | None:
+    """`vmagent eval`'s check, run by vmd in the guest after the model's last turn and before
+    the close, so the model never sees it; None when the job has none."""
+    check = job.spec.hidden_check
+    if check is None:
+        return None
+    try:
+        return vmd.call("hidden_check", **check.model_dump())
+    except VmdError as exc:
+        return {"error": str(exc)}
 
 
 def _quietly(vmd: SessionLink, verb: str) -> dict | None:
