@@ -149,6 +149,19 @@ def test_a_refusal_always_starts_with_the_prefix_and_carries_data_only_when_give
     assert VerbError("a failure", FAILED).message == "a failure"
 
 
+def test_vmds_own_errors_are_shown_as_worded_and_any_other_with_its_type():
+    from vmd.errors import sentence
+    from vmd.guests.guest import GuestError
+    from vmd.machines.images import ImageMissing
+    from vmd.machines.port import DesktopMissing
+
+    for worded in (GuestError("edit_file a.txt: the text matched nowhere."), ImageMissing("build it first."),
+                   DesktopMissing("use the shell.")):
+        assert sentence(worded, "it failed") == str(worded)
+    assert sentence(KeyError("x"), "run failed") == "run failed: KeyError: 'x'"
+    assert sentence(VerbError("no.", REFUSED), "ignored") == "REFUSED: no."
+
+
 # --- every verb over the socket, each result checked against its model -------------------
 
 def test_every_verb_answers_what_its_result_model_says(vmd):

@@ -46,9 +46,10 @@ def checked_result(verb: str, result: dict) -> dict:
     return result
 
 
-# Errors whose text is already a sentence for the model (vmd's own exception types).
-_SENTENCES = ("GuestError", "ScreenError", "MachineError", "ImageMissing", "PublishError", "GiteaError",
-              "TaskError")
+class WordedError(Exception):
+    """An error vmd worded for its reader: its text is already a sentence for the model or
+    a person (GuestError, MachineError, ScreenError, ImageMissing, PublishError, GiteaError,
+    TaskError inherit it), so `sentence()` shows it as it is."""
 
 
 def sentence(exc: BaseException, fallback: str) -> str:
@@ -57,7 +58,7 @@ def sentence(exc: BaseException, fallback: str) -> str:
     if isinstance(exc, VerbError):
         return exc.message
     text = str(exc).strip()
-    known = type(exc).__name__ in _SENTENCES
+    known = isinstance(exc, WordedError)
     if known and text:
         return text
     return f"{fallback}: {type(exc).__name__}: {text}" if text else f"{fallback}: {type(exc).__name__}"

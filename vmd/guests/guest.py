@@ -14,10 +14,12 @@ from typing import Callable
 
 from pydantic import BaseModel
 
+from vmd.errors import WordedError
+
 OutputCallback = Callable[[str, str], None]  # (stream, line)
 
 
-class GuestError(Exception):
+class GuestError(WordedError):
     """Something the guest refused or could not do; the message is for the model."""
 
 

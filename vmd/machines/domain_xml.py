@@ -223,6 +223,15 @@ def vmd_owner(xml: str | ET.Element) -> VmdOwner | None:
     return VmdOwner(state_dir=state_dir, session=machine.findtext(f"{{{VMD_NS}}}session") or None)
 
 
+def ssh_port_of(xml: str | ET.Element) -> int | None:
+    """The host port of the SSH forward a vmd wrote into a domain's XML, or None (a domain
+    vmd did not make)."""
+    root = ET.fromstring(xml) if isinstance(xml, str) else xml
+    machine = root.find(f"metadata/{{{VMD_NS}}}machine")
+    port = machine.get("ssh-port") if machine is not None else None
+    return int(port) if port and port.isdigit() else None
+
+
 def set_session(root: ET.Element, session: str) -> None:
     """Names `session` as the owner in a domain's XML (a warm slot handed to a session)."""
     machine = root.find(f"metadata/{{{VMD_NS}}}machine")

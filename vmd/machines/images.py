@@ -22,6 +22,7 @@ from typing import Mapping
 from pydantic import BaseModel
 
 from vmd.config import VmdConfig
+from vmd.errors import WordedError
 from vmd.host_env import clean_env
 
 # The recipes beside vmd/ in a clone (and in the editable install of the containers).
@@ -33,7 +34,7 @@ BUILD_ENV_PREFIX = "VMD_"
 BUILD_ENV_PROXIES = ("http_proxy", "https_proxy", "no_proxy")
 
 
-class ImageMissing(LookupError):
+class ImageMissing(WordedError, LookupError):
     """No built image for a name; the message says how to build one."""
 
 

@@ -11,12 +11,12 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import stat
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import libvirt
@@ -31,7 +31,7 @@ from vmd.host_env import clean_env
 from vmd.machines.accel import choose_accel
 from vmd.machines.accel import timeout_scale as scale_for
 from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, DirectKernel, Disk, Domain, RunAs, SerialLog,
-                                     SharedFolder, UserNetwork, Video, VmdOwner, nic_macs)
+                                     SharedFolder, UserNetwork, Video, VmdOwner, nic_macs, ssh_port_of)
 from vmd.machines.images import Image
 from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
 from vmd.machines.screen import Screen
@@ -207,13 +207,13 @@ class Machine:
         except libvirt.libvirtError:
             raise MachineError(f"the guest '{name}' no longer exists; its work is in the project "
                                "folder, open a new session to carry on.") from None
-        xml = domain.XMLDesc(0)
-        m = re.search(r"ssh-port=['\"](\d+)['\"]", xml)
-        if not m:
+        root = ET.fromstring(domain.XMLDesc(0))
+        port = ssh_port_of(root)
+        if port is None:
             raise MachineError(f"the guest '{name}' has no SSH forward; it was not made by vmd.")
-        acc = "kvm" if "type='kvm'" in xml or 'type="kvm"' in xml else "qemu"
+        acc = "kvm" if root.get("type") == "kvm" else "qemu"
         return cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
-                   domain=domain, ssh_port=int(m[1]), accel=acc)
+                   domain=domain, ssh_port=port, accel=acc)
 
     def alive(self) -> bool:
         try:

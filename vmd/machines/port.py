@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from pydantic import BaseModel
 
+from vmd.errors import WordedError
+
 if TYPE_CHECKING:  # lazily: a session over another factory never imports paramiko or libvirt
     from vmd.guests.guest import Guest
     from vmd.machines.screen import Screen
 
 
-class MachineError(RuntimeError):
+class MachineError(WordedError, RuntimeError):
     """The machine could not be created, reached or destroyed; the message says what to do."""
 
 

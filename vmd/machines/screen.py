@@ -22,6 +22,7 @@ import libvirt
 import libvirt_qemu
 from PIL import Image as PILImage
 
+from vmd.errors import WordedError
 from vmd.machines.keys import UnknownKey, char_keys, parse_combo
 
 ABS_MAX = 32767  # QEMU's absolute axis range for the USB tablet
@@ -31,7 +32,7 @@ KEY_GAP_S = 0.012
 BUTTONS = {"left", "right", "middle"}
 
 
-class ScreenError(Exception):
+class ScreenError(WordedError):
     """A screen or input request that cannot be done; the message is for the model."""
 
 

@@ -23,6 +23,8 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, SecretStr
 
+from vmd.errors import WordedError
+
 # Gitea's commit status states (its API: pending, success, error, failure, warning).
 StatusState = Literal["success", "failure", "error", "pending", "warning"]
 
@@ -33,7 +35,7 @@ MAX_REDIRECTS = 5
 _REDIRECTS = {301, 302, 303, 307, 308}
 
 
-class GiteaError(Exception):
+class GiteaError(WordedError):
     """Gitea answered, but not with what was asked for."""
 
 

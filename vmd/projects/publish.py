@@ -36,6 +36,7 @@ from urllib.parse import quote, urlsplit
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
 from vmd import verbs as V
+from vmd.errors import WordedError
 from vmd.private_fs import passable_dir, private_dir
 from vmd.projects.gitea import GiteaClient, GiteaError, GiteaUnavailable, RepoInfo, StatusState
 from vmd.projects.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_place
@@ -45,7 +46,7 @@ from vmd.projects.tree import Limits, present_to_guest, walk
 LOCAL_OWNER = V.LOCAL_OWNER
 
 
-class PublishError(Exception):
+class PublishError(WordedError):
     """The project folder could not be committed or restored; the message is a sentence."""
 
 

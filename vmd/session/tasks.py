@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from vmd.errors import WordedError
+
 STATUSES = ("pending", "in_progress", "done", "blocked")
 OPEN_STATUSES = ("pending", "in_progress")
 _MARKS = {"pending": "[ ]", "in_progress": "[~]", "done": "[x]", "blocked": "[!]"}
 
 
-class TaskError(ValueError):
+class TaskError(WordedError, ValueError):
     """A task change that cannot be made; the message says what to do instead."""
 
 
