@@ -209,6 +209,8 @@ def parser() -> argparse.ArgumentParser:
                                       "the server is VMAGENT_MODEL_API (ollama or openai) at VMAGENT_MODEL_URL")
     run.add_argument("--transcript", help="where to keep the transcript (default: a temporary folder)")
     sub.add_parser("serve", help="serve the job API (options: vmagent serve --help)", add_help=False)
+    sub.add_parser("eval", help="run the eval task set and score the model (options: vmagent eval --help)",
+                   add_help=False)
     return p
 
 
@@ -216,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         return _serve(argv[1:])
+    if argv[:1] == ["eval"]:
+        # Imported here: vmagent.eval.command imports this module (show, the exit codes).
+        from vmagent.eval.command import main as eval_main
+        return eval_main(argv[1:])
     args = parser().parse_args(argv)  # exits 2 on a usage error
     if not args.task.strip():
         show("vmagent run: the task is empty; say what the agent should do.", sys.stderr)

@@ -1,0 +1,2 @@
+double mean(const double *v, int n);
+double maximum(const double *v, int n);

@@ -1,0 +1,10 @@
+import os, subprocess
+check = os.environ["CHECK_DIR"]
+t = subprocess.run(["make", "test"], capture_output=True, text=True, timeout=120)
+assert t.returncode == 0, t.stdout + t.stderr
+b = subprocess.run(["gcc", "-Wall", "-Werror", "-I.", "-o", os.path.join(check, "h"), os.path.join(check, "harness.c"), "strrev.c"],
+                   capture_output=True, text=True, timeout=60)
+assert b.returncode == 0, b.stderr
+r = subprocess.run([os.path.join(check, "h")], capture_output=True, text=True, timeout=10)
+assert r.returncode == 0, r.stdout + r.stderr
+print("strrev ok")

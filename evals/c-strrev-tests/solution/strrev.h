@@ -1,0 +1,1 @@
+void str_reverse(char *s);

@@ -1,0 +1,6 @@
+import json
+want = {"requests": 1500, "status": {"200": 1040, "201": 74, "304": 162, "404": 138, "500": 86}, "bytes": 6084702, "top_paths": ["/api/items", "/static/app.js", "/"]}
+got = json.load(open("summary.json"))
+for key in want:
+    assert got.get(key) == want[key], (key, got.get(key), want[key])
+print("summary ok")

@@ -1,0 +1,3 @@
+def order_total(lines):
+    """lines: (quantity, unit price) pairs."""
+    return sum(q * p for q, p in lines)

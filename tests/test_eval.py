@@ -1,0 +1,213 @@
+"""`vmagent eval` against a real vmd (stand-in machines: commands run on this host in the
+project folder) and the scripted Ollama server: a run that solves a task scores it solved,
+one whose own check proves nothing is not solved-and-proven, one that stalls is failed
+with its reason; the hidden check comes after the model's last turn and never reaches it;
+results.json and index.html carry the figures; every task of evals/ loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.loop_harness import agent_config, call, calls, running_vmd
+from tests.ollama_server import start_ollama
+from vmagent.eval.pages import read_results, write_results
+from vmagent.eval.runner import run_all
+from vmagent.eval.scores import row_of, table, totals_of
+from vmagent.eval.tasks import EvalTaskError, load_task, load_tasks
+
+EVALS = Path(__file__).resolve().parent.parent / "evals"
+BUGGY = "def greet(name):\n    return 'hallo ' + name\n"
+FIXED = "def greet(name):\n    return 'hello ' + name\n"
+# The hidden check: a test file the agent never sees, run in the project folder.
+CHECK = ("import sys\nsys.path.insert(0, '.')\nimport greet\n"
+         "assert greet.greet('ann') == 'hello ann', greet.greet('ann')\nprint('hidden check ok')\n")
+SECRET = "hidden check ok"
+
+
+def make_task(root: Path, name: str = "greet", **toml: str) -> Path:
+    folder = root / name
+    (folder / "project").mkdir(parents=True)
+    (folder / "check").mkdir()
+    (folder / "project" / "greet.py").write_text(BUGGY)
+    (folder / "check" / "check_greet.py").write_text(CHECK)
+    (folder / "task.md").write_text("greet.py says hallo; make greet('ann') return 'hello ann'.\n")
+    lines = {"kind": '"fix-failing-test"', "check": "'python3 \"$CHECK_DIR/check_greet.py\"'", **toml}
+    (folder / "task.toml").write_text("".join(f"{k} = {v}\n" for k, v in lines.items()))
+    return folder
+
+
+def solving_script(*verifications: str) -> list:
+    return [
+        call("plan_tasks", {"tasks": ["fix greet"]}, content="Planning."),
+        calls(("update_task", {"id": 1, "status": "in_progress"}),
+              ("write_file", {"path": "greet.py", "content": FIXED})),
+        call("run", {"command": "python3 -c 'import greet; print(greet.greet(\"ann\"))'"}),
+        call("update_task", {"id": 1, "status": "done", "note": "prints hello ann"}),
+        *[call("finish", {"summary": "fixed", "verification": {"command": v}}) for v in verifications],
+    ]
+
+
+def run_eval(tmp_path, vmd, server, tasks_dir, **kw):
+    out = tmp_path / "out"
+    runs = run_all(load_tasks(tasks_dir), repeat=kw.pop("repeat", 1), concurrency=1, out_dir=out,
+                   config=agent_config(server, **kw), socket=vmd.socket)
+    rows = [row_of(run, out) for run in runs]
+    return out, runs, rows
+
+
+def test_a_run_that_solves_the_task_scores_solved_and_proven(tmp_path):
+    tasks = tmp_path / "tasks"
+    make_task(tasks)
+    proof = "python3 -c 'import greet; assert greet.greet(\"x\") == \"hello x\"'"
+    with running_vmd(tmp_path) as vmd, start_ollama(solving_script(proof)) as server:
+        out, runs, rows = run_eval(tmp_path, vmd, server, tasks)
+        record = vmd.record(runs[0].outcome.session_id)
+        project = vmd.project(runs[0].project, owner="eval")
+        requests = [json.dumps(body) for body in server.chat_requests]
+    [row] = rows
+    assert (row.outcome, row.hidden, row.check, row.solved, row.proven, row.expected) == (
+        "done", "passed", "proven", True, True, True), row
+    assert row.turns == 5 and row.prompt_tokens > 0 and row.reply_tokens > 0 and row.model_s >= 0
+    # The starting project was vmd's first commit, so the agent's check was proven against it.
+    assert (project / "greet.py").read_text() == FIXED and not (project / "check_greet.py").exists()
+    # vmd ran the hidden check after the finish and before the close, in the record.
+    kinds = [(e["kind"], e.get("verb")) for e in record]
+    finish, hidden, close = (kinds.index(("verb", "finish")), kinds.index(("verb", "hidden_check")),
+                             kinds.index(("close", None)))
+    assert finish < hidden < close
+    # The model never saw the check: not its file, not its command, not its output.
+    assert not any("check_greet" in body or SECRET in body for body in requests)
+    totals = totals_of(rows)
+    assert (totals.solved, totals.solved_and_proven, totals.tokens_per_solved) == (
+        1, 1, row.prompt_tokens + row.reply_tokens)
+
+
+def test_a_check_that_proves_nothing_is_solved_but_not_solved_and_proven(tmp_path):
+    tasks = tmp_path / "tasks"
+    make_task(tasks)
+    # `true` passes on the project as it was: vmd refuses it once, then ends passed-not-proven.
+    with running_vmd(tmp_path) as vmd, start_ollama(solving_script("true", "true")) as server:
+        out, runs, rows = run_eval(tmp_path, vmd, server, tasks)
+    [row] = rows
+    assert (row.outcome, row.hidden, row.check, row.solved, row.proven) == (
+        "done", "passed", "passed, not proven", True, False), row
+    totals = totals_of(rows)
+    assert (totals.solved, totals.solved_and_proven, totals.passed_not_proven) == (1, 0, 1)
+    assert "passed, not proven" in table(rows, totals, "qwen3:32b")
+
+
+def test_a_task_expected_to_end_not_proven_counts_as_expected_when_it_does(tmp_path):
+    tasks = tmp_path / "tasks"
+    make_task(tasks, expect_proven="false")
+    with running_vmd(tmp_path) as vmd, start_ollama(solving_script("true", "true")) as server:
+        _, _, rows = run_eval(tmp_path, vmd, server, tasks)
+    assert rows[0].expected and not rows[0].proven
+
+
+def test_a_run_that_stalls_is_failed_with_its_reason_and_the_hidden_check_fails(tmp_path):
+    tasks = tmp_path / "tasks"
+    make_task(tasks)
+    script = [call("plan_tasks", {"tasks": ["fix greet"]})]
+    with running_vmd(tmp_path) as vmd, start_ollama(script, default=call("run", {"command": "ls"})) as server:
+        out, runs, rows = run_eval(tmp_path, vmd, server, tasks)
+    [row] = rows
+    assert row.outcome == "failed" and not row.solved and row.hidden == "failed", row
+    assert row.reason and "hallo ann" in row.hidden_detail, row  # the loop's reason; the check's own output
+    assert row.check == "none"
+    text = table(rows, totals_of(rows), "qwen3:32b")
+    assert row.reason[:40] in " ".join(text.split())
+
+
+def test_results_json_and_the_page_carry_the_figures(tmp_path):
+    tasks = tmp_path / "tasks"
+    make_task(tasks, name="greet")
+    make_task(tasks, name="greet-two")
+    proof = "python3 -c 'import greet; assert greet.greet(\"x\") == \"hello x\"'"
+    with running_vmd(tmp_path) as vmd, start_ollama(solving_script(proof) + solving_script("true", "true")) as server:
+        out, runs, rows = run_eval(tmp_path, vmd, server, tasks)
+    totals = totals_of(rows)
+    json_path, html_path = write_results(out, rows, totals, {"model": "qwen3:32b", "started": "now"})
+    data = read_results(out)
+    assert [r["task"] for r in data["runs"]] == ["greet", "greet-two"]
+    assert data["totals"]["solved"] == 2 and data["totals"]["solved_and_proven"] == 1
+    assert data["runs"][0]["prompt_tokens"] == rows[0].prompt_tokens > 0
+    page = html_path.read_text()
+    assert page.count("<tr>") == 3 and "passed, not proven" in page and "solved and proven:" in page
+    for row in rows:
+        assert f'href="{row.report}"' in page and (out / row.report).read_text().startswith("# vmagent session")
+        assert f'<td class="n">{row.prompt_tokens}</td>' in page
+
+
+def test_a_question_is_answered_from_the_task_folder(tmp_path):
+    tasks = tmp_path / "tasks"
+    folder = make_task(tasks, kind='"needs-answer"')
+    (folder / "answer.md").write_text("Use 'hello'.\n")
+    proof = "python3 -c 'import greet; assert greet.greet(\"x\") == \"hello x\"'"
+    script = solving_script(proof)
+    script.insert(1, call("ask_user", {"question": "hello or hi?"}))
+    with running_vmd(tmp_path) as vmd, start_ollama(script) as server:
+        _, runs, rows = run_eval(tmp_path, vmd, server, tasks)
+        answered = [json.dumps(body) for body in server.chat_requests]
+    assert rows[0].solved and rows[0].answers == 1 and rows[0].outcome == "done", rows[0]
+    assert any("Use 'hello'." in body for body in answered)
+
+
+def test_a_broken_task_folder_is_refused_with_what_to_fix(tmp_path):
+    folder = make_task(tmp_path, kind='"needs-answer"')
+    with pytest.raises(EvalTaskError, match="needs answer.md"):
+        load_task(folder)
+    (folder / "task.toml").write_text('kind = "nonsense"\ncheck = "true"\n')
+    with pytest.raises(EvalTaskError, match="kind"):
+        load_task(folder)
+    with pytest.raises(EvalTaskError, match="no eval task named nope"):
+        load_tasks(tmp_path, ["nope"])
+
+
+def test_every_task_in_evals_loads_and_the_set_covers_the_issues_kinds():
+    tasks = load_tasks(EVALS)
+    assert len(tasks) >= 20
+    kinds = {t.meta.kind for t in tasks}
+    assert {"cli-with-tests", "fix-failing-test", "c-make", "python-package", "log-summary", "gui",
+            "needs-answer", "check-proves-nothing", "long-compaction"} <= kinds
+    assert any(not t.meta.expect_proven for t in tasks)
+    for task in tasks:
+        # The hidden check is not in the starting project the agent gets.
+        assert not set(task.check_files) & {Path(p).name for p in task.project_files}, task.name
+
+
+def _check_here(task, with_solution: bool, tmp_path: Path) -> int:
+    """The task's hidden check run on this host (Debian's python3, gcc and make, as in the
+    guest) against its starting project, with or without its reference solution."""
+    project, check = tmp_path / "project", tmp_path / "check"
+    for rel, text in task.project_files.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    project.mkdir(parents=True, exist_ok=True)
+    check.mkdir()
+    for name, text in task.check_files.items():
+        (check / name).write_text(text)
+    solution = task.folder / "solution"
+    if with_solution and solution.is_dir():
+        for path in (p for p in solution.rglob("*") if p.is_file()):
+            (project / path.relative_to(solution)).parent.mkdir(parents=True, exist_ok=True)
+            (project / path.relative_to(solution)).write_bytes(path.read_bytes())
+    result = subprocess.run(["bash", "-c", f"export CHECK_DIR='{check}'; {task.meta.check}"], cwd=project,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True, text=True,
+                            timeout=600)
+    return result.returncode
+
+
+@pytest.mark.parametrize("task", [t for t in load_tasks(EVALS) if t.meta.kind != "gui"], ids=lambda t: t.name)
+def test_each_hidden_check_fails_on_the_start_and_passes_on_the_reference_solution(task, tmp_path):
+    # The GUI task's check clicks a window on the guest's desktop: it needs X, which this host has not.
+    # A task with nothing to change (verify-tests-only) needs no solution: the start is it.
+    assert (task.folder / "solution").is_dir() or not task.meta.expect_proven, f"{task.name} has no solution"
+    before = _check_here(task, False, tmp_path / "before")
+    after = _check_here(task, True, tmp_path / "after")
+    assert after == task.meta.expect_exit, f"{task.name}: the reference solution fails its hidden check"
+    if task.meta.expect_proven:
+        assert before != task.meta.expect_exit, f"{task.name}: the hidden check passes with no work done"

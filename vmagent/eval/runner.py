@@ -1,0 +1,139 @@
+"""Running the eval's tasks through the normal path: for each task, its starting project
+is committed by vmd (a short session of its own that writes the files), then one job runs
+the task through the same loop, vmd and machines as `vmagent run`, with the task's hidden
+check handed to the loop, which asks vmd to run it in the guest after the model's last
+turn (JobSpec.hidden_check). A question is answered from the task folder; a request to
+open the network is declined (tasks run offline)."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from vmagent import loop
+from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmagent.config import AgentConfig
+from vmagent.eval.tasks import EvalTask
+from vmagent.job import Outcome
+
+# The owner folder of every eval project in vmd (and on Gitea, when one is set).
+EVAL_OWNER = "eval"
+# A person's answers per run at most: a model that keeps asking is not waited for forever.
+MAX_ANSWERS = 3
+# The seed session waits this long for its machine: a cold TCG boot took ~60 s here.
+SEED_BOOT_S = 600.0
+NO_ANSWER = ("No one can answer in this evaluation. Make a sensible choice yourself, say which in your "
+             "summary, and finish the work.")
+DECLINED = "Declined: this evaluation runs offline. Do the work with what the machine has."
+
+
+@dataclass
+class TaskRun:
+    """One run of one task: what the job ended with, and what it cost."""
+
+    task: EvalTask
+    round: int  # 1..repeat
+    project: str
+    outcome: Outcome
+    wall_s: float
+    answers: int = 0
+    report_path: Path | None = None
+
+
+def project_name(task: EvalTask, run_id: str, round_no: int) -> str:
+    """A fresh project per run, so that every run starts from the task's own files."""
+    return f"{task.name[:60]}-{run_id}-{round_no}"
+
+
+def seed_project(socket: str, task: EvalTask, project: str) -> None:
+    """Commits the task's starting files as the project's first commit, through vmd: a
+    session that plans one task, writes the files into the project folder, and closes
+    (vmd commits). The job's session then opens on that commit, which is also the
+    baseline its check is compared with. Raises VmdError or VmdUnavailable."""
+    with Vmd(socket, timeout=SEED_BOOT_S + 60) as vmd:
+        vmd.call("session_open", os=task.meta.os, project=project, owner=EVAL_OWNER,
+                 task=f"eval: the starting project of task {task.name}", wait=False)
+        try:
+            vmd.call("plan_tasks", tasks=["write the starting project"])
+            vmd.call("session_ready", timeout=SEED_BOOT_S)
+            for path, text in task.project_files.items():
+                vmd.call("write_file", path=path, content=text)
+            vmd.call("update_task", id=1, status="done", note="written by vmagent eval")
+        finally:
+            vmd.call("session_close")
+
+
+def run_task(task: EvalTask, round_no: int, run_id: str, out_dir: Path, config: AgentConfig, socket: str,
+             on_event: Callable[[str, dict], None] | None = None) -> TaskRun:
+    """One run of `task`, to its end. Never raises: a run that cannot start is a failed
+    outcome with the reason."""
+    project = project_name(task, run_id, round_no)
+    run_dir = out_dir / "runs" / f"{task.name}-{round_no}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    transcript = run_dir / "transcript.json"
+    started = time.monotonic()
+    events = (lambda event: on_event(task.name, event)) if on_event else (lambda event: None)
+    if task.project_files:
+        try:
+            seed_project(socket, task, project)
+        except (VmdError, VmdUnavailable, OSError) as exc:
+            outcome = _not_started(f"the starting project could not be committed through vmd: {exc}")
+            return _kept(TaskRun(task, round_no, project, outcome, time.monotonic() - started), run_dir)
+    spec = loop.JobSpec(task=task.text, os=task.meta.os, project=project, owner=EVAL_OWNER, web=False,
+                        hidden_check=task.hidden_check())
+    outcome = loop.run_job(spec, on_event=events, transcript_path=transcript, config=config, vmd_socket=socket)
+    answers = 0
+    while outcome.state in ("question", "unfreeze"):
+        cancel = threading.Event()
+        if answers >= MAX_ANSWERS:
+            cancel.set()  # the session is closed without waking the model: the run failed
+        answers += 1
+        if outcome.state == "question":
+            outcome = loop.resume_job(transcript, answer=task.answer or NO_ANSWER, on_event=events, cancel=cancel,
+                                      config=config, vmd_socket=socket)
+        else:
+            outcome = loop.resume_job(transcript, answer=DECLINED, approved=False, on_event=events, cancel=cancel,
+                                      config=config, vmd_socket=socket)
+    return _kept(TaskRun(task, round_no, project, outcome, time.monotonic() - started, answers), run_dir)
+
+
+def run_all(tasks: list[EvalTask], *, repeat: int, concurrency: int, out_dir: Path, config: AgentConfig,
+            socket: str, on_done: Callable[[TaskRun], None] | None = None,
+            on_event: Callable[[str, dict], None] | None = None) -> list[TaskRun]:
+    """Every task `repeat` times, `concurrency` jobs at once; the runs in task order."""
+    run_id = time.strftime("%m%d%H%M") + secrets.token_hex(2)
+    work = [(task, round_no) for round_no in range(1, repeat + 1) for task in tasks]
+    lock = threading.Lock()
+
+    def one(item: tuple[EvalTask, int]) -> TaskRun:
+        done = run_task(item[0], item[1], run_id, out_dir, config, socket, on_event)
+        if on_done:
+            with lock:
+                on_done(done)
+        return done
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="eval") as pool:
+        runs = list(pool.map(one, work))
+    order = {task.name: i for i, task in enumerate(tasks)}
+    return sorted(runs, key=lambda r: (order[r.task.name], r.round))
+
+
+def _not_started(reason: str) -> Outcome:
+    return Outcome(state="failed", report=f"# Eval run failed\n\n{reason}\n", session_id=None, question=None,
+                   verification_passed=None, steps=0, reason=reason)
+
+
+def _kept(run: TaskRun, run_dir: Path) -> TaskRun:
+    """The report beside the transcript, for the page to link."""
+    path = run_dir / "report.md"
+    try:
+        path.write_text(run.outcome.report, encoding="utf-8")
+        run.report_path = path
+    except OSError:
+        pass
+    return run
