@@ -7,12 +7,14 @@ results.json and index.html carry the figures; every task of evals/ loads."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.loop_harness import agent_config, call, calls, running_vmd
+from tests.eval_player import Player, tasks_without_a_desktop
 from tests.ollama_server import start_ollama
 from vmagent.eval.pages import read_results, write_results
 from vmagent.eval.runner import run_all
@@ -211,3 +213,52 @@ def test_each_hidden_check_fails_on_the_start_and_passes_on_the_reference_soluti
     assert after == task.meta.expect_exit, f"{task.name}: the reference solution fails its hidden check"
     if task.meta.expect_proven:
         assert before != task.meta.expect_exit, f"{task.name}: the hidden check passes with no work done"
+
+
+def test_the_whole_task_set_played_from_its_reference_solutions_scores_as_each_task_expects(tmp_path, monkeypatch):
+    # Every task of evals/ through the normal path at two at once: its starting project
+    # committed by vmd, the job, a question answered from answer.md, the hidden check by vmd.
+    # The stand-in machine runs commands here: Debian's python3 first, as in the guest (a
+    # newer pip refuses --no-use-pep517 without `wheel`, which the guest's pip 23.0 allows).
+    monkeypatch.setenv("PATH", "/usr/bin:/bin:" + os.environ.get("PATH", ""))
+    tasks = tasks_without_a_desktop(load_tasks(EVALS))
+    with running_vmd(tmp_path) as vmd, start_ollama([], default=Player(tasks)) as server:
+        out = tmp_path / "out"
+        runs = run_all(tasks, repeat=1, concurrency=2, out_dir=out, config=agent_config(server), socket=vmd.socket)
+    rows = {row.task: row for row in (row_of(run, out) for run in runs)}
+    assert {name: (r.outcome, r.hidden) for name, r in rows.items() if not r.solved} == {}
+    assert rows["verify-tests-only"].check == "passed, not proven" and rows["verify-tests-only"].expected
+    assert rows["add-flag-tests-pass-already"].check == "proven"  # after vmd refused the old tests as proof
+    assert rows["ask-server-port"].answers == 1 and rows["ask-greeting-language"].answers == 1
+    assert all(r.expected for r in rows.values()), [n for n, r in rows.items() if not r.expected]
+    totals = totals_of(list(rows.values()))
+    assert (totals.solved, totals.solved_and_proven) == (len(tasks), len(tasks) - 1)
+
+
+def test_vmagent_eval_prints_the_table_and_keeps_json_and_page(tmp_path, monkeypatch, capsys):
+    from vmagent import cli
+
+    tasks = tmp_path / "tasks"
+    make_task(tasks)
+    for name in [k for k in os.environ if k.startswith(("VMAGENT_", "VMD_"))]:
+        monkeypatch.delenv(name)
+    proof = "python3 -c 'import greet; assert greet.greet(\"x\") == \"hello x\"'"
+    with running_vmd(tmp_path) as vmd, start_ollama(solving_script(proof)) as server:
+        monkeypatch.setenv("VMD_SOCKET", vmd.socket)
+        monkeypatch.setenv("OLLAMA_HOST", server.url)
+        monkeypatch.setenv("VMAGENT_MODEL", "qwen3:32b")
+        code = cli.main(["eval", "--tasks", str(tasks), "--out", str(tmp_path / "out")])
+    shown = capsys.readouterr().out
+    assert code == 0, shown
+    assert "vmagent eval: qwen3:32b, 1 run" in shown and "solved and proven:            1/1 (100%)" in shown
+    assert read_results(tmp_path / "out")["totals"]["solved"] == 1
+    assert (tmp_path / "out" / "index.html").read_text().count("<tr>") == 2
+
+
+def test_vmagent_eval_with_a_broken_task_set_runs_nothing_and_says_why(tmp_path, capsys):
+    from vmagent import cli
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "task.toml").write_text('kind = "c-make"\n')
+    assert cli.main(["eval", "--tasks", str(tmp_path)]) == 2
+    assert "task.toml does not fit the format: check: Field required" in capsys.readouterr().err
