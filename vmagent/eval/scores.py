@@ -104,7 +104,7 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-COLUMNS = [("task", 24), ("#", 2), ("outcome", 9), ("hidden", 8), ("agent's check", 18), ("turns", 5),
+COLUMNS = [("task", 28), ("#", 2), ("outcome", 9), ("hidden", 8), ("agent's check", 18), ("turns", 5),
            ("model s", 8), ("prompt tok", 10), ("reply tok", 9), ("wall s", 7)]
 
 
