@@ -53,6 +53,10 @@ ENV_FIELDS = {
     "GITEA_TOKEN_FILE": "gitea_token_file",
     "OLLAMA_HOST": "ollama_host",
     "VMAGENT_MODEL": "ollama_model",
+    "VMAGENT_MODEL_API": "model_api",
+    "VMAGENT_MODEL_URL": "model_url",
+    "VMAGENT_MODEL_KEY": "model_key",
+    "VMAGENT_MODEL_VISION": "model_vision",
 }
 
 
@@ -194,6 +198,19 @@ class VmdConfig(BaseModel):
     # with vmagent's defaults (vmagent/config.py): vmd does not import vmagent.
     ollama_host: str = "http://127.0.0.1:11434"
     ollama_model: str = "qwen3-vl:32b"
+    # Which protocol that server speaks ("ollama", or "openai" for an OpenAI-compatible one
+    # at model_url, with model_key as its bearer key), and whether the model is known to see
+    # images where the server does not say: vmagent's settings of the same names.
+    model_api: Literal["ollama", "openai"] = "ollama"
+    model_url: str = ""
+    model_key: SecretStr = SecretStr("")
+    model_vision: bool | None = None
+
+    @field_validator("model_vision", mode="before")
+    @classmethod
+    def _vision_unset_when_blank(cls, value):
+        # An empty variable (a blank line in a compose file) means "not said": /v1/models decides.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("accel", mode="before")
     @classmethod

@@ -10,8 +10,9 @@ sentence saying what is there, or what is missing and what to do about it. The c
   process running as that user is refused the host's loopback when it tries.
 - `socket`: vmd listens on its socket, and the job service's group may connect to it.
 - `gitea`: Gitea answers with the token, and the token has the scopes vmd uses.
-- `ollama`: Ollama answers, the model is pulled, and it can call tools and see (or vmd
-  can read the screen for it with OCR).
+- `ollama`: the model server answers (Ollama, or an OpenAI-compatible one where
+  VMAGENT_MODEL_API=openai), has the model, and it can call tools and see (or vmd can read
+  the screen for it with OCR): vmd/server/model_check.py.
 
 A status is `ok`, `warn` (works, but worse than it could: TCG, no eyes for the model),
 `wait` (not yet: an image being built) or `fail`. The exit code is 0 when nothing waits
@@ -33,9 +34,9 @@ import shutil
 import socket
 import stat
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
 from pydantic import SecretStr
 
@@ -43,25 +44,14 @@ from vmd.config import VmdConfig
 from vmd.machines.accel import choose_accel
 from vmd.machines.egress_guard import EgressGuard
 from vmd.machines.images import ImageMissing, recipe_hash
+from vmd.server.findings import HTTP_TIMEOUT_S, Finding, Status, one_line as _one_line  # noqa: F401 (Status: the doctor's API)
+from vmd.server.model_check import OPENAI_DEFAULT_URL, check_ollama, check_openai_model
 
-Status = Literal["ok", "warn", "wait", "fail"]
 CHECKS = ("libvirtd", "accel", "egress", "image", "socket", "gitea", "ollama")
-HTTP_TIMEOUT_S = 10.0
 # A repository name nobody has: the write probe on it answers 404 with the scope and 403
 # without, and changes nothing either way.
 PROBE_REPO = "vmd-doctor-scope-probe-absent"
 ZERO_SHA = "0" * 40
-
-
-@dataclass
-class Finding:
-    check: str
-    status: Status
-    text: str
-
-    def line(self) -> str:
-        mark = {"ok": "ok  ", "warn": "warn", "wait": "wait", "fail": "FAIL"}[self.status]
-        return f"[{mark}] {self.check:9} {self.text}"
 
 
 # --- libvirt and QEMU ---------------------------------------------------------------------
@@ -306,54 +296,8 @@ def _lacks_scope(response) -> bool:
     return response.status_code == 403 and "scope" in _gitea_refusal(response).lower()
 
 
-# --- Ollama --------------------------------------------------------------------------------
-
-def check_ollama(url: str, model: str, tesseract: bool | None = None,
-                 timeout: float = HTTP_TIMEOUT_S) -> Finding:
-    """Ollama answers, `model` is pulled, it can call tools (the agent's only way to act),
-    and it can see screenshots, or vmd can read the screen as text for it (tesseract)."""
-    import httpx
-
-    url = url.rstrip("/")
-    if "://" not in url:
-        url = f"http://{url}"
-    tesseract = bool(shutil.which("tesseract")) if tesseract is None else tesseract
-    try:
-        with httpx.Client(base_url=url, timeout=timeout) as api:
-            version = api.get("/api/version").json().get("version", "?")
-            shown = api.post("/api/show", json={"model": model})
-    except (httpx.HTTPError, ValueError) as exc:
-        return Finding("ollama", "fail", f"Ollama does not answer at {url} ({_one_line(str(exc)) or type(exc).__name__}): "
-                                         "start it (`ollama serve`), or set OLLAMA_HOST to where it runs.")
-    if shown.status_code == 404:
-        return Finding("ollama", "fail", f"Ollama {version} at {url} does not have the model {model}: "
-                                         f"`ollama pull {model}` (the compose file's Ollama pulls VMAGENT_MODEL on "
-                                         "its first start), or set VMAGENT_MODEL to a model it has.")
-    if shown.status_code != 200:
-        return Finding("ollama", "fail", f"Ollama at {url} answered /api/show for {model} with "
-                                         f"{shown.status_code}: {shown.text[:200]}")
-    capabilities = shown.json().get("capabilities")
-    if capabilities is None:
-        return Finding("ollama", "warn", f"Ollama {version} at {url} has {model} but does not say what it can "
-                                         "do (Ollama before 0.6.4): the agent needs a model with tool calling.")
-    if "tools" not in capabilities:
-        return Finding("ollama", "fail", f"{model} cannot call tools ({', '.join(capabilities)}), and tools are "
-                                         "the agent's only way to act: set VMAGENT_MODEL to a model with tool "
-                                         "calling (qwen3-vl, qwen3, llama3.1, ...).")
-    if "vision" in capabilities:
-        return Finding("ollama", "ok", f"Ollama {version} at {url} has {model}, with tool calling and vision.")
-    if tesseract:
-        return Finding("ollama", "ok", f"Ollama {version} at {url} has {model}, with tool calling; it cannot "
-                                       "see screenshots, so vmd reads the screen to it as text (OCR).")
-    return Finding("ollama", "warn", f"{model} cannot see screenshots and tesseract is not installed where "
-                                     "vmd runs, so the agent works blind on the desktop: `apt-get install "
-                                     "tesseract-ocr tesseract-ocr-eng`, or use a vision model (qwen3-vl).")
-
-
 # --- running them ------------------------------------------------------------------------
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def run_checks(names: list[str] | tuple[str, ...] = CHECKS, config: VmdConfig | None = None) -> list[Finding]:
@@ -369,7 +313,10 @@ def run_checks(names: list[str] | tuple[str, ...] = CHECKS, config: VmdConfig | 
         "image": lambda: check_image(config.images_dir, config.default_os),
         "socket": lambda: check_socket(config.socket, config.socket_group or None),
         "gitea": lambda: check_gitea(config),
-        "ollama": lambda: check_ollama(config.ollama_host, config.ollama_model),
+        # The model server the agent is set to use: Ollama's protocol, or an OpenAI-compatible one.
+        "ollama": lambda: (check_openai_model(config.model_url or OPENAI_DEFAULT_URL, config.ollama_model,
+                                              config.model_key.get_secret_value(), config.model_vision)
+                           if config.model_api == "openai" else check_ollama(config.ollama_host, config.ollama_model)),
     }
     findings = []
     for name in names:
