@@ -38,6 +38,7 @@ from vmd.verbs import name_problem
 from .ask import answer_question
 from .auth import Caller, authenticate, preview_token_valid, redact_access_log, sign_preview
 from .config import ServiceConfig
+from .eval_pages import add_eval_routes
 from .gate import BodyGate
 from .preview import render_preview
 from .private_files import private_dir
@@ -229,6 +230,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
         # The gate authenticated every request with a body before reading it.
         caller = getattr(request.state, "caller", None)
         return caller if isinstance(caller, Caller) else authenticate(request, config)
+
+    add_eval_routes(app, config.eval_runs_dir, caller_of)
 
     def own_job(job_id: str, caller: Caller) -> dict:
         job = store.get_job(job_id)

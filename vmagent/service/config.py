@@ -58,6 +58,8 @@ class ServiceConfig(BaseModel):
     ask_timeout_s: float = 120.0
     # Extra origins allowed by CORS besides "null" (Open WebUI's sandboxed iframe).
     cors_origins: list[str] = Field(default_factory=list)
+    # Where `vmagent eval --out` keeps its runs (one folder each): GET /evals lists them.
+    eval_runs_dir: Path = Path("eval-runs")
 
     def resolved_worker_command(self) -> list[str]:
         return list(self.worker_command or [sys.executable, "-m", "vmagent.worker"])
