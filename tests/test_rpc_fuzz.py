@@ -429,7 +429,12 @@ def test_a_connection_over_the_limit_gets_one_line_and_is_closed(tmp_path, monke
         deadline = time.monotonic() + 15  # the server notices the close in a moment; a loaded host is slow
         while True:  # the freed place is taken by the next client
             late = RawClient(config)
-            reply = late.call({"id": "late", "method": "session_status"})
+            try:
+                reply = late.call({"id": "late", "method": "session_status"})
+            except (BrokenPipeError, ConnectionResetError):
+                # Still at the limit: vmd sent its one line and closed before the request
+                # was written (one run in four, measured). The place is not free yet.
+                reply = {"id": None}
             late.close()
             if reply["id"] == "late" or time.monotonic() > deadline:
                 break
