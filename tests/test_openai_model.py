@@ -14,7 +14,7 @@ from tests.openai_server import start_openai
 from tests.test_loop import assert_closed_with_report, finish_script, run
 from vmagent.config import AgentConfig, dump
 from vmagent.llm_failures import ContextTooLong, ModelError
-from vmagent.model import open_model
+from vmagent.model_backends import open_model
 from vmagent.openai_model import OpenAICompatModel
 
 TASK = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "List the files."}]

@@ -19,7 +19,7 @@ import ollama
 from .config import AgentConfig
 from .llm_failures import (ContextTooLong, Failures, ModelCancelled, ModelError, OllamaError, Outage,
                            Retryable)
-from .model import CONNECT_TIMEOUT_S, Model, open_model
+from .model import CONNECT_TIMEOUT_S, Model
 from .reply import Reply, StreamState, ToolCall
 from .wire import (SCREENSHOT_DROPPED, drop_images_in_batches, drop_old_images, image_count, only_latest_thinking,
                    wire_messages, wire_tools)
@@ -27,7 +27,7 @@ from .wire import (SCREENSHOT_DROPPED, drop_images_in_batches, drop_old_images, 
 # The loop, compaction, the report and the tests import these from here, the one door to
 # the model; they live in the modules named for them.
 __all__ = [
-    "LLM", "Model", "OllamaModel", "open_model", "ContextTooLong", "ModelCancelled", "ModelError", "OllamaError",
+    "LLM", "Model", "OllamaModel", "ContextTooLong", "ModelCancelled", "ModelError", "OllamaError",
     "Outage", "Reply", "ToolCall", "SCREENSHOT_DROPPED", "drop_images_in_batches", "drop_old_images",
     "image_count", "only_latest_thinking", "wire_messages", "wire_tools",
 ]

@@ -45,7 +45,8 @@ from vmagent.config import AgentConfig, ConfigError
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
 from vmagent.llm import ModelCancelled, ModelError, drop_images_in_batches, only_latest_thinking
-from vmagent.model import Model, open_model
+from vmagent.model import Model
+from vmagent.model_backends import open_model
 from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
                                  model_unfit, past_deadline, prose_only, repeat_notice, stall_reminder,
                                  stuck_ending, stuck_notice)

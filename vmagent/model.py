@@ -189,16 +189,4 @@ class Model:
                 log.exception("the wait callback failed; the work goes on")
 
 
-def open_model(config: AgentConfig) -> Model:
-    """The model the settings name: Ollama's /api/chat (model_api "ollama", the default) or
-    an OpenAI-compatible /v1/chat/completions (vLLM, llama.cpp, SGLang, LM Studio)."""
-    if config.model_api == "openai":
-        from .openai_model import OpenAICompatModel
-
-        return OpenAICompatModel(config)
-    from .llm import OllamaModel
-
-    return OllamaModel(config)
-
-
-__all__ = ["Model", "ModelError", "ModelCancelled", "open_model", "CONNECT_TIMEOUT_S", "FIRST_CONTACT_RETRIES"]
+__all__ = ["Model", "ModelError", "ModelCancelled", "CONNECT_TIMEOUT_S", "FIRST_CONTACT_RETRIES"]

@@ -3,7 +3,8 @@
 Runs every task of the set against the configured model server and vmd, prints the table
 and the totals, and writes results.json and index.html to the output folder. Exit codes:
 0 the runs ended (whatever they scored), 2 nothing ran (usage, a broken task folder, the
-configuration, vmd or the model server not reachable), 130 interrupted."""
+configuration, vmd or the model server not reachable), 130 interrupted (Ctrl-C: the jobs in
+flight are cancelled and close their sessions; the runs that ended are scored and kept)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from vmagent.cli import EXIT_INTERRUPTED, EXIT_USAGE, show
 from vmagent.client import Vmd, VmdUnavailable, default_socket
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.eval.pages import write_results
-from vmagent.eval.runner import TaskRun, run_all
+from vmagent.eval.runner import Interrupted, TaskRun, run_all
 from vmagent.eval.scores import row_of, table, totals_of
 from vmagent.eval.tasks import EvalTaskError, load_tasks
 from vmagent.loop_guards import model_unfit
-from vmagent.model import open_model
+from vmagent.model_backends import open_model
 
 DEFAULT_TASKS = Path("evals")
 
@@ -67,12 +68,14 @@ def main(argv: list[str]) -> int:
         show(f"· {run.task.name} #{run.round}: {run.outcome.state}, hidden check "
              f"{'passed' if hidden else 'not passed'} ({run.wall_s:.0f} s)", sys.stderr)
 
+    interrupted = False
     try:
         runs = run_all(tasks, repeat=args.repeat, concurrency=args.concurrency, out_dir=out_dir, config=config,
                        socket=socket, on_done=done)
-    except KeyboardInterrupt:
-        show("vmagent eval: interrupted; the sessions in flight are left for vmd to close.", sys.stderr)
-        return EXIT_INTERRUPTED
+    except Interrupted as stop:
+        show("vmagent eval: interrupted; the jobs in flight were cancelled (their sessions closed); the "
+             f"{len(stop.runs)} runs that ended are scored below.", sys.stderr)
+        runs, interrupted = stop.runs, True
     rows = [row_of(run, out_dir) for run in runs]
     totals = totals_of(rows)
     meta = {"model": config.model, "model_api": config.model_api, "started": started,
@@ -80,4 +83,4 @@ def main(argv: list[str]) -> int:
     json_path, html_path = write_results(out_dir, rows, totals, meta)
     show(table(rows, totals, config.model), sys.stdout)
     show(f"\nresults: {json_path}\npage:    {html_path}", sys.stdout)
-    return 0
+    return EXIT_INTERRUPTED if interrupted else 0
