@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tests.loop_harness import agent_config, call, calls, running_vmd
 from tests.eval_player import Player, tasks_without_a_desktop
 from tests.ollama_server import start_ollama
 from vmagent.eval.pages import read_results, write_results
-from vmagent.eval.runner import run_all
+from vmagent.eval.runner import Interrupted, run_all
 from vmagent.eval.scores import row_of, table, totals_of
 from vmagent.eval.tasks import EvalTaskError, load_task, load_tasks
 
@@ -262,3 +263,26 @@ def test_vmagent_eval_with_a_broken_task_set_runs_nothing_and_says_why(tmp_path,
     (tmp_path / "bad" / "task.toml").write_text('kind = "c-make"\n')
     assert cli.main(["eval", "--tasks", str(tmp_path)]) == 2
     assert "task.toml does not fit the format: check: Field required" in capsys.readouterr().err
+
+
+def test_ctrl_c_cancels_the_jobs_in_flight_which_close_and_are_scored(tmp_path):
+    # A real SIGINT, sent when the job's first command runs: the main thread, waiting on
+    # the pool, gets KeyboardInterrupt as at a terminal.
+    tasks = tmp_path / "tasks"
+    make_task(tasks)
+    sent = []
+
+    def on_event(task: str, event: dict) -> None:
+        if event.get("type") == "command" and not sent:
+            sent.append(task)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    script = [call("plan_tasks", {"tasks": ["fix greet"]})]
+    with running_vmd(tmp_path) as vmd, start_ollama(script, default=call("run", {"command": "sleep 0.3"})) as server:
+        with pytest.raises(Interrupted) as stop:
+            run_all(load_tasks(tasks), repeat=3, concurrency=1, out_dir=tmp_path / "out",
+                    config=agent_config(server), socket=vmd.socket, on_event=on_event)
+        [run] = stop.value.runs  # the two rounds not started never start
+        record = vmd.record(run.outcome.session_id)
+    assert run.outcome.state == "cancelled" and sent == ["greet"]
+    assert any(e["kind"] == "close" for e in record), "the cancelled job closed its session"

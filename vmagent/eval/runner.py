@@ -32,6 +32,14 @@ NO_ANSWER = ("No one can answer in this evaluation. Make a sensible choice yours
 DECLINED = "Declined: this evaluation runs offline. Do the work with what the machine has."
 
 
+class Interrupted(Exception):
+    """Ctrl-C during an eval: the jobs in flight were cancelled; `runs` are the ones that ended."""
+
+    def __init__(self, runs: list["TaskRun"]):
+        super().__init__(f"interrupted after {len(runs)} runs")
+        self.runs = runs
+
+
 @dataclass
 class TaskRun:
     """One run of one task: what the job ended with, and what it cost."""
@@ -69,7 +77,8 @@ def seed_project(socket: str, task: EvalTask, project: str) -> None:
 
 
 def run_task(task: EvalTask, round_no: int, run_id: str, out_dir: Path, config: AgentConfig, socket: str,
-             on_event: Callable[[str, dict], None] | None = None) -> TaskRun:
+             on_event: Callable[[str, dict], None] | None = None,
+             cancel: threading.Event | None = None) -> TaskRun:
     """One run of `task`, to its end. Never raises: a run that cannot start is a failed
     outcome with the reason."""
     project = project_name(task, run_id, round_no)
@@ -86,18 +95,20 @@ def run_task(task: EvalTask, round_no: int, run_id: str, out_dir: Path, config: 
             return _kept(TaskRun(task, round_no, project, outcome, time.monotonic() - started), run_dir)
     spec = loop.JobSpec(task=task.text, os=task.meta.os, project=project, owner=EVAL_OWNER, web=False,
                         hidden_check=task.hidden_check())
-    outcome = loop.run_job(spec, on_event=events, transcript_path=transcript, config=config, vmd_socket=socket)
+    cancel = cancel or threading.Event()
+    outcome = loop.run_job(spec, on_event=events, cancel=cancel, transcript_path=transcript, config=config,
+                           vmd_socket=socket)
     answers = 0
     while outcome.state in ("question", "unfreeze"):
-        cancel = threading.Event()
-        if answers >= MAX_ANSWERS:
-            cancel.set()  # the session is closed without waking the model: the run failed
+        # Past the answers allowed (or once the eval is interrupted) the session is closed
+        # without waking the model: the run ends cancelled.
+        ending = cancel if answers < MAX_ANSWERS else _set(threading.Event())
         answers += 1
         if outcome.state == "question":
-            outcome = loop.resume_job(transcript, answer=task.answer or NO_ANSWER, on_event=events, cancel=cancel,
+            outcome = loop.resume_job(transcript, answer=task.answer or NO_ANSWER, on_event=events, cancel=ending,
                                       config=config, vmd_socket=socket)
         else:
-            outcome = loop.resume_job(transcript, answer=DECLINED, approved=False, on_event=events, cancel=cancel,
+            outcome = loop.resume_job(transcript, answer=DECLINED, approved=False, on_event=events, cancel=ending,
                                       config=config, vmd_socket=socket)
     return _kept(TaskRun(task, round_no, project, outcome, time.monotonic() - started, answers), run_dir)
 
@@ -105,22 +116,42 @@ def run_task(task: EvalTask, round_no: int, run_id: str, out_dir: Path, config: 
 def run_all(tasks: list[EvalTask], *, repeat: int, concurrency: int, out_dir: Path, config: AgentConfig,
             socket: str, on_done: Callable[[TaskRun], None] | None = None,
             on_event: Callable[[str, dict], None] | None = None) -> list[TaskRun]:
-    """Every task `repeat` times, `concurrency` jobs at once; the runs in task order."""
+    """Every task `repeat` times, `concurrency` jobs at once; the runs in task order.
+    Ctrl-C (KeyboardInterrupt) cancels the jobs in flight, which close their sessions and
+    report, starts no more, and raises Interrupted with the runs that ended."""
     run_id = time.strftime("%m%d%H%M") + secrets.token_hex(2)
     work = [(task, round_no) for round_no in range(1, repeat + 1) for task in tasks]
     lock = threading.Lock()
+    cancel = threading.Event()
+
+    ended: list[TaskRun] = []
 
     def one(item: tuple[EvalTask, int]) -> TaskRun:
-        done = run_task(item[0], item[1], run_id, out_dir, config, socket, on_event)
-        if on_done:
-            with lock:
+        done = run_task(item[0], item[1], run_id, out_dir, config, socket, on_event, cancel)
+        with lock:
+            ended.append(done)
+            if on_done:
                 on_done(done)
         return done
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="eval") as pool:
-        runs = list(pool.map(one, work))
+        try:
+            list(pool.map(one, work))
+        except KeyboardInterrupt:
+            cancel.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise Interrupted(_in_order(tasks, ended)) from None
+    return _in_order(tasks, ended)
+
+
+def _in_order(tasks: list[EvalTask], runs: list[TaskRun]) -> list[TaskRun]:
     order = {task.name: i for i, task in enumerate(tasks)}
     return sorted(runs, key=lambda r: (order[r.task.name], r.round))
+
+
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
 
 
 def _not_started(reason: str) -> Outcome:
