@@ -1,4 +1,4 @@
-want = 'name,age,city\nDev,71,\nBjörn,30,Graz\nEun-ji,41,Graz\nGus,25,Graz\nHana,55,Graz\nJun,79,Graz\nAda,50,Oslo\nChloé,79,Oslo\nFemi,80,Oslo\nIvo,73,Oslo\n'
+want = 'name,age,city\nDev,63,\nFemi,36,Lyon\nHana,65,Lyon\nIvo,50,Lyon\nChloé,20,Oslo\nGus,23,Oslo\nAda,42,Porto\nBjörn,56,Porto\nEun-ji,40,Porto\nJun,29,Porto\n'
 got = open("people.csv", encoding="utf-8", newline="").read().replace("\r\n", "\n")
 assert got.strip() == want.strip(), (got, want)
 print("csv ok")
