@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -286,3 +288,50 @@ def test_ctrl_c_cancels_the_jobs_in_flight_which_close_and_are_scored(tmp_path):
         record = vmd.record(run.outcome.session_id)
     assert run.outcome.state == "cancelled" and sent == ["greet"]
     assert any(e["kind"] == "close" for e in record), "the cancelled job closed its session"
+
+
+def _tk_here() -> bool:
+    """The python3 the check runs (the one on PATH, as in the guest) has Tk."""
+    return subprocess.run(["python3", "-c", "import tkinter"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not (shutil.which("Xvfb") and shutil.which("xdotool") and _tk_here()),
+                    reason="the GUI check needs Xvfb, xdotool and python3 with Tk here")
+def test_the_gui_tasks_check_clicks_the_button_and_reads_the_file_it_writes(tmp_path):
+    # The Debian guest's desktop is X with openbox; Xvfb without a window manager stands in.
+    task = next(t for t in load_tasks(EVALS) if t.meta.kind == "gui")
+    display = f":{90 + os.getpid() % 9}"
+    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1024x768x24"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.5)
+        check = tmp_path / "check"
+        check.mkdir()
+        for name, text in task.check_files.items():
+            (check / name).write_text(text)
+
+        def clicked(clicker: str) -> subprocess.CompletedProcess:
+            project = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+            project.mkdir()
+            (project / "clicker.py").write_text(clicker)
+            return subprocess.run(["bash", "-c", task.meta.check], cwd=project, capture_output=True, text=True,
+                                  timeout=120, env={**os.environ, "DISPLAY": display, "CHECK_DIR": str(check)})
+
+        solution = (task.folder / "solution" / "clicker.py").read_text()
+        # A window the agent left open, started from another folder, is not the one clicked.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "clicker.py").write_text(solution)
+        left_open = subprocess.Popen(["python3", "clicker.py"], cwd=elsewhere, env={**os.environ, "DISPLAY": display})
+        try:
+            time.sleep(1.5)
+            assert clicked(solution).returncode == 0
+            assert not (elsewhere / "clicked.txt").exists()
+        finally:
+            left_open.terminate()
+        dead_button = solution.replace("command=save", "command=lambda: None")
+        answer = clicked(dead_button)
+        assert answer.returncode == 1 and "not written by the click" in answer.stdout
+    finally:
+        xvfb.terminate()
+        xvfb.wait(10)
