@@ -475,3 +475,59 @@ def test_a_model_that_writes_every_call_as_text_finishes_verified(tmp_path):
     # the history shows the calls as calls, so the model is not shown its own habit
     assistant = [m for m in server.chat_requests[-1]["messages"] if m["role"] == "assistant"]
     assert all(m.get("tool_calls") and not m.get("content") for m in assistant)
+
+
+# --- the guest's family: what vmd says, not what the image is called -----------------------
+
+
+def tool_description(body: dict, name: str) -> str:
+    return next(t["function"]["description"] for t in body["tools"] if t["function"]["name"] == name)
+
+
+@pytest.mark.parametrize("image, family, said, not_said", [
+    # An image whose name says nothing of Windows, and a Debian one whose name starts with
+    # "win": the name guess would get both wrong.
+    ("corp-desktop-2025", "windows", ("# The machine: Windows", "PowerShell 5.1", "Z:\\"), ("/mnt/project",)),
+    ("wintermute", "linux", ("# The machine: Linux", "bash", "/mnt/project"), ("PowerShell",)),
+])
+def test_the_family_vmd_answers_words_the_prompt_and_the_tools_whatever_the_image_is_called(
+        tmp_path, image, family, said, not_said):
+    with running_vmd(tmp_path, os_family=family) as vmd, start_ollama(finish_script()) as server:
+        outcome = run(tmp_path, vmd, server, os=image)
+    assert outcome.session_id, outcome.report
+    first = server.chat_requests[0]
+    system, opening = first["messages"][0]["content"], user_texts(first)[0]
+    shell = "PowerShell 5.1" if family == "windows" else "bash"
+    assert tool_description(first, "run").startswith(f"Run a {shell} command")
+    assert f"A {image} machine is booting for you now ({shell};" in opening
+    for words in said:
+        assert words in system + opening, words
+    for words in not_said:
+        assert words not in system + opening + json.dumps(first["tools"]), words
+    # The system prompt, the head of every request, is the same in every request.
+    assert {r["messages"][0]["content"] for r in server.chat_requests} == {system}
+
+
+def test_a_resumed_job_keeps_the_family_vmd_answered(tmp_path):
+    transcript = tmp_path / "job" / "transcript.json"
+    with running_vmd(tmp_path, os_family="windows") as vmd:
+        with start_ollama([PLAN, call("ask_user", {"question": "which?"})]) as server:
+            asked = run(tmp_path, vmd, server, os="corp-desktop-2025")
+        assert asked.state == "question"
+        assert json.loads(transcript.read_text())["os_family"] == "windows"
+        with start_ollama(finish_script()[1:]) as server:
+            resume_job(transcript, answer="this one", on_event=lambda e: None,
+                       config=agent_config(server), vmd_socket=vmd.socket)
+    resumed = server.chat_requests[0]
+    assert tool_description(resumed, "run").startswith("Run a PowerShell 5.1 command")
+    assert "# The machine: Windows" in resumed["messages"][0]["content"]
+
+
+def test_a_vmd_that_does_not_say_the_family_leaves_the_name_to_tell_it(tmp_path):
+    # vmd before the os_family answer (the stand-in answers None, as for an image it lacks):
+    # the name is all there is to go by.
+    with running_vmd(tmp_path, os_family=None) as vmd, start_ollama([PLAN]) as server:
+        run(tmp_path, vmd, server, os="win11")
+    first = server.chat_requests[0]
+    assert tool_description(first, "run").startswith("Run a PowerShell 5.1 command")
+    assert "# The machine: Windows" in first["messages"][0]["content"]

@@ -270,3 +270,12 @@ def test_parsing_never_raises_on_garbage():
         for name in tools.TOOLS:
             parsed = tools.parse_arguments(name, raw)
             assert parsed.ok or parsed.error
+
+
+def test_the_family_vmd_answers_wins_over_the_images_name():
+    assert tools.os_family_of("wintermute", "linux") == "linux"
+    assert tools.os_family_of("corp-desktop", "windows") == "windows"
+    # No answer (a vmd before session_open said the family), or one no wording exists for:
+    # the name is read.
+    assert tools.os_family_of("win11", None) == "windows" and tools.os_family_of("debian", None) == "linux"
+    assert tools.os_family_of("Windows Server", "plan9") == "windows"

@@ -224,8 +224,11 @@ class LocalMachine:
 
 class LocalMachines:
     def __init__(self, boot_seconds: float = 0.0, fail: str | None = None, attach_seconds: float = 0.0,
-                 came: str | None = None):
+                 came: str | None = None, os_family: str | None = "linux"):
         self.boot_seconds = boot_seconds
+        # The family every image is said to be of, as an image manifest says it (None: as vmd
+        # answers for an image it does not have). The guest still runs bash on this host.
+        self.family = os_family
         self.came = came  # "warm": the machines say they came from vmd's pool (cold by default)
         # How long re-binding a machine takes (libvirt lookups after a vmd restart).
         self.attach_seconds = attach_seconds
@@ -250,7 +253,7 @@ class LocalMachines:
         return self.egress_refusal  # None: these machines' egress is a flag, nothing to guard
 
     def os_family(self, os):
-        return "linux"  # LocalGuest's
+        return self.family  # LocalGuest's unless a test says otherwise
 
     # What vmd asks of its factory besides machines: these machines run at KVM's pace, leave
     # nothing behind a cut-short create, keep no warm pool and no guest no session owns.

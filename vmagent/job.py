@@ -149,10 +149,14 @@ class Job:
     # the tool list stays the same all job long, across a question and its answer too.
     web_tools: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    # The guest's family as vmd's session_open answered it (from the image's manifest), kept
+    # in the transcript so a resumed job words its tools and prompts as it started; None
+    # before the session opens, or from a vmd that does not say (older than that answer).
+    answered_os_family: str | None = None
 
     @property
     def os_family(self) -> str:
-        return tools.os_family_of(self.spec.os)
+        return tools.os_family_of(self.spec.os, self.answered_os_family)
 
     def active_seconds(self) -> float:
         return self.active_before_s + (time.monotonic() - self.run_started)
@@ -177,6 +181,7 @@ class Job:
             "verification": self.verification,
             "notes": self.notes,
             "web_tools": self.web_tools,
+            "os_family": self.answered_os_family,
             "usage": asdict(self.usage),
             "messages": self.messages,
         }
@@ -207,6 +212,8 @@ class Job:
         job.question = data.get("question")
         job.web_tools = [str(name) for name in data.get("web_tools") or []]
         job.usage = Usage(**(data.get("usage") or {}))
+        # A transcript written before vmd answered the family has none: the name is read.
+        job.answered_os_family = data.get("os_family")
         return job
 
 

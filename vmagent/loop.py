@@ -79,8 +79,10 @@ def run_job(
     job = Job(spec=spec, transcript_path=Path(transcript_path))
     try:
         config = _config_for(spec, config)
-        # A Windows guest always has a desktop: its screen rules join the prompt at once.
-        system = _prompts(job, config, desktop=job.os_family == "windows").system
+        # Loaded before session_open, so that a missing prompt boots no machine; it is
+        # written once vmd says the guest's family (only the family's own part differs,
+        # and that part is optional).
+        load_prompts(job.os_family, desktop=False, config=config)
     except (ConfigError, PromptMissing) as exc:
         return _end_without_session(job, events, f"The job could not start: {exc}")
     # Asked before session_open, so that a model that cannot do the work boots no machine.
@@ -95,10 +97,16 @@ def run_job(
     except (VmdUnavailable, VmdError) as exc:
         return _end_without_session(job, events, f"vmd could not open a session: {exc}")
     job.session_id = opened.get("session_id") or vmd.session_id
+    job.answered_os_family = opened.get("os_family")  # None from an older vmd: the name is read
     web = WebTools.from_config(config) if spec.web else WebTools(None, None, 0)
     job.web_tools = list(web.names)  # decided once: the tool list stays the same all job long
     link = _link(vmd, config, events, cancel)
     events.emit({"type": "session", "session_id": job.session_id})
+    try:
+        # A Windows guest always has a desktop: its screen rules join the prompt at once.
+        system = _prompts(job, config, desktop=job.os_family == "windows").system
+    except PromptMissing as exc:  # gone since the check above: the session is closed again
+        return _end(job, link, Ending("failed", f"The job could not start: {exc}"), events)
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
     job.messages = [
         {"role": "system", "content": system},

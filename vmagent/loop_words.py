@@ -27,7 +27,7 @@ def waiting_tools() -> list[str]:
 
 
 def opening_message(spec: JobSpec, opened: dict, web_tools: "list[str] | tuple[str, ...]" = ()) -> str:
-    where = tools.OS_WORDS[tools.os_family_of(spec.os)]
+    where = tools.OS_WORDS[tools.os_family_of(spec.os, opened.get("os_family"))]
     storage = opened.get("storage") or ""
     web = (f" {' and '.join(web_tools)} run outside the machine and work now: look up what you are "
            "not sure of (an API, an error message) instead of guessing." if web_tools else "")

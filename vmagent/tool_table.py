@@ -34,8 +34,16 @@ OS_WORDS: dict[str, dict[str, str]] = {
 }
 
 
-def os_family_of(os_name: str) -> OsFamily:
-    """'windows', 'win11', 'Windows Server' -> windows; anything else (debian, ubuntu) -> linux."""
+def os_family_of(os_name: str, answered: str | None = None) -> OsFamily:
+    """The guest's family: the one vmd's `session_open` answered (`os_family`, from the
+    image's manifest) whenever it names one this table words; an image may be called
+    anything ("wintermute" can be Debian), so its name is no guide.
+
+    The name is read only where there is no answer: a vmd older than the `os_family`
+    answer, or before the session is open (the CLI's check that the prompts load). Then
+    'windows', 'win11', 'Windows Server' -> windows; anything else (debian, ubuntu) -> linux."""
+    if answered in OS_WORDS:
+        return answered  # type: ignore[return-value]  # a key of OS_WORDS is an OsFamily
     return "windows" if str(os_name).strip().lower().startswith("win") else "linux"
 
 
