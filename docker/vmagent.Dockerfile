@@ -16,7 +16,10 @@ COPY docker/openwebui-provision.py /app/docker/openwebui-provision.py
 # imports it (nor does `python -m vmd.server.doctor --check socket --check ollama`, its health
 # check), so it is left out here (it needs libvirt headers to build). The workers read web
 # pages for the agent (vmagent/web/): trafilatura, readability-lxml, markdownify, pypdf.
-RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+# pip upgraded first: Debian's (23.x) stops with "Candidate is not for this requirement
+# lxml[html-clean,html-clean]" on the web packages' two spellings of one extra.
+RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps . \
     && /opt/venv/bin/pip install --no-cache-dir "pydantic>=2.6" "httpx>=0.27" "ollama>=0.5.2" \
         "json-repair>=0.30" "fastapi>=0.110" "uvicorn>=0.29" "PyYAML>=6" "Pillow>=10" \
         "httpcore>=1.0" "certifi" "trafilatura>=2.0" "readability-lxml>=0.8" "markdownify>=0.13" "pypdf>=4"

@@ -28,7 +28,10 @@ COPY vmd ./vmd
 COPY vmagent ./vmagent
 COPY images ./images
 # Editable: vmd finds its image recipes beside its sources (/app/images), as in a clone.
-RUN python3 -m venv --system-site-packages /opt/venv && /opt/venv/bin/pip install --no-cache-dir -e . \
+# pip upgraded first: Debian's (23.x) stops with "Candidate is not for this requirement
+# lxml[html-clean,html-clean]" on the web packages' two spellings of one extra.
+RUN python3 -m venv --system-site-packages /opt/venv && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
+    && /opt/venv/bin/pip install --no-cache-dir -e . \
     && mkdir -p /var/lib/vmagent/images /var/lib/vmagent/state /var/lib/vmagent/projects /run/vmd \
     && chmod 0755 /var/lib/vmagent /var/lib/vmagent/images /var/lib/vmagent/state /var/lib/vmagent/projects
 ENV PATH=/opt/venv/bin:$PATH
