@@ -164,7 +164,7 @@ def test_a_whole_job_runs_through_the_openai_protocol(tmp_path):
 
 def test_the_job_service_passes_the_model_server_settings_to_its_workers():
     from vmagent.service.config import ServiceConfig
-    from vmagent.service.workers import worker_environment
+    from vmagent.service.worker_process import worker_environment
 
     environ = {"VMAGENT_MODEL_API": "openai", "VMAGENT_MODEL_URL": "http://gpu:8000/v1", "VMAGENT_MODEL_KEY": KEY,
                "VMAGENT_MODEL": "served", "VMAGENT_SERVICE_TOKEN": "not-for-workers"}

@@ -23,7 +23,7 @@ from tests.test_service_api import start, worker_pid
 from vmagent.service.ask import project_files_in, project_history
 from vmagent.service.auth import preview_token_valid, redact_query, sign_preview
 from vmagent.service.config import ServiceConfig
-from vmagent.service.workers import worker_environment
+from vmagent.service.worker_process import worker_environment
 
 MiB = 1024 * 1024
 BODY_PATHS = ["/jobs", "/jobs/0123456789abcdef/answer", "/jobs/0123456789abcdef/approve",

@@ -114,7 +114,7 @@ def test_an_older_job_database_lets_its_jobs_use_the_web(tmp_path):
     import sqlite3
 
     from vmagent.service.store import Store
-    from vmagent.service.workers import job_spec
+    from vmagent.service.worker_process import job_spec
 
     Store(tmp_path).close()
     with sqlite3.connect(tmp_path / "jobs.sqlite3") as conn:  # the jobs table before the `web` column

@@ -16,8 +16,8 @@ CANCEL_POLL_S = 0.2
 class BreakOff:
     """Once the job is cancelled, what is in flight gets `grace` seconds to end by itself;
     then the vmd call is broken off (the link's connection shut down) and the model's
-    answer abandoned, so the loop reaches `_end` and the session closes promptly. Stopped
-    before `_end`, whose calls are never broken off."""
+    answer abandoned, so the loop reaches `end_job` and the session closes promptly. Stopped
+    before `end_job` (vmagent/job_end.py), whose calls are never broken off."""
 
     def __init__(self, cancel: threading.Event, grace: float, link: SessionLink, llm: Model):
         self.cancel, self.grace, self.link, self.llm = cancel, grace, link, llm

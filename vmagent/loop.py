@@ -6,17 +6,19 @@
 A job opens a vmd session without waiting for the machine, and the first turns are for
 the plan: the model writes the task list while the guest boots (vmd refuses the
 machine's tools until a plan exists, with a sentence that says so). Once a plan exists
-and the guest answers, the model is told the machine is up. Every request offers the
-same tools and starts with the same system prompt, written once per job: what becomes
-known later arrives as a message at the end, so the model server's cache of the prompt's
-head holds from the first turn to the last (old screenshots go in batches: wire.py's
-drop_images_in_batches). Each turn then is: guards (vmagent/loop_guards.py), compaction,
-one model call, the tool calls it asked for, the transcript written to disk. What the loop itself says
-to the model is in vmagent/loop_words.py.
+and the guest answers, the model is told the machine is up (vmagent/hand_over.py).
+Every request offers the same tools and starts with the same system prompt, written
+once per job: what becomes known later arrives as a message at the end, so the model
+server's cache of the prompt's head holds from the first turn to the last (old
+screenshots go in batches: wire.py's drop_images_in_batches). Each turn then is: guards
+(vmagent/loop_guards.py), compaction, one model call, the tool calls it asked for, the
+transcript written to disk. What the loop itself says to the model is in
+vmagent/loop_words.py.
 
-Every way out ends in `_end`: unless the session waits for a person, vmd closes it
-(commit + push) and the report is vmd's, built from its record, with the loop's notes
-on why it ended (vmagent/fallback_report.py). Nothing the model says decides the outcome.
+Every way out ends in `end_job` (vmagent/job_end.py): unless the session waits for a
+person, vmd closes it (commit + push) and the report is vmd's, built from its record,
+with the loop's notes on why it ended (vmagent/fallback_report.py). Nothing the model
+says decides the outcome.
 The job's state, its transcript on disk and the event feed are in vmagent/job.py.
 
 Faults on the way are ridden out, within bounds: a vmd restart through the session's
@@ -32,33 +34,30 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from vmd.verbs import NOT_READY, WAITING_STATES
+from vmd.verbs import WAITING_STATES
 from vmagent import tools
 from vmagent.break_off import BreakOff
 from vmagent.client import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
 from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
-from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
-from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification, save_quietly
+from vmagent.hand_over import hand_over_machine
+# JobSpec, Outcome and Verification are also taken from here by the loop's callers.
+from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification  # noqa: F401
+from vmagent.job_end import end_job, end_without_session
 from vmagent.llm import ModelCancelled, ModelError, drop_images_in_batches, only_latest_thinking
 from vmagent.model import Model
 from vmagent.model_backends import open_model
 from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
                                  model_unfit, past_deadline, prose_only, repeat_notice, stall_reminder,
                                  stuck_ending, stuck_notice)
-from vmagent.loop_words import (answer_text, machine_facts, machine_up_message, opening_message, result_lost,
-                                vmd_gone)
+from vmagent.loop_words import answer_text, opening_message, result_lost, vmd_gone
 from vmagent.prompts import PromptMissing, Prompts, load_prompts
 from vmagent.web.agent_tools import WebTools, record_source
 
 log = logging.getLogger(__name__)
-
-# session_ready is asked in slices so that a cancel is seen while the guest boots.
-READY_SLICE_S = 30.0
 
 
 # --- the public entry points ----------------------------------------------------------
@@ -84,18 +83,18 @@ def run_job(
         # and that part is optional).
         load_prompts(job.os_family, desktop=False, config=config)
     except (ConfigError, PromptMissing) as exc:
-        return _end_without_session(job, events, f"The job could not start: {exc}")
+        return end_without_session(job, events, f"The job could not start: {exc}")
     # Asked before session_open, so that a model that cannot do the work boots no machine.
     llm = open_model(config)
     unfit = model_unfit(llm)
     if unfit:
-        return _end_without_session(job, events, unfit)
+        return end_without_session(job, events, unfit)
     vmd = Vmd(vmd_socket or default_socket(), on_notify=events.from_vmd)
     try:
         opened = vmd.call("session_open", os=spec.os, project=spec.project, owner=spec.owner,
                           task=spec.task, wait=False, chat_id=spec.chat_id)
     except (VmdUnavailable, VmdError) as exc:
-        return _end_without_session(job, events, f"vmd could not open a session: {exc}")
+        return end_without_session(job, events, f"vmd could not open a session: {exc}")
     job.session_id = opened.get("session_id") or vmd.session_id
     job.answered_os_family = opened.get("os_family")  # None from an older vmd: the name is read
     web = WebTools.from_config(config) if spec.web else WebTools(None, None, 0)
@@ -106,7 +105,7 @@ def run_job(
         # A Windows guest always has a desktop: its screen rules join the prompt at once.
         system = _prompts(job, config, desktop=job.os_family == "windows").system
     except PromptMissing as exc:  # gone since the check above: the session is closed again
-        return _end(job, link, Ending("failed", f"The job could not start: {exc}"), events)
+        return end_job(job, link, Ending("failed", f"The job could not start: {exc}"), events)
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
     job.messages = [
         {"role": "system", "content": system},
@@ -134,10 +133,10 @@ def resume_job(
     except (OSError, ValueError, TypeError, KeyError) as exc:
         spec = JobSpec(task="(unknown: the transcript could not be read)")
         job = Job(spec=spec, transcript_path=Path(transcript_path))
-        return _end_without_session(job, events, f"The job cannot be resumed: its transcript "
+        return end_without_session(job, events, f"The job cannot be resumed: its transcript "
                                                  f"{transcript_path} could not be read ({exc}).")
     if not job.session_id:
-        return _end_without_session(job, events, "The job cannot be resumed: its transcript names no session.")
+        return end_without_session(job, events, "The job cannot be resumed: its transcript names no session.")
     job.state, job.question = "running", None
     vmd = Vmd(vmd_socket or default_socket(), on_notify=events.from_vmd)
     vmd.session_id = job.session_id  # what a lost connection re-attaches
@@ -147,12 +146,12 @@ def resume_job(
         link = _link(vmd, config, events, cancel)
         link.call("session_attach", session_id=job.session_id)
         if cancel.is_set():  # cancelled while it waited: close it without waking the model
-            return _end(job, link, Ending("cancelled", "Cancelled while the session waited for a person."), events)
+            return end_job(job, link, Ending("cancelled", "Cancelled while the session waited for a person."), events)
         resumed = _resume(link, answer, approved)
     except ConfigError as exc:
-        return _end(job, link, Ending("failed", f"The job could not resume: {exc}"), events)
+        return end_job(job, link, Ending("failed", f"The job could not resume: {exc}"), events)
     except (VmdUnavailable, VmdError) as exc:
-        return _end(job, link, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
+        return end_job(job, link, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": "resumed with the person's answer"})
     job.messages.append({"role": "user", "content": resumed.get("text") or answer_text(answer, approved)})
@@ -210,7 +209,7 @@ def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cance
         ending = Ending("cancelled", f"{ending.reason} What was in flight (a command in the guest or the model's "
                                      f"answer) was broken off after {config.cancel_grace_s:g} s; closing the "
                                      "session destroys the machine, which ends a command still running.")
-    return _end(job, vmd, ending, events, llm)
+    return end_job(job, vmd, ending, events, llm)
 
 
 def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: AgentConfig,
@@ -226,7 +225,7 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
     if ending:
         return ending
     if job.phase == "planning" and status.get("planned"):
-        ending = _hand_over_machine(job, vmd, config, events, cancel)
+        ending = hand_over_machine(job, vmd, config, events, cancel)
         if ending:
             return ending
     stall_reminder(job, config)
@@ -329,109 +328,6 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
     return outcome
 
 
-def _hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: Events,
-                       cancel: threading.Event) -> Ending | None:
-    """Phase two: wait for the guest, then tell the agent what it has, in a message."""
-    events.emit({"type": "status", "text": "plan made; waiting for the machine"})
-    waited = time.monotonic()
-    while True:
-        left = min(config.boot_wait_s - (time.monotonic() - waited), config.deadline_s - job.active_seconds())
-        try:
-            ready = vmd.call("session_ready", timeout=max(1.0, min(READY_SLICE_S, left)), desktop=False)
-            break
-        except VmdError as exc:
-            still_booting = exc.code == NOT_READY and vmd.call("session_status").get("machine") == "booting"
-            if not still_booting:
-                return Ending("failed", f"The machine could not be used: {exc.message}")
-            if cancel.is_set():
-                return Ending("cancelled", "Cancelled by the user while the machine booted.")
-            if left <= READY_SLICE_S:
-                return Ending("failed", f"The machine was still booting {time.monotonic() - waited:.0f} s "
-                                        f"after the plan was made; stopped waiting. ({exc.message})")
-    facts = ready.get("facts") or {}
-    job.boot_seconds = ready.get("seconds")
-    job.machine_came = ready.get("came")
-    job.desktop = facts.get("desktop") is True or job.os_family == "windows"
-    # The screen's rules come with the hand-over when the desktop was not known at the
-    # start; the system prompt is never written again (the head of every request).
-    screen_rules = _prompts(job, config, desktop=False).screen if job.desktop and job.os_family != "windows" else None
-    job.phase = "working"
-    came = f" ({job.machine_came})" if job.machine_came else ""
-    events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s{came}"})
-    if job.machine_came:  # the job API's `machine` (vmagent/service/workers.py)
-        events.emit({"type": "machine", "came": job.machine_came, "seconds": job.boot_seconds})
-    job.machine_text = machine_facts(job, facts, screen_rules)  # restated by a compaction
-    job.messages.append({"role": "user", "content": machine_up_message(job, facts, screen_rules)})
-    return None
-
-
-def _end(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Model | None = None) -> Outcome:
-    """The one way out. Closes the session unless it waits for a person, then reports.
-
-    Its calls go through the link: a vmd that restarts right now is waited for, unless
-    the loop already gave up on it (then one try each) or the job was cancelled."""
-    reason_at = len(job.notes)
-    job.notes.append(ending.reason)
-    job.notes += outage_notes(vmd.outages, llm.outages if llm is not None else [])
-    question = None
-    push = hidden = None
-    reachable, vmd_error = bool(job.session_id), None if job.session_id else "no session was opened"
-    try:
-        if reachable and ending.state in WAITING_STATES:
-            status = vmd.call("session_status")
-            question = status.get("question") if ending.state == "question" else status.get("unfreeze_request")
-        elif reachable:
-            if ending.state == "cancelled":
-                _quietly(vmd, "session_cancel")
-            hidden = _hidden_check(job, vmd)
-            closed = _quietly(vmd, "session_close")
-            if closed is None:
-                job.notes.append("vmd could not close the session (commit and push); see its log.")
-            elif isinstance(closed.get("push"), dict):
-                push = closed["push"]
-    except VmdUnavailable as exc:
-        reachable, vmd_error = False, str(exc)
-    except VmdError as exc:
-        vmd_error = str(exc)
-    report, verification = vmd_report(vmd) if reachable else (None, Verification())
-    if ending.state == "done" and verification.passed is False:
-        # vmd takes a finish whose check keeps failing only to end the session as failed.
-        runs = verification.attempts
-        ending = Ending("failed", "The agent finished, and vmd ended the session as failed: its "
-                                  f"check did not pass ({runs} verification run{'s' if runs != 1 else ''} "
-                                  "in all).")
-        job.notes[reason_at] = ending.reason
-    if report is None:
-        report = local_report(job, ending, vmd_error or "vmd could not build the report")
-    else:
-        report += loop_notes(job)
-    job.state, job.question = ending.state, question
-    save_quietly(job)
-    outcome = Outcome(state=ending.state, report=report, session_id=job.session_id, question=question,
-                      verification_passed=verification.passed, verification=verification, steps=job.steps,
-                      push=push, reason=ending.reason, usage=asdict(job.usage), hidden_check=hidden)
-    state_event: Event = {"type": "state", "state": ending.state}
-    if question:
-        state_event["question"] = question
-    events.emit(state_event)
-    events.emit({"type": "done", "outcome": outcome.model_dump()})
-    vmd.close()
-    return outcome
-
-
-def _end_without_session(job: Job, events: Events, reason: str) -> Outcome:
-    job.notes.append(reason)
-    report = local_report(job, Ending("failed", reason), None)
-    job.state = "failed"
-    save_quietly(job)
-    outcome = Outcome(state="failed", report=report, session_id=job.session_id, question=None,
-                      verification_passed=None, verification=Verification(), steps=job.steps, reason=reason,
-                      usage=asdict(job.usage))
-    events.emit({"type": "state", "state": "failed"})
-    events.emit({"type": "done", "outcome": outcome.model_dump()})
-    return outcome
-
-
 # --- pieces -------------------------------------------------------------------------------
 
 
@@ -476,24 +372,3 @@ def _note(vmd: SessionLink, turn: int, text: str) -> None:
         vmd.call("note", turn=turn, text=text[:4000])
     except VmdError as exc:  # the record misses a line; the work goes on
         log.warning("vmd refused a note: %s", exc)
-
-
-def _hidden_check(job: Job, vmd: SessionLink) -> dict | None:
-    """`vmagent eval`'s check, run by vmd in the guest after the model's last turn and before
-    the close, so the model never sees it; None when the job has none."""
-    check = job.spec.hidden_check
-    if check is None:
-        return None
-    try:
-        return vmd.call("hidden_check", **check.model_dump())
-    except VmdError as exc:
-        return {"error": str(exc)}
-
-
-def _quietly(vmd: SessionLink, verb: str) -> dict | None:
-    """One of `_end`'s calls; vmd's refusal is logged, vmd gone (VmdUnavailable) is raised."""
-    try:
-        return vmd.call(verb)
-    except VmdError as exc:
-        log.warning("%s failed: %s", verb, exc)
-        return None

@@ -7,7 +7,8 @@ stored. The file is read a bounded piece at a time and a job stores a bounded nu
 output lines (frames.py); everything the service and the worker write there is private
 (private_files.py). A worker that ends without a `done` frame leaves a failed (or, when
 cancel was asked, cancelled) job whose report is built from what is known (salvage.py) —
-never one stuck running.
+never one stuck running. One worker as the service sees it (its environment, its job file,
+its pid) is in worker_process.py.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 from .config import ServiceConfig
 from .frames import FrameReader, OutputCap
 from .private_files import WORKER_UMASK, open_private_append, private_dir, write_private
 from .salvage import build_salvage_report
 from .store import Store
+from .worker_process import Worker, job_spec, pid_runs_job, read_job_file, worker_environment, write_job_file
 
 log = logging.getLogger("vmagent.service")
 
@@ -42,110 +43,12 @@ MAX_LINE_CHARS = 4000
 # How often a reader looks for new frames when the file has none.
 TAIL_INTERVAL_S = 0.05
 
-# A worker inherits only these from the service's environment: what Python, the turn loop,
-# the model client and vmd's client read. The service holds every user's token
-# (VMAGENT_TOKENS, VMAGENT_SERVICE_TOKEN) and a deployment may hold more (GITEA_TOKEN);
-# a worker runs work a model chose and needs none of them.
-WORKER_ENV = frozenset({
-    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "SSL_CERT_FILE",
-    "SSL_CERT_DIR", "VMD_SOCKET", "OLLAMA_HOST", "VMAGENT_SCREEN_WATCH_S",
-})
-WORKER_ENV_PREFIXES = ("LC_",)
-# Never passed on, even if a future agent setting were named like one of them.
-SECRET_ENV = frozenset({"VMAGENT_SERVICE_TOKEN", "VMAGENT_TOKENS", "GITEA_TOKEN"})
-
-
-def worker_env_names() -> frozenset[str]:
-    """WORKER_ENV and the agent settings the worker reads (vmagent/config.py, prompts.py)."""
-    from vmagent.config import CONFIG_ENV, AgentConfig
-    from vmagent.prompts import ENV_VAR as PROMPTS_ENV
-
-    settings = {f"VMAGENT_{name.upper()}" for name in AgentConfig.model_fields}
-    return (WORKER_ENV | settings | {CONFIG_ENV, PROMPTS_ENV, "VMAGENT_MODEL"}) - SECRET_ENV
-
-
-def worker_environment(config: ServiceConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a worker process starts with: the allowed part of `environ`
-    (the service's own by default), unbuffered output, and the configured vmd socket."""
-    environ = os.environ if environ is None else environ
-    names = worker_env_names()
-    env = {key: value for key, value in environ.items()
-           if (key in names or key.startswith(WORKER_ENV_PREFIXES)) and key not in SECRET_ENV}
-    env["PYTHONUNBUFFERED"] = "1"
-    if config.vmd_socket:
-        env["VMD_SOCKET"] = config.vmd_socket
-    return env
-
-
-def write_job_file(job_dir: Path, data: dict) -> None:
-    write_private(job_dir / "job.json", json.dumps(data, indent=2).encode())
-
-
-def read_job_file(job_dir: Path) -> dict:
-    try:
-        return json.loads((job_dir / "job.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def job_spec(job: dict) -> dict:
-    return {"task": job["task"], "os": job["os"], "project": job["project"],
-            "owner": job["owner"], "chat_id": job["chat_id"], "model": job["model"],
-            "web": bool(job.get("web", 1))}
-
-
-def _pid_runs_job(pid: int | None, job_dir: Path) -> bool:
-    """True if `pid` is alive and is this job's worker (a reused pid is not)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if not Path("/proc/self").exists():  # no procfs: a live pid is all we can know
-        return True
-    try:
-        raw = cmdline.read_bytes()
-    except OSError:
-        return False
-    if not raw:  # a zombie has no cmdline: it is dead for our purposes
-        return False
-    return str(job_dir).encode() in raw
-
-
-class _Worker:
-    """What the service knows about one live worker process."""
-
-    def __init__(self, job_id: str, pid: int, popen: subprocess.Popen | None):
-        self.job_id = job_id
-        self.pid = pid
-        self.popen = popen
-        self.cancel_requested = False
-        self.got_done = False
-        self.exit_code: int | None = None
-        # Made at the first read, from the job's stored offset and output count.
-        self.reader: FrameReader | None = None
-        self.output: OutputCap | None = None
-
-    def alive(self, job_dir: Path) -> bool:
-        if self.popen is not None:
-            code = self.popen.poll()
-            if code is not None:
-                self.exit_code = code
-                return False
-            return True
-        return _pid_runs_job(self.pid, job_dir)
-
-
 class WorkerPool:
     def __init__(self, store: Store, config: ServiceConfig):
         self.store = store
         self.config = config
         self._lock = threading.RLock()
-        self._running: dict[str, _Worker] = {}
+        self._running: dict[str, Worker] = {}
         self._closed = False
 
     # --- lifecycle -----------------------------------------------------------------
@@ -154,16 +57,16 @@ class WorkerPool:
         """Re-attach to workers a previous service left running, fail the dead ones, start the queue."""
         for job in self.store.list_jobs(states=("running",), limit=100000):
             job_dir = self.store.job_dir(job["id"])
-            if _pid_runs_job(job["worker_pid"], job_dir):
+            if pid_runs_job(job["worker_pid"], job_dir):
                 log.info("re-attaching to job %s (worker pid %s)", job["id"], job["worker_pid"])
-                worker = _Worker(job["id"], job["worker_pid"], None)
+                worker = Worker(job["id"], job["worker_pid"], None)
                 with self._lock:
                     self._running[job["id"]] = worker
                 threading.Thread(target=self._follow, args=(worker,), daemon=True,
                                  name=f"job-{job['id']}").start()
             else:
                 # Read what it wrote before it died: its done frame may be there.
-                worker = _Worker(job["id"], job["worker_pid"] or 0, None)
+                worker = Worker(job["id"], job["worker_pid"] or 0, None)
                 self._ingest_all(worker)
                 if not worker.got_done:
                     self._fail_without_report(
@@ -236,7 +139,7 @@ class WorkerPool:
         finally:
             os.close(frames)
             os.close(errors)
-        worker = _Worker(job["id"], popen.pid, popen)
+        worker = Worker(job["id"], popen.pid, popen)
         with self._lock:
             self._running[job["id"]] = worker
         self.store.update_job(job["id"], worker_pid=popen.pid, frames_offset=offset)
@@ -271,20 +174,20 @@ class WorkerPool:
             return self.store.get_job(job_id)
         return job
 
-    def _signal(self, worker: _Worker, sig: int) -> None:
+    def _signal(self, worker: Worker, sig: int) -> None:
         try:
             os.kill(worker.pid, sig)
         except ProcessLookupError:
             pass
 
-    def _kill_if_alive(self, worker: _Worker) -> None:
+    def _kill_if_alive(self, worker: Worker) -> None:
         if worker.alive(self.store.job_dir(worker.job_id)):
             log.warning("job %s: worker %s ignored SIGTERM; killing it", worker.job_id, worker.pid)
             self._signal(worker, signal.SIGKILL)
 
     # --- frames --------------------------------------------------------------------
 
-    def _follow(self, worker: _Worker) -> None:
+    def _follow(self, worker: Worker) -> None:
         job_dir = self.store.job_dir(worker.job_id)
         try:
             while not self._closed:
@@ -316,12 +219,12 @@ class WorkerPool:
                     self._running.pop(worker.job_id, None)
                 self.pump()
 
-    def _ingest_all(self, worker: _Worker) -> None:
+    def _ingest_all(self, worker: Worker) -> None:
         """Reads to the end of what the worker wrote (it has ended)."""
         while self._ingest_available(worker):
             pass
 
-    def _ingest_available(self, worker: _Worker) -> bool:
+    def _ingest_available(self, worker: Worker) -> bool:
         """Reads one bounded piece past the stored offset and handles its complete frames;
         True if any bytes were read."""
         if worker.reader is None:
@@ -343,7 +246,7 @@ class WorkerPool:
             self.store.update_job(worker.job_id, frames_offset=worker.reader.offset)
         return read_any
 
-    def _handle_frame(self, worker: _Worker, raw: bytes) -> None:
+    def _handle_frame(self, worker: Worker, raw: bytes) -> None:
         job_id = worker.job_id
         try:
             frame = json.loads(raw)
@@ -404,7 +307,7 @@ class WorkerPool:
         else:
             self.store.update_job(job_id, preview_ready=1, screenshot_seq=seq)
 
-    def _finish(self, worker: _Worker, outcome: dict) -> None:
+    def _finish(self, worker: Worker, outcome: dict) -> None:
         worker.got_done = True
         job_id = worker.job_id
         state = OUTCOME_TO_STATE.get(str(outcome.get("state")), "failed")
@@ -424,7 +327,7 @@ class WorkerPool:
             fields["push_json"] = json.dumps(outcome["push"])
         self.store.set_state(job_id, state, **fields)
 
-    def _fail_without_report(self, worker: _Worker, why: str, state: str = "failed") -> None:
+    def _fail_without_report(self, worker: Worker, why: str, state: str = "failed") -> None:
         job = self.store.get_job(worker.job_id)
         if job is None:
             return
