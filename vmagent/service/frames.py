@@ -19,9 +19,9 @@ from .store import Store
 # (its offset) is written once per read, not once per frame.
 READ_BYTES = 1024 * 1024
 # The longest frame kept whole. A screenshot frame carries a PNG in base64, and vmd takes
-# PNGs of up to 16 MiB (vmd/screen_text.py, MAX_PNG_BYTES): 21.4 MiB in base64 plus its
-# JSON. A longer line is cut: its first CUT_FRAME_BYTES are kept and the rest skipped as it
-# is read, never buffered.
+# PNGs of up to 16 MiB (vmd/machines/screen_text.py, MAX_PNG_BYTES): 21.4 MiB in base64
+# plus its JSON. A longer line is cut: its first CUT_FRAME_BYTES are kept and the rest
+# skipped as it is read, never buffered.
 MAX_FRAME_BYTES = 24 * 1024 * 1024
 CUT_FRAME_BYTES = 8000
 
