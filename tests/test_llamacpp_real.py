@@ -20,7 +20,7 @@ from vmagent import tools
 from vmagent.compact import COMPACTED_HEADER, Compactor, PinnedContext
 from vmagent.config import AgentConfig
 from vmagent.llm_failures import ContextTooLong
-from vmagent.model import open_model
+from vmagent.model_backends import open_model
 from vmagent.openai_model import OpenAICompatModel
 from vmagent.openai_stream import OpenAIStream
 from vmagent.openai_wire import request_body

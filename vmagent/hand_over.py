@@ -45,7 +45,9 @@ def hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: E
     job.desktop = facts.get("desktop") is True or job.os_family == "windows"
     # The screen's rules come with the hand-over when the desktop was not known at the
     # start; the system prompt is never written again (the head of every request).
-    screen_rules = load_prompts(job.os_family, desktop=False, config=config).screen if job.desktop and job.os_family != "windows" else None
+    screen_rules = None
+    if job.desktop and job.os_family != "windows":
+        screen_rules = load_prompts(job.os_family, desktop=False, config=config).screen
     job.phase = "working"
     came = f" ({job.machine_came})" if job.machine_came else ""
     events.emit({"type": "status", "text": f"machine up after {job.boot_seconds or 0:.0f} s{came}"})
