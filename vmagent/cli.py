@@ -180,7 +180,7 @@ def cancel_in_vmd(socket_path: str, session_id: str) -> None:
     """session_cancel on a connection of its own, so vmd hears of the cancel at once: the
     session refuses further machine verbs while the loop, blocked in a long `run` (which
     session_cancel does not stop) or in the model's answer, is broken off after its grace.
-    The loop cancels and closes the session in its `_end` all the same."""
+    The loop cancels and closes the session in its end (vmagent/job_end.py `end_job`) all the same."""
     from vmagent.client import Vmd, VmdError, VmdUnavailable
 
     try:
