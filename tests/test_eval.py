@@ -280,12 +280,17 @@ def test_ctrl_c_cancels_the_jobs_in_flight_which_close_and_are_scored(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
 
     script = [call("plan_tasks", {"tasks": ["fix greet"]})]
-    with running_vmd(tmp_path) as vmd, start_ollama(script, default=call("run", {"command": "sleep 0.3"})) as server:
-        with pytest.raises(Interrupted) as stop:
-            run_all(load_tasks(tasks), repeat=3, concurrency=1, out_dir=tmp_path / "out",
-                    config=agent_config(server), socket=vmd.socket, on_event=on_event)
-        [run] = stop.value.runs  # the two rounds not started never start
-        record = vmd.record(run.outcome.session_id)
+    # As at a terminal, even where pytest was started in the background (SIGINT ignored).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with running_vmd(tmp_path) as vmd, start_ollama(script, default=call("run", {"command": "sleep 0.3"})) as server:
+            with pytest.raises(Interrupted) as stop:
+                run_all(load_tasks(tasks), repeat=3, concurrency=1, out_dir=tmp_path / "out",
+                        config=agent_config(server), socket=vmd.socket, on_event=on_event)
+            [run] = stop.value.runs  # the two rounds not started never start
+            record = vmd.record(run.outcome.session_id)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert run.outcome.state == "cancelled" and sent == ["greet"]
     assert any(e["kind"] == "close" for e in record), "the cancelled job closed its session"
 

@@ -240,8 +240,11 @@ class Terminal:
     """`vmagent run` as a subprocess whose stderr is read as it comes."""
 
     def __init__(self, env: dict[str, str], *args: str):
+        # Ctrl-C reaches it as at a terminal even where pytest itself was started in the
+        # background (a shell's background job ignores SIGINT, and its children inherit that).
         self.proc = subprocess.Popen([sys.executable, "-m", "vmagent.cli", *args], cwd=ROOT, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.err: list[str] = []
         self.out: list[str] = []
         self._readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
