@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 SEARX_RUN = "/usr/bin/searx-run"
@@ -29,6 +30,17 @@ QUERY = ("SELECT url, title, content FROM pages WHERE title LIKE '%' || :query |
 
 class SearxMissing(RuntimeError):
     pass
+
+
+def start_searx(folder: Path, pages: list[tuple[str, str, str]]) -> "SearxServer":
+    """A running searx serving `pages`, or a skip (outside CI) or a failure (in CI, where the
+    web search tests must run) that names what to install."""
+    try:
+        return SearxServer(folder, pages)
+    except SearxMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"web search tests must run in CI, but {exc}", pytrace=False)
+        pytest.skip(str(exc))
 
 
 class SearxServer:

@@ -6,13 +6,12 @@ lists the sources read."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from tests.loop_harness import agent_config, call, calls, running_vmd, sent_tool_names, tool_results
 from tests.ollama_server import start_ollama
-from tests.searx_server import SearxMissing, SearxServer
+from tests.searx_server import start_searx
 from tests.web_pages import PageServer
 from vmagent.loop import JobSpec, run_job
 from vmagent.tools import OFFERED_TOOLS
@@ -29,12 +28,7 @@ def pages():
 def searx(tmp_path_factory, pages):
     rows = [(f"{pages.base}/docs", "Frobnicate API reference", "How to call frobnicate(count, mode)."),
             ("https://other.example/", "Cooking pasta", "Boil water.")]
-    try:
-        server = SearxServer(tmp_path_factory.mktemp("searx"), rows)
-    except SearxMissing as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"web search tests must run in CI, but {exc}", pytrace=False)
-        pytest.skip(str(exc))
+    server = start_searx(tmp_path_factory.mktemp("searx"), rows)
     yield server
     server.close()
 
