@@ -15,14 +15,12 @@ chunks, and several calls may interleave, told apart by `index` alone.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .openai_failures import StreamError
-from .reply import Reply, ToolCall
+from .reply import Reply, ToolCall, show_piece
 
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -131,14 +129,7 @@ class OpenAIStream:
             call.arguments.append(json.dumps(arguments))
 
     def _show(self, callback: Callable[[str], None] | None, piece: str) -> None:
-        if callback is None:
-            return
-        self.streamed = True
-        try:
-            callback(piece)
-        except Exception:
-            # A view never breaks the work (ARCHITECTURE rule 5).
-            log.exception("a streaming callback failed; the reply goes on")
+        self.streamed = show_piece(callback, piece) or self.streamed
 
     # --- the reply ----------------------------------------------------------------------
 

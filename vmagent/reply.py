@@ -44,6 +44,19 @@ class Reply(BaseModel):
         return message
 
 
+def show_piece(callback: Callable[[str], None] | None, piece: str) -> bool:
+    """Hands a streamed piece of a reply to a watcher; True when there was one to hand it to.
+    Both backends' streams show their pieces through this."""
+    if callback is None:
+        return False
+    try:
+        callback(piece)
+    except Exception:
+        # A view never breaks the work (ARCHITECTURE rule 5).
+        log.exception("a streaming callback failed; the reply goes on")
+    return True
+
+
 class StreamState:
     """Accumulates one streamed reply; a failing watcher callback never breaks the stream."""
 
@@ -82,14 +95,7 @@ class StreamState:
             self.final = chunk
 
     def _show(self, callback: Callable[[str], None] | None, piece: str) -> None:
-        if callback is None:
-            return
-        self.streamed = True
-        try:
-            callback(piece)
-        except Exception:
-            # A view never breaks the work (ARCHITECTURE rule 5).
-            log.exception("a streaming callback failed; the reply goes on")
+        self.streamed = show_piece(callback, piece) or self.streamed
 
     def reply(self) -> Reply:
         final = self.final
