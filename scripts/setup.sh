@@ -21,11 +21,12 @@ say "system packages"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 # tesseract: vmd reads the screen as text for a model that cannot see images (vmd/machines/screen_text.py).
+# python3-tk: the eval's GUI check on the host (tests/test_eval.py), as in the guest.
 # searx: the real search engine web_search's tests run on loopback (tests/searx_server.py).
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
-    chromium xvfb xdotool ca-certificates tesseract-ocr tesseract-ocr-eng nftables searx >/dev/null
+    chromium xvfb xdotool python3-tk ca-certificates tesseract-ocr tesseract-ocr-eng nftables searx >/dev/null
 
 say "libvirt"
 # QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the
