@@ -28,6 +28,16 @@ __all__ = [
     "FinishResult", "HiddenCheck", "HiddenCheckResult",
 ]
 
+# Bounds shared with the verbs' params (vmd/verbs.py), defined here for the hidden check's
+# params below, which live in this module because verbs.py is at its size bound.
+# A name is one path component (vmd/verbs.py NAME_PATTERN).
+NAME_RULE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$"
+# A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
+# (MAX_ARG_STRLEN); longer scripts belong in a file.
+COMMAND_CHARS = 128 * 1024
+# Seconds: the longest command (Run.timeout) and the longest wait for a boot.
+MAX_TIMEOUT_S = 7200
+
 # A session's state, as session_status and session_attach report it and session.json keeps it.
 SessionStateName = Literal["booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed"]
 
@@ -278,13 +288,13 @@ class HiddenCheck(BaseModel):
     project, named to the command by $CHECK_DIR; `command` runs in the project folder.
     -> HiddenCheckResult"""
     model_config = ConfigDict(extra="forbid")
-    command: str = Field(min_length=1, max_length=128 * 1024)  # vmd/verbs.py COMMAND_CHARS
-    # Plain names (vmd/verbs.py NAME_PATTERN); a few KiB each in evals/, and the request
-    # line's own bound (64 MiB) bounds them all together.
-    files: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$", max_length=100)],
+    command: str = Field(min_length=1, max_length=COMMAND_CHARS)
+    # Plain names; a few KiB each in evals/, and the request line's own bound (64 MiB)
+    # bounds them all together.
+    files: dict[Annotated[str, Field(pattern=NAME_RULE, max_length=100)],
                 Annotated[str, Field(max_length=4 * 1024 * 1024)]] = Field(default={}, max_length=64)
     expect_exit: int = Field(default=0, ge=0, le=255)
-    timeout: float = Field(default=300, gt=0, le=7200)  # vmd/verbs.py MAX_TIMEOUT_S
+    timeout: float = Field(default=300, gt=0, le=MAX_TIMEOUT_S)
 
 
 class HiddenCheckResult(CheckRunResult, TextResult):

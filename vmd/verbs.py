@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 # The result models are part of this contract: `from vmd.verbs import RunResult` works.
 from vmd.verb_results import *  # noqa: F401,F403
 from vmd.verb_results import RESULTS, SessionStateName, result_problem  # noqa: F401
+# Bounds the hidden check's params (in vmd/verb_results.py) share with the verbs here.
+from vmd.verb_results import COMMAND_CHARS, MAX_TIMEOUT_S, NAME_RULE
 # How text from a guest or a model is shown (terminals, logs, reports): one rule for both sides.
 from vmd.shown_text import fence, one_line, printable  # noqa: F401
 
@@ -51,7 +53,7 @@ REFUSED_PREFIX = "REFUSED:"
 # One rule for owner and project names, used by vmd (folders, repositories) and by the job
 # service (checked when a job is created, and by /ask to find a job's repository). A name
 # is one path component: no '/', no '..', nothing a shell or git could read as an option.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+NAME_PATTERN = re.compile(NAME_RULE)
 # The owner folder of sessions that name no owner.
 LOCAL_OWNER = "local"
 
@@ -88,9 +90,6 @@ def repository_path(state_dir, owner: str, project: str):
 READ_LIMIT = 200_000
 # A file offset: JSON's safe integers (2**53, 8 PiB) are past any file in a guest.
 MAX_OFFSET = 2**53
-# A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
-# (MAX_ARG_STRLEN); longer scripts belong in a file.
-COMMAND_CHARS = 128 * 1024
 # A file's content and edit_file's texts: the request line's own bound (vmd/server/wire.py MAX_LINE).
 CONTENT_CHARS = 64 * 1024 * 1024
 # A path in the guest (Linux's PATH_MAX), and a launched program's arguments.
@@ -110,8 +109,6 @@ TYPE_CHARS = 10_000
 COORD = 65535
 # Scroll clicks in one call (vmd/machines/screen.py sends at most 50).
 SCROLL = 1000
-# Seconds: the longest command (Run.timeout) and the longest wait for a boot.
-MAX_TIMEOUT_S = 7200
 # A turn number, a task id: counts far past any session.
 MAX_COUNT = 10**9
 
