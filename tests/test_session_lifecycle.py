@@ -426,7 +426,10 @@ class Full:
         real = disk._write
 
         def write(path, fd, data):
-            if self.on and Path(path).name in self.names:
+            name = Path(path).name
+            # "x.tmp" stands for the temporary copies of x, named ".x.<pid>.<random>.tmp"
+            if self.on and any(name == n or (n.endswith(".tmp") and name.startswith(f".{n[:-4]}.")
+                                             and name.endswith(".tmp")) for n in self.names):
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real(path, fd, data)
 
@@ -495,7 +498,7 @@ def test_a_full_disk_under_session_json_leaves_it_whole(tmp_path, monkeypatch):
             c.call("add_task", title="one more")
         assert err.value.message.startswith("the host's disk is full: vmd could not save")
         assert state_of(config, sid) == before  # the old file, whole
-        assert not (config.sessions_dir / sid / "session.json.tmp").exists()
+        assert not list((config.sessions_dir / sid).glob(".session.json.*.tmp"))  # the copy went
         full.on = False
         wait_for(lambda: state_of(config, sid)["state"] == "closed", what="session.json saved later")
         c.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, Field
 
 from vmagent import tools
+from vmagent.atomic_file import replace_text
 from vmd.verbs import HiddenCheck
 
 log = logging.getLogger(__name__)
@@ -187,9 +187,7 @@ class Job:
         }
         path = Path(self.transcript_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, ensure_ascii=False, default=str))
-        os.replace(tmp, path)
+        replace_text(path, json.dumps(data, ensure_ascii=False, default=str))
 
     @classmethod
     def load(cls, path: Path) -> "Job":

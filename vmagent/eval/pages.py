@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 
+from vmagent.atomic_file import replace_text
 from vmagent.eval.scores import Row, Totals, summary_lines
 
 RESULTS_VERSION = 1
@@ -59,7 +59,4 @@ def page(rows: list[Row], totals: Totals, meta: dict) -> str:
 
 
 def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return replace_text(path, text)

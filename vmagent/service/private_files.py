@@ -14,6 +14,8 @@ import logging
 import os
 from pathlib import Path
 
+from vmagent.atomic_file import replace_bytes
+
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 # What a worker process starts with, so that what it writes (its transcript) is private
@@ -78,8 +80,4 @@ def open_private_append(path: Path) -> int:
 def write_private(path: Path, data: bytes) -> None:
     """Writes `data` to `path` whole, through a temporary file beside it, mode 0600."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    tmp.replace(path)
+    replace_bytes(path, data)

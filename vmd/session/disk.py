@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 from pathlib import Path
 
 from vmd.private_fs import open_private
@@ -74,7 +75,9 @@ def append(path: Path, data: bytes) -> None:
 def replace(path: Path, text: str) -> None:
     """Writes `text` to `path` through a temporary file and a rename, so that `path` is the
     old file or the new one, never a truncated one; the temporary file goes on an error."""
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of its own per writer: two writers of one session.json (a vmd being stopped
+    # and the one that adopted its session) must not rename each other's copy away.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
         fd = open_private(tmp)  # 0600 whatever the umask: session.json is vmd's
         try:
