@@ -23,10 +23,14 @@ apt-get update -q
 # tesseract: vmd reads the screen as text for a model that cannot see images (vmd/machines/screen_text.py).
 # python3-tk: the eval's GUI check on the host (tests/test_eval.py), as in the guest.
 # searx: the real search engine web_search's tests run on loopback (tests/searx_server.py).
+# Windows guests (docs/windows.md): wimtools reads the editions of the user's ISO, ovmf and
+# swtpm boot Windows 11 (UEFI, TPM 2.0); samba and cifs-utils serve and test the project
+# share over SMB, since 9p has no Windows driver.
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
-    chromium xvfb xdotool python3-tk ca-certificates tesseract-ocr tesseract-ocr-eng nftables searx >/dev/null
+    chromium xvfb xdotool python3-tk ca-certificates tesseract-ocr tesseract-ocr-eng nftables searx \
+    wimtools ovmf swtpm swtpm-tools samba cifs-utils >/dev/null
 
 say "libvirt"
 # QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the
