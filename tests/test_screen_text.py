@@ -16,11 +16,13 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from tests.loop_harness import running_vmd
+from tests.test_screen_numbers import X11Guest, parse_windows
 from tests.vmd_fakes import LocalGuest, LocalScreen
 from vmagent import tools
 from vmagent.client import Vmd
 from vmd.machines import screen_text as st
-from vmd.guests.guest import CommandResult
+from vmd.guests.guest import CommandResult, GuestError
+from vmd.guests.x11_windows import WINDOWS_COMMAND
 from vmd.machines.screen import Screen, Shot
 
 # name -> (left, top, dark background), at 1280x800 like the guest's desktop
@@ -142,8 +144,7 @@ def test_without_tesseract_the_listing_says_to_install_it(monkeypatch):
     monkeypatch.setattr(st, "TESSERACT", "tesseract-not-installed-here")
     with pytest.raises(st.ScreenTextError, match=r"apt-get install tesseract-ocr tesseract-ocr-eng"):
         st.read_words(png_of(image))
-    listing = st.read_screen(png_of(image), 1280, 800, 1.0, "linux",
-                             lambda *a: {"exit_code": 0, "stdout": LISTING})
+    listing = st.read_screen(png_of(image), 1280, 800, 1.0, X11Guest(LISTING))
     assert "Text on screen: tesseract is not installed on the vmd host" in listing
     assert 'Window "terminal" at (31, 50)' in listing  # the windows are still given
 
@@ -169,8 +170,7 @@ def test_an_unreadable_png_gives_a_sentence_not_a_crash(png, words):
     with pytest.raises(st.ScreenTextError, match=words) as err:
         st.read_words(png)
     assert str(err.value).endswith("take another.")
-    listing = st.read_screen(png, 1280, 800, 1.0, "linux",
-                             lambda *a: {"exit_code": 0, "stdout": LISTING})
+    listing = st.read_screen(png, 1280, 800, 1.0, X11Guest(LISTING))
     assert "Text on screen: the screenshot" in listing and 'Window "Approval needed ' in listing
 
 
@@ -182,7 +182,7 @@ def test_a_timeout_is_a_sentence(tesseract):
 
 # --- windows ------------------------------------------------------------------------------
 
-# WINDOWS_COMMAND's output on the debian guest (openbox), bottom of the stack first.
+# WINDOWS_COMMAND's output (vmd/guests/x11_windows.py) on the debian guest (openbox), bottom of the stack first.
 LISTING = """@@active 8388622
 @@window 6291468
   Absolute upper-left X:  31
@@ -212,7 +212,7 @@ Name: Approval needed\x1b[31m "quoted"
 
 
 def test_windows_are_listed_front_first_in_screenshot_pixels():
-    windows = st.parse_windows(LISTING, 0.5, (640, 400))
+    windows = parse_windows(LISTING, 0.5, (640, 400))
     assert [w.title for w in windows] == ['Approval needed [31m "quoted"', "terminal"]
     front = windows[0]
     assert (front.x, front.y, front.width, front.height, front.active) == (267, 330, 106, 46, True)
@@ -224,7 +224,7 @@ def test_windows_are_listed_front_first_in_screenshot_pixels():
 def test_the_text_is_listed_under_the_window_it_is_on_front_first():
     words = [st.Word("Approve", 600, 720, 60, 14, 96.0), st.Word("Approval", 590, 645, 50, 10, 96.0),
              st.Word("ls", 40, 60, 16, 10, 96.0), st.Word("Desktop", 1100, 780, 60, 12, 96.0)]
-    listing = st.describe(1280, 800, words, st.parse_windows(LISTING, 1.0, (1280, 800)))
+    listing = st.describe(1280, 800, words, parse_windows(LISTING, 1.0, (1280, 800)))
     lines = listing.splitlines()
     front = lines.index('Window "Approval needed [31m \\"quoted\\"" at (534, 661) 212x92, '
                         'centre (640, 707), focused:')
@@ -233,18 +233,26 @@ def test_the_text_is_listed_under_the_window_it_is_on_front_first():
     assert lines[-2:] == ["Text on no window:", '- "Desktop" at (1130, 786)']
 
 
-def test_a_guest_without_a_window_list_says_so():
-    windows, why = st.guest_windows("windows", None, 1.0, (1280, 800))
-    assert windows == [] and "not read on windows guests yet" in why
-    failed = lambda *a: {"exit_code": 3, "stdout": "", "stderr": "no windows found on DISPLAY :0\n"}
-    assert st.guest_windows("linux", failed, 1.0, (1280, 800))[1] == (
-        "the guest did not list its windows (exit 3: no windows found on DISPLAY :0).")
+class _Unlisted:
+    def __init__(self, error: Exception):
+        self.error = error
 
-    def gone(*a):
-        raise OSError("the SSH connection dropped")
-    assert "SSH connection dropped" in st.guest_windows("linux", gone, 1.0, (1280, 800))[1]
+    def list_windows(self):
+        raise self.error
+
+
+def test_a_guest_without_a_window_list_says_so():
+    failed = X11Guest("", exit_code=3, stderr="no windows found on DISPLAY :0\n")
+    windows, why = st.guest_windows(failed, 1.0, (1280, 800))
+    assert windows == [] and why == "the guest did not list its windows (exit 3: no windows found on DISPLAY :0)."
+    gone = _Unlisted(OSError("the SSH connection dropped"))
+    assert "SSH connection dropped" in st.guest_windows(gone, 1.0, (1280, 800))[1]
+    refused = _Unlisted(GuestError("the desktop session is locked"))
+    assert st.guest_windows(refused, 1.0, (1280, 800))[1] == (
+        "the guest did not list its windows (the desktop session is locked).")
+    assert st.guest_windows(X11Guest("@@active \n"), 1.0, (1280, 800)) == ([], "the guest shows no windows.")
     listing = st.describe(1280, 800, [st.Word("OK", 10, 10, 20, 10, 90.0)], why)
-    assert "Windows: window titles are not read on windows guests yet" in listing
+    assert "Windows: the guest did not list its windows (exit 3" in listing
     assert '- "OK" at (20, 15)' in listing
 
 
@@ -283,7 +291,7 @@ def test_the_screenshot_verb_reads_the_screen_only_when_asked(tmp_path, monkeypa
     real_run = LocalGuest.run
 
     def run(self, command, timeout=300, cwd=None, on_output=None):
-        if command == st.WINDOWS_COMMAND:  # the fake machine is the host: no guest desktop
+        if command == WINDOWS_COMMAND:  # the fake machine is the host: no guest desktop
             ran.append(command)
             return CommandResult(exit_code=0, stdout=LISTING, stderr="", duration=0.1)
         return real_run(self, command, timeout, cwd, on_output)
@@ -298,7 +306,7 @@ def test_the_screenshot_verb_reads_the_screen_only_when_asked(tmp_path, monkeypa
         assert "screen_text" not in plain and not ran  # no OCR, no guest command
         shot = client.call("screenshot", text=True)
         client.close()
-    assert ran == [st.WINDOWS_COMMAND]
+    assert ran == [WINDOWS_COMMAND]
     assert 'Window "terminal" at (31, 50)' in shot["screen_text"] and "screen_text" in shot["text"]
     point = shot["screen_text"].split('"Approve" at (')[1].split(")")[0]
     assert inside(tuple(int(v) for v in point.split(", ")), boxes["Approve"])

@@ -1,10 +1,11 @@
 """A guest that runs commands and moves files: one small interface, one class per OS.
 
 Callers (the session, the tests, the benchmark) use `Guest` and never learn whether it
-is Linux over SSH (vmd/guests/linux.py) or, later, Windows over SSH with PowerShell. The
-verbs whose command differs by OS (launch_app, check_internet, run_baseline) are in
-vmd/guests/os_verbs.py, one class per OS mixed into that OS's guest. Every error a person
-or the model will read is a `GuestError` with a sentence that says what to do.
+is Linux over SSH (vmd/guests/linux.py) or Windows over SSH with PowerShell
+(vmd/guests/windows.py). The verbs whose command differs by OS (launch_app, check_internet,
+run_baseline, list_windows, ...) are in vmd/guests/os_verbs.py and windows_verbs.py, one class
+per OS mixed into that OS's guest. Every error a person or the model will read is a
+`GuestError` with a sentence that says what to do; a guest raises nothing else on purpose.
 """
 
 from __future__ import annotations
@@ -50,6 +51,36 @@ class GuestFacts(BaseModel):
     project_mounted: bool
     boot_id: str
     hostname: str
+
+
+class ListedWindow(BaseModel):
+    """A top-level window as the guest lists it, in the guest's framebuffer pixels: its inside
+    (below the title bar) and its frame's width on each side (left, right, top, bottom)."""
+
+    title: str
+    x: int
+    y: int
+    width: int
+    height: int
+    active: bool = False
+    frame: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+# X11 positions are 16-bit signed and sizes 16-bit unsigned, Windows' are 32-bit but no screen
+# is past this: a number beyond it in a guest's window listing is no coordinate.
+COORD_LIMIT = 65535
+
+
+def screen_coordinate(text: str) -> int:
+    """A pixel position or size read from a guest's text; ValueError past COORD_LIMIT, where
+    `round(x * scale)` of a huge number raised OverflowError and failed the screenshot verb."""
+    text = text.strip()
+    if len(text) > 7:  # -65535..65535 needs 6
+        raise ValueError(f"{text[:20]!r} is no screen coordinate")
+    value = int(text)
+    if not -COORD_LIMIT <= value <= COORD_LIMIT:
+        raise ValueError(f"{value} is no screen coordinate")
+    return value
 
 
 class DirEntry(BaseModel):
@@ -116,6 +147,8 @@ class Guest(ABC):
     @abstractmethod
     def forget_identity(self) -> None: ...  # new host keys and machine id, share unmounted: before a save
 
+    @abstractmethod
+    def list_windows(self) -> list[ListedWindow]: ...  # visible top-level windows, front first
 
     @abstractmethod
     def launch_app(self, path: str, args: list[str]) -> str: ...

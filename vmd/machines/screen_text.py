@@ -1,8 +1,8 @@
 """The screen read as text, for a model that cannot see images.
 
 Two sources, both already in vmd's hands: the screenshot's PNG, read on the host by
-tesseract (OCR), and the guest's own list of its windows (xprop, xwininfo and xdotool over
-the guest's shell). Every point given is in screenshot space, the pixels of the image the
+tesseract (OCR), and the guest's own list of its windows (`Guest.list_windows`: X11 on Linux,
+vmd/guests/x11_windows.py; user32 on Windows, vmd/guests/windows_verbs.py). Every point given is in screenshot space, the pixels of the image the
 agent was shown (vmd/machines/screen.py): the point of a word is the centre of its box there, so
 `click` at it lands on the word.
 
@@ -21,12 +21,16 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from PIL import Image as PILImage
 from PIL import ImageChops, ImageFilter, ImageOps
 
+from vmd.guests.guest import ListedWindow, screen_coordinate
 from vmd.host_env import clean_env
+
+if TYPE_CHECKING:
+    from vmd.guests.guest import Guest
 
 TESSERACT = "tesseract"
 # A 4K screen is the largest a guest shows; anything bigger is not a screenshot.
@@ -56,26 +60,7 @@ ITEM_GAP = 1.5
 WORD_POINTS_UP_TO = 6  # an item of a few words lists each word's point (a menu bar)
 TEXT_CAP = 4000  # characters of the whole listing; the model's context is small
 MAX_WINDOWS = 25
-# X11 positions are 16-bit signed and sizes 16-bit unsigned: nothing on a screen is past this.
-COORD_LIMIT = 65535
 TITLE_CAP = 120
-WINDOWS_TIMEOUT_S = 20.0
-
-# Lists the guest's windows, bottom of the stack first: the window manager's own list
-# (openbox keeps it), or every visible named window where no manager keeps one. xwininfo
-# gives the absolute position (xdotool's is off by the title bar under openbox).
-WINDOWS_COMMAND = r"""export DISPLAY=:0
-ids=$(xprop -root _NET_CLIENT_LIST_STACKING 2>/dev/null | sed -n 's/.*# *//p' | tr -d ',')
-[ -n "$ids" ] || ids=$(xdotool search --onlyvisible --name . 2>/dev/null)
-[ -n "$ids" ] || { echo "no windows found on DISPLAY :0" >&2; exit 3; }
-echo "@@active $(xdotool getactivewindow 2>/dev/null)"
-for w in $ids; do
-  echo "@@window $((w))"
-  xwininfo -id "$w" 2>/dev/null | grep -E '^ *(Absolute upper-left [XY]|Width|Height|Map State):'
-  printf 'Frame: %s\n' "$(xprop -id "$w" _NET_FRAME_EXTENTS 2>/dev/null | sed -n 's/^.*= *//p')"
-  printf 'Name: %s\n' "$(xdotool getwindowname "$w" 2>/dev/null | head -c 400 | tr -d '\r\n')"
-done
-"""
 
 
 class ScreenTextError(Exception):
@@ -118,12 +103,11 @@ class Window:
                 and self.y - top <= point[1] < self.y + self.height + bottom)
 
 
-def read_screen(png: bytes, width: int, height: int, scale: float, os_family: str,
-                run: Callable[..., dict]) -> str:
+def read_screen(png: bytes, width: int, height: int, scale: float, guest: Guest) -> str:
     """The whole listing for one screenshot: the guest lists its windows while the host
     reads the words, so the wait is the longer of the two, not their sum."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="screen-windows") as pool:
-        listed = pool.submit(guest_windows, os_family, run, scale, (width, height))
+        listed = pool.submit(guest_windows, guest, scale, (width, height))
         try:
             words: list[Word] | str = read_words(png)
         except ScreenTextError as exc:
@@ -215,7 +199,7 @@ def parse_tsv(tsv: str, factor: float, size: tuple[int, int]) -> list[Word]:
             continue
         text = _clean(fields[11], 60)
         try:
-            left, top, width, height = (_coordinate(v) for v in fields[6:10])
+            left, top, width, height = (screen_coordinate(v) for v in fields[6:10])
             confidence = float(fields[10])
         except ValueError:
             continue
@@ -264,59 +248,28 @@ def items_of(words: list[Word]) -> list[list[Word]]:
 # --- windows ------------------------------------------------------------------------------
 
 
-def parse_windows(listing: str, scale: float, size: tuple[int, int]) -> list[Window]:
-    """The windows of WINDOWS_COMMAND's output, front first, in screenshot space (the
-    guest gives framebuffer pixels; `scale` is shown pixels per framebuffer pixel)."""
-    active = ""
-    found: list[dict] = []
-    for line in listing.splitlines():
-        if line.startswith("@@active "):
-            active = line.split(" ", 1)[1].strip()
-        elif line.startswith("@@window "):
-            found.append({"id": line.split(" ", 1)[1].strip()})
-        elif found and ":" in line:
-            key, value = line.split(":", 1)
-            found[-1].setdefault(key.strip(), value.strip())
+def on_screen(listed: list[ListedWindow], scale: float, size: tuple[int, int]) -> list[Window]:
+    """The guest's windows (front first, framebuffer pixels) in screenshot space (`scale` is
+    shown pixels per framebuffer pixel), those off screen left out, at most MAX_WINDOWS."""
     windows = []
-    for entry in found:
-        try:
-            x, y = _coordinate(entry["Absolute upper-left X"]), _coordinate(entry["Absolute upper-left Y"])
-            width, height = _coordinate(entry["Width"]), _coordinate(entry["Height"])
-        except (KeyError, ValueError):
-            continue  # a listing the guest made up costs its own window, not the verb
-        if entry.get("Map State") != "IsViewable" or width < 8 or height < 8:
-            continue
-        x, y = max(0, round(x * scale)), max(0, round(y * scale))
-        width, height = round(width * scale), round(height * scale)
-        if x >= size[0] or y >= size[1]:
+    for w in listed:
+        x, y = max(0, round(w.x * scale)), max(0, round(w.y * scale))
+        width, height = round(w.width * scale), round(w.height * scale)
+        if x >= size[0] or y >= size[1] or width < 1 or height < 1:
             continue  # off screen
         width, height = min(width, size[0] - x), min(height, size[1] - y)
-        try:
-            frame = tuple(min(200, max(0, round(_coordinate(v) * scale)))
-                          for v in entry.get("Frame", "").split(","))
-        except ValueError:
-            frame = ()
-        title = _clean(entry.get("Name", ""), TITLE_CAP)
-        windows.append(Window(title, x, y, width, height, active=active != "" and entry["id"] == active,
-                              frame=frame if len(frame) == 4 else (0, 0, 0, 0)))
-    windows.reverse()  # the stack lists the bottom first; the model wants the front first
+        frame = tuple(min(200, max(0, round(v * scale))) for v in w.frame)
+        windows.append(Window(_clean(w.title, TITLE_CAP), x, y, width, height, active=w.active, frame=frame))
     return windows[:MAX_WINDOWS]
 
 
-def guest_windows(os_family: str, run: Callable[..., dict], scale: float,
-                  size: tuple[int, int]) -> tuple[list[Window], str]:
-    """The guest's windows, and a sentence when there are none to give."""
-    if os_family != "linux":
-        return [], (f"window titles are not read on {os_family} guests yet; only the words on "
-                    "screen are listed.")
+def guest_windows(guest: Guest, scale: float, size: tuple[int, int]) -> tuple[list[Window], str]:
+    """The guest's windows (`Guest.list_windows`), and a sentence when there are none to give."""
     try:
-        result = run(WINDOWS_COMMAND, WINDOWS_TIMEOUT_S, None, None)
+        listed = guest.list_windows()
     except Exception as exc:  # the words on screen are still worth giving
         return [], f"the guest did not list its windows ({_clean(str(exc), 200)})."
-    if result.get("exit_code") != 0:
-        problem = _clean(str(result.get("stderr") or result.get("stdout") or ""), 200)
-        return [], f"the guest did not list its windows (exit {result.get('exit_code')}: {problem})."
-    windows = parse_windows(str(result.get("stdout") or ""), scale, size)
+    windows = on_screen(listed, scale, size)
     return windows, "" if windows else "the guest shows no windows."
 
 
@@ -392,18 +345,6 @@ def _capped(lines: list[str], cap: int) -> str:
 
 def _quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
-
-
-def _coordinate(text: str) -> int:
-    """A pixel position or size read from text; ValueError past X11's own 16-bit range,
-    where `round(x * scale)` of a huge number raised OverflowError and failed the verb."""
-    text = text.strip()
-    if len(text) > 7:  # -32768..65535 and a sign need 6
-        raise ValueError(f"{text[:20]!r} is no screen coordinate")
-    value = int(text)
-    if not -COORD_LIMIT <= value <= COORD_LIMIT:
-        raise ValueError(f"{value} is no screen coordinate")
-    return value
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")

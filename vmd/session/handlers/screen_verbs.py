@@ -12,7 +12,6 @@ from vmd import verbs as V
 from vmd.machines.screen_text import read_screen
 
 if TYPE_CHECKING:
-    from vmd.guests.guest import Guest
     from vmd.session.session import Session
 
 
@@ -24,17 +23,9 @@ def screenshot(session: Session, p: V.Screenshot, notify) -> dict:
     result = {"width": shot.width, "height": shot.height, "scale": shot.scale, "path": path,
               "png_base64": base64.b64encode(shot.png).decode(), "text": text}
     if p.text:  # OCR costs a second or more: only when asked
-        result["screen_text"] = read_screen(shot.png, shot.width, shot.height, shot.scale,
-                                            machine.os_family, _run_as_dict(machine.guest))
+        result["screen_text"] = read_screen(shot.png, shot.width, shot.height, shot.scale, machine.guest)
         result["text"] = text + " The screen read as text is in screen_text."
     return result
-
-
-def _run_as_dict(guest: Guest):
-    """The guest's `run` as vmd/machines/screen_text.py calls it: positional, a dict back."""
-    def run(command, timeout, cwd, on_output):
-        return guest.run(command, timeout, cwd, on_output).model_dump()
-    return run
 
 
 def click(session: Session, p: V.Click, notify) -> dict:
