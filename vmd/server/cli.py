@@ -12,6 +12,7 @@ from vmd.machines.egress_guard import EgressGuard, EgressGuardError
 from vmd.machines.images import cli_build, cli_list
 from vmd.server import doctor
 from vmd.server.session_list import list_sessions, render
+from vmd.windows_image.build import cli_build_windows
 
 
 def _serve(args) -> int:
@@ -77,8 +78,19 @@ def _guard(args) -> int:
     return 1 if problem else 0
 
 
+WINDOWS_OPTIONS = ("iso", "edition", "key", "virtio_win", "openssh_msi", "language", "resolution")
+
+
 def _images(args) -> int:
-    return cli_build(args) if args.images_command == "build" else cli_list(args)
+    if args.images_command != "build":
+        return cli_list(args)
+    if args.name == "windows":
+        return cli_build_windows(args)
+    given = [f"--{o.replace('_', '-')}" for o in WINDOWS_OPTIONS if getattr(args, o)]
+    if given:
+        print(f"vmd images build: {', '.join(given)} belong to `vmd images build windows`", file=sys.stderr)
+        return 2
+    return cli_build(args)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -104,6 +116,14 @@ def parser() -> argparse.ArgumentParser:
     build = images_sub.add_parser("build", help="build an image from its recipe under images/")
     build.add_argument("name")
     build.add_argument("--images-dir", help="where images live (env VMD_IMAGES_DIR)")
+    # windows: from the user's own media (docs/windows.md); vmd never downloads any.
+    build.add_argument("--iso", help="windows: your Windows x64 install ISO")
+    build.add_argument("--edition", help="windows: the edition's name or index (default: Pro / Standard)")
+    build.add_argument("--key", help="windows: your product key, XXXXX-XXXXX-XXXXX-XXXXX-XXXXX")
+    build.add_argument("--virtio-win", help="windows: a virtio-win ISO (virtio disk and network drivers)")
+    build.add_argument("--openssh-msi", help="windows: OpenSSH-Win64.msi, for editions without built-in OpenSSH")
+    build.add_argument("--language", help="windows: language tag such as en-US (default: the edition's)")
+    build.add_argument("--resolution", help="windows: WIDTHxHEIGHT of the desktop (default 1280x800)")
     listing = images_sub.add_parser("list", help="list built images")
     listing.add_argument("--images-dir", help="where images live (env VMD_IMAGES_DIR)")
     images.set_defaults(func=_images)

@@ -13,6 +13,8 @@ sentence saying what is there, or what is missing and what to do about it. The c
 - `ollama`: the model server answers (Ollama, or an OpenAI-compatible one where
   VMAGENT_MODEL_API=openai), has the model, and it can call tools and see (or vmd can read
   the screen for it with OCR): vmd/server/model_check.py.
+- `windows`: Windows guests can run here (KVM, OVMF, swtpm) and an image is built, or what is
+  missing (vmd/windows_image/readiness.py); a warning at worst, since Windows is optional.
 
 A status is `ok`, `warn` (works, but worse than it could: TCG, no eyes for the model),
 `wait` (not yet: an image being built) or `fail`. The exit code is 0 when nothing waits
@@ -46,8 +48,9 @@ from vmd.machines.egress_guard import EgressGuard
 from vmd.machines.images import ImageMissing, recipe_hash
 from vmd.server.findings import HTTP_TIMEOUT_S, Finding, Status, one_line as _one_line  # noqa: F401 (Status: the doctor's API)
 from vmd.server.model_check import OPENAI_DEFAULT_URL, check_ollama, check_openai_model
+from vmd.windows_image.readiness import windows_readiness
 
-CHECKS = ("libvirtd", "accel", "egress", "image", "socket", "gitea", "ollama")
+CHECKS = ("libvirtd", "accel", "egress", "image", "socket", "gitea", "ollama", "windows")
 # A repository name nobody has: the write probe on it answers 404 with the scope and 403
 # without, and changes nothing either way.
 PROBE_REPO = "vmd-doctor-scope-probe-absent"
@@ -317,6 +320,7 @@ def run_checks(names: list[str] | tuple[str, ...] = CHECKS, config: VmdConfig | 
         "ollama": lambda: (check_openai_model(config.model_url or OPENAI_DEFAULT_URL, config.ollama_model,
                                               config.model_key.get_secret_value(), config.model_vision)
                            if config.model_api == "openai" else check_ollama(config.ollama_host, config.ollama_model)),
+        "windows": lambda: Finding("windows", *windows_readiness(config.images_dir)),
     }
     findings = []
     for name in names:

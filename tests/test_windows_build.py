@@ -1,0 +1,149 @@
+"""`vmd images build windows` (vmd/windows_image/build.py): refused before anything slow on
+a host without KVM (this one), and the whole pipeline with only the install boot itself
+replaced: real editions, answer file, seed, qemu-img disk and compression, manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import stat
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pycdlib
+import pytest
+
+from tests.windows_media import make_windows_iso
+from vmd.machines.accel import probe_kvm
+from vmd.machines.images import find_image
+from vmd.server import cli
+from vmd.windows_image import guest_contract as contract
+from vmd.windows_image.build import WindowsBuildOptions, build_windows
+from vmd.windows_image.install import InstallFailed, host_problems, serial_says
+from vmd.windows_image.readiness import windows_readiness
+
+
+def test_without_kvm_the_build_refuses_before_hashing_the_iso(tmp_path):
+    out = io.StringIO()
+    with pytest.raises(InstallFailed, match="no working KVM.*takes hours"):
+        build_windows(WindowsBuildOptions(iso=make_windows_iso(tmp_path)), tmp_path / "images", out,
+                      kvm_usable=lambda: False)
+    assert out.getvalue().splitlines()[:3] == [
+        f"STEP 1/8 read the editions on {tmp_path / 'win.iso'}", "  2: Windows 11 Pro (x64, build 22631)",
+        "STEP 2/8 check this host can run Windows Setup (KVM, OVMF, swtpm)"]
+    assert not (tmp_path / "images").exists()
+
+
+def test_the_cli_refuses_without_an_iso_and_says_vmd_downloads_none(capsys):
+    assert cli.main(["images", "build", "windows"]) == 2
+    assert "vmd never downloads Windows media" in capsys.readouterr().err
+    assert cli.main(["images", "build", "debian", "--iso", "x.iso"]) == 2
+    assert "--iso belong to `vmd images build windows`" in capsys.readouterr().err
+
+
+def test_the_cli_checks_the_options_and_names_the_host_s_problem(tmp_path, capsys):
+    iso = make_windows_iso(tmp_path)
+    assert cli.main(["images", "build", "windows", "--iso", str(iso), "--key", "ABC", "--resolution", "big"]) == 2
+    err = capsys.readouterr().err
+    assert "five groups of five" in err and "WIDTHxHEIGHT" in err
+    if probe_kvm():
+        pytest.skip("this host has KVM: the CLI would start a real install of the test's ISO")
+    if host_problems(lambda: True):
+        pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")
+    code = cli.main(["images", "build", "windows", "--iso", str(iso), "--images-dir", str(tmp_path / "img")])
+    # This host has no working KVM: refused with the sentence, exit 1.
+    captured = capsys.readouterr()
+    assert code == 1 and "no working KVM" in captured.err and "STEP 2/8" in captured.out
+
+
+def fake_install(seen: dict):
+    """Stands in for run_install, the one step that needs KVM: it checks the domain it was
+    given and writes what firstlogon.ps1 writes on COM1."""
+
+    def install(domain_xml: str, serial_log: Path, uri: str, out) -> None:
+        seen["xml"] = ET.fromstring(domain_xml)
+        seen["uri"] = uri
+        serial_log.write_text("vmd: OpenSSH Server\r\nvmd: done\r\n" + contract.READY_MARKER + "\r\n")
+        assert serial_says(serial_log, contract.READY_MARKER) == contract.READY_MARKER
+
+    return install
+
+
+def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
+    if host_problems(lambda: True):
+        pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")
+    iso = make_windows_iso(tmp_path)
+    root, seen, out = tmp_path / "images", {}, io.StringIO()
+    options = WindowsBuildOptions(iso=iso, key="VK7JG-NPHTM-C97JM-9MPGT-3V66T", resolution="1920x1080")
+    folder = build_windows(options, root, out, uri="test:///default", kvm_usable=lambda: True,
+                           install=fake_install(seen))
+    steps = [line.split(" ", 2)[1] for line in out.getvalue().splitlines() if line.startswith("STEP ")]
+    assert steps == [f"{n}/8" for n in range(1, 9)]
+
+    dom = seen["xml"]
+    assert dom.get("type") == "kvm" and dom.find("os/type").get("machine") == "q35"
+    assert dom.find("os/loader").text.endswith("OVMF_CODE_4M.fd") and dom.find("devices/tpm").get("model") == "tpm-crb"
+    cds = [d.find("source").get("file") for d in dom.iterfind("devices/disk[@device='cdrom']")]
+    assert cds[0] == str(iso.resolve()) and cds[1].endswith("seed.iso")
+    assert dom.find("devices/serial").get("type") == "file"
+    assert dom.find("devices/disk[@device='disk']/target").get("bus") == "sata"  # no virtio-win given
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["os_family"] == "windows" and manifest["edition"] == "Windows 11 Pro"
+    assert manifest["build"] == 22631 and manifest["resolution"] == [1920, 1080]
+    assert manifest["iso_sha256"] == hashlib.sha256(iso.read_bytes()).hexdigest()
+    assert (manifest["boot"], manifest["uefi"], manifest["tpm"], manifest["share"]) == ("disk", True, True, "smb")
+    assert folder.name == f"windows-{manifest['recipe']}"
+    password = folder / manifest["admin_password_file"]
+    assert stat.S_IMODE(password.stat().st_mode) == 0o600 and len(password.read_text().strip()) >= 24
+    assert not (folder / "seed.iso").exists() and not (folder / "install.qcow2").exists()
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(folder / "disk.qcow2")],
+                                     capture_output=True, check=True, text=True).stdout)
+    assert info["format"] == "qcow2" and stat.S_IMODE((folder / "disk.qcow2").stat().st_mode) == 0o444
+
+    image = find_image("windows", root)
+    assert (image.os_family, image.user, image.project_path) == ("windows", "agent", "Z:\\")
+    again = io.StringIO()
+    assert build_windows(options, root, again, kvm_usable=lambda: True, install=fake_install({})) == folder
+    assert "up to date" in again.getvalue()
+    assert windows_readiness(root, lambda: True)[0] == "ok" and folder.name in windows_readiness(root, lambda: True)[1]
+
+
+def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path):
+    if host_problems(lambda: True):
+        pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")
+    seen: dict = {}
+
+    def install(domain_xml, serial_log, uri, out):
+        seed = ET.fromstring(domain_xml).findall("devices/disk[@device='cdrom']")[1].find("source").get("file")
+        iso = pycdlib.PyCdlib()
+        iso.open(seed)
+        data = io.BytesIO()
+        iso.get_file_from_iso_fp(data, joliet_path="/Autounattend.xml")
+        iso.close()
+        seen["answer"] = data.getvalue().decode()
+
+    folder = build_windows(WindowsBuildOptions(iso=make_windows_iso(tmp_path), edition="1"), tmp_path / "img",
+                           io.StringIO(), kvm_usable=lambda: True, install=install)
+    password = (folder / "admin-password").read_text().strip()
+    assert f"<Value>{password}</Value>" in seen["answer"]
+    assert "<Key>/IMAGE/INDEX</Key>" in seen["answer"] and "<Value>1</Value>" in seen["answer"]
+
+
+def test_readiness_warns_without_kvm_and_says_how_to_build(tmp_path):
+    status, text = windows_readiness(tmp_path, lambda: False)
+    assert status == "warn" and "no working KVM" in text
+    if not host_problems(lambda: True):
+        status, text = windows_readiness(tmp_path, lambda: True)
+        assert status == "ok" and "vmd images build windows --iso" in text
+
+
+def test_the_serial_log_tells_ready_from_failed(tmp_path):
+    log = tmp_path / "serial.log"
+    assert serial_says(log, "VMD-READY") is None
+    log.write_text("vmd: OpenSSH Server\r\nvmd: firstlogon failed: icacls failed\r\n")
+    assert serial_says(log, "VMD-READY") == "vmd: firstlogon failed: icacls failed"
+    log.write_text("vmd: done\r\nVMD-READY\r\n")
+    assert serial_says(log, "VMD-READY") == "VMD-READY"

@@ -1,0 +1,227 @@
+"""`vmd images build windows --iso PATH`: the Windows guest image, from the user's own ISO.
+
+Steps (each printed as `STEP n/N`, like images/debian/build.sh):
+read the editions, check the host (KVM, OVMF, swtpm: refused before anything slow), hash the
+ISO and the recipe, render the answer file, write the seed, install, compress, write the
+manifest. The image lands in `<images_dir>/windows-<recipe hash>/` like every image; the
+hash covers this package's files, the ISO's sha256 and every option, so an unchanged build
+is never repeated. vmd never downloads Windows media, drivers or the OpenSSH MSI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from vmd.config import VmdConfig
+from vmd.host_env import clean_env
+from vmd.machines.accel import probe_kernel, probe_kvm
+from vmd.windows_image import guest_contract as contract
+from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
+from vmd.windows_image.editions import SUPPLY_HINT, MediaError, pick_edition, read_editions
+from vmd.windows_image.install import (InstallFailed, compress_base, host_problems, make_disk,
+                                       run_install)
+from vmd.windows_image.install_domain import DISK_GB, InstallDomain, SystemDisk, Uefi
+from vmd.windows_image.seed import seed_files, write_seed
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+IMAGE_NAME = "windows"
+TOTAL_STEPS = 8
+DEFAULT_RESOLUTION = (1280, 800)  # the Debian image's, so screenshots cost the model the same
+HASH_CHUNK = 4 * 1024 * 1024
+PASSWORD_FILE = "admin-password"
+
+
+class WindowsBuildOptions(BaseModel):
+    """What the person gave `vmd images build windows` (checked here, at the edge)."""
+    model_config = ConfigDict(frozen=True)
+    iso: Path
+    edition: str | None = None
+    key: str | None = None
+    virtio_win: Path | None = None
+    openssh_msi: Path | None = None
+    language: str | None = None
+    resolution: tuple[int, int] = DEFAULT_RESOLUTION
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9A-Za-z]{5}(-[0-9A-Za-z]{5}){4}", value.strip()):
+            raise ValueError("a Windows product key is five groups of five letters or digits: XXXXX-XXXXX-XXXXX-XXXXX-XXXXX")
+        return value.strip().upper() if value else None
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z]{2,3}-[A-Za-z]{2,4}(-[A-Za-z]{2})?", value):
+            raise ValueError("--language takes a Windows language tag such as en-US or de-DE")
+        return value
+
+    @field_validator("resolution", mode="before")
+    @classmethod
+    def _resolution(cls, value):
+        if isinstance(value, str):
+            m = re.fullmatch(r"(\d{3,4})x(\d{3,4})", value.strip())
+            if not m:
+                raise ValueError("--resolution takes WIDTHxHEIGHT, such as 1280x800")
+            value = (int(m[1]), int(m[2]))
+        if not (800 <= value[0] <= 3840 and 600 <= value[1] <= 2160):
+            raise ValueError("--resolution must be between 800x600 and 3840x2160")
+        return value
+
+
+def step(n: int, text: str, out) -> None:
+    print(f"STEP {n}/{TOTAL_STEPS} {text}", file=out, flush=True)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def recipe_hash(options: WindowsBuildOptions, iso_sha256: str, edition_index: int, language: str) -> str:
+    """This package's files, the ISO, the chosen edition and every option (the key only as a hash)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in PACKAGE_DIR.iterdir() if p.suffix in (".py", ".ps1")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    extras = [iso_sha256, str(edition_index), language, f"{options.resolution[0]}x{options.resolution[1]}",
+              hashlib.sha256((options.key or "").encode()).hexdigest(),
+              file_sha256(options.virtio_win) if options.virtio_win else "",
+              file_sha256(options.openssh_msi) if options.openssh_msi else ""]
+    digest.update("\0".join(extras).encode())
+    return digest.hexdigest()[:16]
+
+
+def admin_password() -> str:
+    """Random, and meeting Windows Server's complexity rule (upper, lower, digit, symbol)."""
+    return secrets.token_urlsafe(18) + "-Aa1"
+
+
+def write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def login_key(folder: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vmd", "-f", str(folder / "id_ed25519")],
+                   check=True, capture_output=True, env=clean_env())
+    return (folder / "id_ed25519.pub").read_text()
+
+
+def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str = "qemu:///system",
+                  kvm_usable: Callable[[], bool] | None = None, install: Callable = run_install) -> Path:
+    """Build (or find up to date) the Windows image; returns its folder. Raises MediaError
+    or InstallFailed with a sentence."""
+    out = out or sys.stdout
+    started = time.monotonic()
+    step(1, f"read the editions on {options.iso}", out)
+    edition = pick_edition(read_editions(options.iso), options.edition)
+    print(f"  {edition.line()}", file=out, flush=True)
+
+    step(2, "check this host can run Windows Setup (KVM, OVMF, swtpm)", out)
+    # QEMU itself is asked (accel.probe_kvm), with a kernel of an image in `root` when there is one.
+    problems = host_problems(kvm_usable or (lambda: probe_kvm(kernel=probe_kernel(root))), tpm=edition.is_windows11)
+    if problems:
+        raise InstallFailed(" ".join(problems))
+
+    step(3, "hash the ISO and the recipe", out)
+    language = options.language or (edition.languages[0] if edition.languages else "en-US")
+    iso_sha256 = file_sha256(options.iso)
+    target = root / f"{IMAGE_NAME}-{recipe_hash(options, iso_sha256, edition.index, language)}"
+    if (target / "manifest.json").is_file():
+        print(f"{IMAGE_NAME}: up to date ({target})", file=out, flush=True)
+        return target
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True, mode=0o700)
+
+    step(4, f"render Autounattend.xml ({edition.name}, {language})", out)
+    password = admin_password()
+    write_private(partial / PASSWORD_FILE, password + "\n")
+    public_key = login_key(partial)
+    answer = AnswerFile(edition, Language(language), AdminAccount(password),
+                        FirstLogon(*options.resolution), UserData(options.key)).to_xml()
+
+    step(5, "write the seed medium (answer file, drivers, first logon script)", out)
+    seed = write_seed(seed_files(answer, public_key, edition, options.virtio_win, options.openssh_msi),
+                      partial / "seed.iso")
+    os.chmod(seed, 0o600)  # it holds the password in the answer file
+
+    step(6, "install Windows (20-40 min under KVM)", out)
+    work_disk = partial / "install.qcow2"
+    make_disk(work_disk, DISK_GB)
+    serial_log = partial / "serial.log"
+    domain = InstallDomain(
+        name=f"vmd-windows-build-{target.name[-16:]}",
+        firmware=Uefi(nvram=str(partial / "OVMF_VARS.fd"), tpm=edition.is_windows11),
+        disk=SystemDisk(str(work_disk), virtio=options.virtio_win is not None),
+        install_iso=str(options.iso.resolve()), seed_iso=str(seed), serial_log=str(serial_log),
+        virtio_net=options.virtio_win is not None)
+    install(domain.to_xml(), serial_log, uri, out)
+
+    step(7, "compress the disk into the base image", out)
+    compress_base(work_disk, partial / "disk.qcow2")
+    for leftover in (work_disk, seed):  # the seed holds the password; the manifest folder keeps it alone
+        leftover.unlink(missing_ok=True)
+
+    step(8, "write the manifest", out)
+    manifest = {
+        "name": IMAGE_NAME, "os_family": "windows",
+        "distro": f"windows-{edition.edition_id.lower()}-{edition.build}",
+        "user": contract.ADMIN_USER, "project_path": contract.PROJECT_PATH,
+        "resolution": list(options.resolution), "desktop": True, "disk": "disk.qcow2", "ssh_key": "id_ed25519",
+        "edition": edition.name, "edition_id": edition.edition_id, "edition_index": edition.index,
+        "build": edition.build, "language": language, "iso_sha256": iso_sha256, "recipe": target.name.split("-")[-1],
+        # The Image fields of vmd/machines/images.py: boot from its own disk with OVMF, a TPM
+        # for Windows 11, the project over SMB (no 9p driver on Windows).
+        "boot": "disk", "uefi": True, "tpm": edition.is_windows11, "share": "smb",
+        "uefi_vars": "OVMF_VARS.fd",  # the install's variable store; the ESP's fallback loader boots without it "disk_bus": "virtio" if options.virtio_win else "sata",
+        "admin_password_file": PASSWORD_FILE,
+    }
+    (partial / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    partial.rename(target)
+    print(f"{IMAGE_NAME}: ready in {time.monotonic() - started:.0f} s at {target}", file=out, flush=True)
+    return target
+
+
+def cli_build_windows(args) -> int:
+    if not args.iso:
+        print(f"vmd images build windows: no install ISO given; {SUPPLY_HINT}.", file=sys.stderr)
+        return 2
+    try:
+        options = WindowsBuildOptions(
+            iso=Path(args.iso), edition=args.edition, key=args.key,
+            virtio_win=Path(args.virtio_win) if args.virtio_win else None,
+            openssh_msi=Path(args.openssh_msi) if args.openssh_msi else None,
+            language=args.language, resolution=args.resolution or DEFAULT_RESOLUTION)
+    except ValueError as exc:  # pydantic's ValidationError: the option's own sentence
+        errors = getattr(exc, "errors", lambda: [{"msg": str(exc)}])()
+        print("vmd images build windows: " + "; ".join(e["msg"].removeprefix("Value error, ") for e in errors),
+              file=sys.stderr)
+        return 2
+    try:
+        config = VmdConfig.load(images_dir=args.images_dir)
+    except (FileNotFoundError, ValueError) as exc:  # vmd's configuration cannot be used
+        print(f"vmd images build windows: {exc}", file=sys.stderr)
+        return 2
+    try:
+        build_windows(options, config.images_dir, uri=config.libvirt_uri)
+    except (MediaError, InstallFailed) as exc:
+        print(f"vmd images build windows: {exc}", file=sys.stderr)
+        return 1
+    return 0
