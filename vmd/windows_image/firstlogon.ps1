@@ -145,8 +145,9 @@ public static class VmdDisplay {
     # user's interactive session and starts the one command line vmd wrote to $LaunchRequest.
     $runner = Join-Path $here 'launch.ps1'
     Set-Content -Path $runner -Encoding UTF8 -Value @'
+# vmd writes one command line, UTF-8 with a BOM (Windows PowerShell 5.1 reads it as UTF-8 then).
 $request = Get-Content -Raw -Path $args[0]
-Start-Process -FilePath 'cmd.exe' -ArgumentList @('/c', 'start', '""', $request.Trim())
+Start-Process -FilePath 'cmd.exe' -WindowStyle Hidden -ArgumentList @('/c', 'start', '""', $request.Trim())
 '@
     $action = New-ScheduledTaskAction -Execute 'powershell.exe' `
         -Argument "-NoProfile -WindowStyle Hidden -ExecutionPolicy Bypass -File `"$runner`" `"$LaunchRequest`""
