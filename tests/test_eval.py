@@ -75,7 +75,7 @@ def test_a_run_that_solves_the_task_scores_solved_and_proven(tmp_path):
         requests = [json.dumps(body) for body in server.chat_requests]
     [row] = rows
     assert (row.outcome, row.hidden, row.check, row.solved, row.proven, row.expected) == (
-        "done", "passed", "proven", True, True, True), row
+        "done", "passed", "verified and proven", True, True, True), row
     assert row.turns == 5 and row.prompt_tokens > 0 and row.reply_tokens > 0 and row.model_s >= 0
     # The starting project was vmd's first commit, so the agent's check was proven against it.
     assert (project / "greet.py").read_text() == FIXED and not (project / "check_greet.py").exists()
@@ -122,7 +122,7 @@ def test_a_run_that_stalls_is_failed_with_its_reason_and_the_hidden_check_fails(
     [row] = rows
     assert row.outcome == "failed" and not row.solved and row.hidden == "failed", row
     assert row.reason and "hallo ann" in row.hidden_detail, row  # the loop's reason; the check's own output
-    assert row.check == "none"
+    assert row.check == "not verified"
     text = table(rows, totals_of(rows), "qwen3:32b")
     assert row.reason[:40] in " ".join(text.split())
 
@@ -231,7 +231,7 @@ def test_the_whole_task_set_played_from_its_reference_solutions_scores_as_each_t
     rows = {row.task: row for row in (row_of(run, out) for run in runs)}
     assert {name: (r.outcome, r.hidden) for name, r in rows.items() if not r.solved} == {}
     assert rows["verify-tests-only"].check == "passed, not proven" and rows["verify-tests-only"].expected
-    assert rows["add-flag-tests-pass-already"].check == "proven"  # after vmd refused the old tests as proof
+    assert rows["add-flag-tests-pass-already"].check == "verified and proven"  # after vmd refused the old tests as proof
     assert rows["ask-server-port"].answers == 1 and rows["ask-greeting-language"].answers == 1
     assert all(r.expected for r in rows.values()), [n for n, r in rows.items() if not r.expected]
     totals = totals_of(list(rows.values()))

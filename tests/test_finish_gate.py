@@ -95,7 +95,7 @@ def test_a_check_that_needs_no_work_is_refused_once_then_passed_not_proven(sessi
     assert attempt.passed is True and attempt.baseline is not None and attempt.baseline.passed is True
     finished = session.call("finish", summary="done", verification="test -d .")
     assert finished["accepted"] is True and finished["outcome"]["passed"] is True
-    assert finished["outcome"]["proven"] is False and "NOT proven" in finished["text"]
+    assert finished["outcome"]["proven"] is False and "passed, not proven: the check also passes" in finished["text"]
     report = session.call("report")
     assert report["outcome"]["status"] == "passed_not_proven"
     assert "passed, not proven" in report["markdown"].splitlines()[2]
@@ -108,7 +108,7 @@ def test_three_failed_verifications_end_the_session_failed_with_every_attempt(se
         assert attempt_of(refused).attempt == attempt and f"try {attempt}" in attempt_of(refused).output_tail
     finished = session.call("finish", summary="done", verification="echo try 3; exit 3")
     assert finished["accepted"] is True and finished["outcome"]["passed"] is False
-    assert "NOT verified after 3 failed verifications" in finished["text"]
+    assert "verification failed: the check did not pass (3 verification runs in all)" in finished["text"]
     report = session.call("report")
     assert report["outcome"]["status"] == "failed" and report["outcome"]["attempts"] == 3
     for attempt in (1, 2, 3):

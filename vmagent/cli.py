@@ -133,7 +133,7 @@ def exit_code(outcome) -> int:
     verification = outcome.verification
     if outcome.state != "done" or verification.passed is not True:
         return EXIT_NOT_DONE
-    return EXIT_DONE if verification.proven is True else EXIT_NOT_PROVEN
+    return EXIT_DONE if verification.status == "passed" else EXIT_NOT_PROVEN
 
 
 def _run_until_done(loop, spec, view, cancel, transcript, config, socket_path):

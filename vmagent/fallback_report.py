@@ -30,23 +30,8 @@ def vmd_report(vmd: Vmd | SessionLink) -> tuple[str | None, Verification]:
 
 
 def verification_of(outcome: dict) -> Verification:
-    """The verdict in vmd's report outcome: status passed (verified and proven),
-    passed_not_proven, failed or unverified, with proven and attempts beside it."""
-    status = outcome.get("status")
-    ran = status in ("passed", "passed_not_proven", "failed")
-    attempts = outcome.get("attempts")
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
-        attempts = 1 if ran else 0  # a vmd from before attempts were counted ran the check once
-    if status == "passed":
-        return Verification(passed=True, proven=True, attempts=attempts)
-    if status == "passed_not_proven":
-        # vmd says proven null when it could not run the check on the baseline at all:
-        # not proven, but not shown to prove nothing either.
-        proven = None if "proven" in outcome and outcome["proven"] is None else False
-        return Verification(passed=True, proven=proven, attempts=attempts)
-    if status == "failed":
-        return Verification(passed=False, proven=None, attempts=attempts)
-    return Verification(passed=None, proven=None, attempts=attempts)
+    """The verdict in vmd's report outcome (vmd/verdict.py Verdict.of_status)."""
+    return Verification.of_status(outcome)
 
 
 def outage_notes(vmd_outages: Iterable[VmdOutage], model_outages: Iterable[ModelOutage]) -> list[str]:

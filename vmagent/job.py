@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from vmagent import tools
 from vmagent.atomic_file import replace_text
-from vmd.verbs import HiddenCheck
+from vmd.verbs import HiddenCheck, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +39,8 @@ class JobSpec(BaseModel):
     hidden_check: HiddenCheck | None = None
 
 
-class Verification(BaseModel):
-    """vmd's verdict on the agent's check, read from its report.
-
-    passed: the check passed when vmd ran it (None: the session never got a verdict).
-    proven: the check also failed on the project as it was when the session opened, so it
-    needs the work; False: it passed there too; None: not passed, or vmd could not run it
-    there (a guest that cannot show the baseline). attempts: runs of the check in the session.
-    """
-
-    passed: bool | None = None
-    proven: bool | None = None
-    attempts: int = 0
+# vmd's verdict on the agent's check, read from its report; its words are the contract's.
+Verification = Verdict
 
 
 class Outcome(BaseModel):

@@ -49,10 +49,8 @@ def end_job(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Mod
     report, verification = vmd_report(vmd) if reachable else (None, Verification())
     if ending.state == "done" and verification.passed is False:
         # vmd takes a finish whose check keeps failing only to end the session as failed.
-        runs = verification.attempts
-        ending = Ending("failed", "The agent finished, and vmd ended the session as failed: its "
-                                  f"check did not pass ({runs} verification run{'s' if runs != 1 else ''} "
-                                  "in all).")
+        ending = Ending("failed", "The agent finished, and vmd ended the session as failed: "
+                                  f"{verification.reason()}.")
         job.notes[reason_at] = ending.reason
     if report is None:
         report = local_report(job, ending, vmd_error or "vmd could not build the report")

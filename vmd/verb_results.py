@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vmd.verdict import Verdict, VerdictStatus
+
 __all__ = [
     "SessionStateName", "RESULTS", "result_problem",
     "Result", "TextResult", "SessionOpenResult", "SessionAttachResult", "SessionReadyResult",
@@ -25,7 +27,7 @@ __all__ = [
     "WriteFileResult", "EditFileResult", "ListDirEntry", "ListDirResult", "GitCommitResult",
     "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
     "RequestUnfreezeResult", "CheckRunResult", "CheckAttempt", "FinishRefusalData", "FinishOutcome",
-    "FinishResult", "HiddenCheck", "HiddenCheckResult",
+    "FinishResult", "HiddenCheck", "HiddenCheckResult", "Verdict", "VerdictStatus",
 ]
 
 # Bounds shared with the verbs' params (vmd/verbs.py), defined here for the hidden check's

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from vmagent.eval.runner import TaskRun
+from vmd.verbs import Verdict
 
 
 class Row(BaseModel):
@@ -22,7 +23,7 @@ class Row(BaseModel):
     round: int
     outcome: str  # done, failed, cancelled, question, unfreeze
     reason: str  # why the loop stopped
-    check: str  # the agent's check as vmd judged it: proven, passed, not proven, failed, none
+    check: str  # the agent's check as vmd judged it, in its words (vmd/verdict.py Verdict.label)
     hidden: str  # passed, failed, not run
     hidden_detail: str
     solved: bool  # the hidden check passed
@@ -54,10 +55,7 @@ class Totals(BaseModel):
 
 
 def agent_check(run: TaskRun) -> str:
-    v = run.outcome.verification
-    if v.passed is True:
-        return "proven" if v.proven is True else "passed, not proven" if v.proven is False else "passed, unchecked"
-    return "failed" if v.passed is False else "none"
+    return run.outcome.verification.label()
 
 
 def row_of(run: TaskRun, relative_to=None) -> Row:
@@ -73,7 +71,7 @@ def row_of(run: TaskRun, relative_to=None) -> Row:
         if not hidden.get("passed"):
             detail += ": " + " ".join(str(hidden.get("output_tail") or "").split())[-300:]
     check = agent_check(run)
-    proven = check == "proven"
+    proven = run.outcome.verification.status == "passed"
     usage = o.usage or {}
     report = None
     if run.report_path is not None:
@@ -92,7 +90,7 @@ def totals_of(rows: list[Row]) -> Totals:
     rounds = sorted({r.round for r in rows})
     return Totals(
         runs=len(rows), solved=len(solved), solved_and_proven=sum(1 for r in solved if r.proven),
-        passed_not_proven=sum(1 for r in rows if r.check == "passed, not proven"),
+        passed_not_proven=sum(1 for r in rows if r.check == Verdict(passed=True, proven=False).label()),
         expected=sum(1 for r in rows if r.expected),
         median_wall_s=_median([r.wall_s for r in rows]), median_wall_s_solved=_median([r.wall_s for r in solved]),
         model_s=round(sum(r.model_s for r in rows), 1), prompt_tokens=sum(r.prompt_tokens for r in rows),
@@ -104,7 +102,7 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-COLUMNS = [("task", 28), ("#", 2), ("outcome", 9), ("hidden", 8), ("agent's check", 18), ("turns", 5),
+COLUMNS = [("task", 28), ("#", 2), ("outcome", 9), ("hidden", 8), ("agent's check", 19), ("turns", 5),
            ("model s", 8), ("prompt tok", 10), ("reply tok", 9), ("wall s", 7)]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from vmd.config import VmdConfig
 from vmd.projects.publish import changed_files, commit_project, prepare_project, push_project, remote_for
 from vmd.projects.tree import Limits, share_owner
+from vmd.verbs import Verdict
 
 
 class ProjectStore:
@@ -47,17 +48,14 @@ class ProjectStore:
 
     def push(self, owner: str, project: str, description: str, branch: str,
              outcome: dict | None) -> dict:
+        verdict = Verdict.of_outcome(outcome)
         if outcome is None:
             status, text = "pending", "vmd did not verify this commit: the session did not finish"
-        elif outcome.get("passed") and outcome.get("proven"):
-            status, text = "success", (f"vmd verified and proven: `{outcome['command']}` exited "
-                                       f"{outcome['exit_code']} and fails without this work")
-        elif outcome.get("passed"):
-            status, text = "warning", (f"vmd: passed, not proven: `{outcome['command']}` exited "
-                                       f"{outcome['exit_code']} but also passes without this work")
         else:
-            status, text = "failure", (f"vmd verification failed: `{outcome['command']}` exited "
-                                       f"{outcome['exit_code']} (expected {outcome['expect_exit']})")
+            # Gitea's commit status: success only for a check that needs the work.
+            status = {"passed": "success", "passed_not_proven": "warning"}.get(verdict.status, "failure")
+            text = (f"vmd: {verdict.label()}: `{outcome['command']}` exited {outcome['exit_code']} "
+                    f"(expected {outcome['expect_exit']})")
         result = push_project(self.remote(owner, project, description), branch=branch or "main",
                               status=status, status_description=text[:140]).model_dump()
         web = self.config.gitea_web_url.rstrip("/")

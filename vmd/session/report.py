@@ -13,18 +13,20 @@ from pathlib import Path
 
 from vmd.session.record import read_record
 from vmd.session.tasks import TaskList
-from vmd.verbs import POLICY, REFUSED, fence, one_line
+from vmd.verbs import POLICY, REFUSED, Verdict, fence, one_line
 
 FILE_VERBS = ("write_file", "append_file", "edit_file")
 # Reads of the session, not steps of the work (vmd/verbs.py POLICY).
 UNCOUNTED = tuple(verb for verb, policy in POLICY.items() if not policy.counts_as_step)
+# The headline's mark before the verdict's words (vmd/verdict.py Verdict.label).
+MARKS = {"passed": "✅", "passed_not_proven": "⚠️", "failed": "❌", "unverified": "⚠️"}
 
 
 @dataclass
 class Report:
     markdown: str
-    # status: passed (verified and proven) | passed_not_proven | failed | unverified;
-    # proven, attempts, and the verification if any
+    # status (vmd/verdict.py Verdict.status), proven, attempts, and the verification if any
+    # (vmd/verb_results.py ReportOutcome)
     outcome: dict
 
 
@@ -65,11 +67,9 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
 
     attempts = [e for e in events if e["kind"] == "verification"]
     checkpoints = {e.get("task"): e for e in events if e["kind"] == "checkpoint" and e.get("commit")}
+    verdict = Verdict.of_outcome(outcome_event, len(attempts))
     if outcome_event:
-        passed = bool(outcome_event.get("passed"))
-        proven = outcome_event.get("proven") if passed else None
-        status = "failed" if not passed else "passed" if proven else "passed_not_proven"
-        outcome = {"status": status, "proven": proven, "attempts": len(attempts) or 1,
+        outcome = {"status": verdict.status, "proven": verdict.proven, "attempts": verdict.attempts,
                    **{k: outcome_event.get(k) for k in ("command", "cwd", "exit_code", "expect_exit",
                                                          "timed_out", "duration", "output_tail",
                                                          "baseline")}}
@@ -84,24 +84,21 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
     md.append(f"# vmagent session {session_id}" + (f": {task_title[0][:100]}" if task_title else ""))
     md.append("")
     if outcome_event:
-        mark = {"passed": "✅ verified and proven", "passed_not_proven": "⚠️ passed, not proven",
-                "failed": "❌ verification failed"}[outcome["status"]]
+        mark = f"{MARKS[verdict.status]} {verdict.label()}"
         line = (f"**Outcome: {mark}** — vmd ran `{outcome['command']}` itself: exit code "
                 f"**{outcome['exit_code']}** (expected {outcome['expect_exit']}"
                 f"{', timed out' if outcome.get('timed_out') else ''})")
         baseline = outcome.get("baseline") or {}
-        if outcome["status"] == "passed":
+        if verdict.status == "passed":
             line += f"; on the project as it was before the session it exits {baseline.get('exit_code')}"
-        elif outcome["status"] == "passed_not_proven":
-            line += (" — but it also passes on the project as it was before the session, so it does not "
-                     "prove the work" if not baseline.get("error") else
-                     f" — whether it needs the work could not be checked: {baseline.get('error')}")
+        elif verdict.status == "passed_not_proven":
+            line += f" — but {verdict.reason()}" + (f": {baseline['error']}" if baseline.get("error") else "")
         md.append(line + ".")
     else:
         why = ("the session was cancelled" if cancelled else
                "vmd ended the session before the agent finished with a verification" if ended_by_vmd else
                "the agent never finished with a verification")
-        md.append(f"**Outcome: ⚠️ not verified** — {why}; nothing here is confirmed by vmd.")
+        md.append(f"**Outcome: {MARKS['unverified']} {verdict.label()}** — {why}; nothing here is confirmed by vmd.")
     if ended_by_vmd:
         md += ["", f"vmd closed the session: {ended_by_vmd.get('reason')}."]
     meta = [f"OS `{args.get('os', '?')}`"]

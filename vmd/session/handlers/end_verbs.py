@@ -81,16 +81,9 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
             session.s.state = "finished"
         session.save()
     session.record.append("outcome", **outcome, summary=p.summary)
-    if not run.passed:
-        verdict = (f"NOT verified after {failures} failed verifications — the outcome of this session "
-                   "is a failure")
-    elif proven:
-        verdict = "verified, and proven: the check fails on the project as it was before this session"
-    elif proven is False:
-        verdict = ("passed, NOT proven: the check also passes on the project as it was before this "
-                   "session")
-    else:
-        verdict = f"passed; whether the check needs the work could not be checked ({baseline.error})"
+    verdict = V.Verdict.of_outcome(outcome).sentence()
+    if run.passed and proven is None and baseline is not None and baseline.error:
+        verdict += f" ({baseline.error})"
     text = (f"Finished. vmd ran `{command}` itself: exit {run.exit_code} (expected {expect}"
             f"{', timed out' if run.timed_out else ''}): {verdict}.\nOutput tail:\n{run.output_tail[-1500:]}")
     return {"accepted": True, "outcome": outcome, "text": text}
@@ -206,11 +199,8 @@ def _commit_message(session: Session) -> str:
     body = [f"vmagent session {session.s.id}", "", "Tasks:", session.tasks.render()]
     if session.s.outcome:
         o = session.s.outcome
-        verdict = ("verified and proven (it fails on the project as it was before)" if o.get("proven")
-                   else "passed, not proven (it also passes on the project as it was before)"
-                   if o.get("passed") else "FAILED")
         body += ["", f"Verification by vmd: `{o['command']}` exited {o['exit_code']} (expected "
-                     f"{o['expect_exit']}): {verdict}; {o.get('attempts', 1)} attempt(s)."]
+                     f"{o['expect_exit']}): {V.Verdict.of_outcome(o).sentence()}; {o.get('attempts', 1)} attempt(s)."]
     else:
         body += ["", "Not verified by vmd: the session did not finish."]
     return title + "\n\n" + "\n".join(body)
