@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from vmd.verbs import repository_path
+from vmd.projects.repository import repository_path
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTED_WORKER = [sys.executable, str(REPO / "tests" / "scripted_worker.py")]

@@ -8,6 +8,7 @@ import pytest
 from vmd import verbs as V
 from vmd.errors import REFUSED
 from vmd.machines.libvirt_machines import LibvirtMachines
+from vmd.projects.repository import repository_path
 from vmd.session.record import read_record
 from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, RpcClient, RpcError, make_config
@@ -142,7 +143,7 @@ def test_a_closed_task_is_a_checkpoint_commit_and_the_close_carries_the_verifica
     finally:
         c.close()
         server.stop()
-    repo = V.repository_path(config.state_dir, "", "steps")
+    repo = repository_path(config.state_dir, "", "steps")
     log = subprocess.run(["git", "--git-dir", str(repo), "log", "--reverse", "--format=%s", "main"],
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert log == ["Task 1 done: first file", "Task 2 done: second file", "two steps"]

@@ -29,7 +29,7 @@ from vmd.projects.owners import person_slug, person_topic
 from vmd.projects.tree import XATTR_MODE, Limits, walk
 from vmd.projects.publish import (Committed, PublishError, PushResult, Remote, changed_files,
                          commit_project, prepare_project, push_project, remote_for)
-from vmd.projects.repository import Repository
+from vmd.projects.repository import Repository, repository_path
 
 TOKEN = "gitea-fake-token-5f1e2d9c-never-leak-me"
 MIB = 1024 * 1024
@@ -272,7 +272,7 @@ def test_without_gitea_the_commit_lands_in_vmds_repository(tmp_path):
     write(project, "a.txt", "a")
     sha = commit_project(project, remote, "work").sha
     result = push_project(remote)
-    bare = V.repository_path(tmp_path / "state", "alice", "calc")
+    bare = repository_path(tmp_path / "state", "alice", "calc")
     assert result == PushResult(sha=sha, remote_display=str(bare), pushed=True)
     assert result.web_url is None
     assert git_log(bare) == [f"{sha} work"]
@@ -926,7 +926,7 @@ def test_a_remote_renamed_to_the_push_url_does_not_redirect_the_push(gitea, tmp_
 
 def test_git_files_and_alternates_pointing_at_another_repository_take_nothing_from_it(gitea, tmp_path):
     state = tmp_path / "state"
-    bob = V.repository_path(state, "bob", "secret")
+    bob = repository_path(state, "bob", "secret")
     seed_repository(bob, {"plan.txt": "bob's secret plan\n", "keys/id": "bob's key\n"}, tmp_path,
                     "bob's secret")
     bob_objects = all_objects(bob)

@@ -19,6 +19,7 @@ from tests.vmd_fakes import make_config
 from vmagent.client import Vmd
 from vmd import verbs as V
 from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
+from vmd.projects.repository import repository_path
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 
@@ -164,7 +165,7 @@ sudo setsid nohup bash -c 'while true; do printf "[core]\\n\\tfsmonitor = {run_o
     assert git(gitea.repo_path("alice", "secret"), "rev-parse", "main").stdout.strip() == alice["gitea_head"]
     for sha in (alice["commit"], alice["blob"]):
         assert git(mallory, "cat-file", "-e", sha).returncode != 0, sha
-        assert git(V.repository_path(config.state_dir, "mallory", "app"), "cat-file", "-e", sha).returncode != 0
+        assert git(repository_path(config.state_dir, "mallory", "app"), "cat-file", "-e", sha).returncode != 0
 
     # The token is nowhere the guest or a person could read it.
     history = git(mallory, "log", "-p", "--all", "--format=%H %an %s%n%b").stdout

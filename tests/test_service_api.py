@@ -364,11 +364,12 @@ def test_a_restart_keeps_every_state_and_leaves_nothing_running_without_a_worker
 
 @uses_scripted_worker
 def test_a_finished_job_is_asked_about_from_its_record_and_repo(tmp_path):
-    state = tmp_path / "vmd-state"
-    vmd_project_repo(state, "alice", "demo", [("Add main.py printing hello", {"main.py": "print('hello')\n"})])
-    with start_ollama(["main.py now prints hello."]) as server:
-        svc = ServiceProcess(tmp_path / "svc", vmd_state_dir=str(state)).start()
-        svc_model = ServiceProcess(tmp_path / "svc2", vmd_state_dir=str(state), ask_model="small",
+    # The history comes from vmd (its `history` verb), which the service reaches on its socket.
+    with running_vmd(tmp_path) as vmd, start_ollama(["main.py now prints hello."]) as server:
+        vmd_project_repo(vmd.config.state_dir, "alice", "demo",
+                         [("Add main.py printing hello", {"main.py": "print('hello')\n"})])
+        svc = ServiceProcess(tmp_path / "svc", vmd_socket=vmd.socket).start()
+        svc_model = ServiceProcess(tmp_path / "svc2", vmd_socket=vmd.socket, ask_model="small",
                                    ollama_url=server.url).start()
         try:
             alice = svc.client()

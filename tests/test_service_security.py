@@ -19,6 +19,7 @@ import pytest
 
 from tests.service_harness import (ALICE, BOB, SERVICE, ServiceProcess, stop_workers, uses_scripted_worker,
                                    vmd_project_repo, wait_for_state)
+from tests.loop_harness import running_vmd
 from tests.test_service_api import start, worker_pid
 from vmagent.service.ask import project_files_in, project_history
 from vmagent.service.auth import preview_token_valid, redact_query, sign_preview
@@ -289,13 +290,17 @@ def test_a_running_worker_process_holds_no_secrets(tmp_path):
         stop_workers(svc)
 
 
-# --- /ask reads the job's own repository, as data ---------------------------------------------
+# --- /ask reads the job's own repository, as data, through vmd's `history` verb ----------------
 
 @uses_scripted_worker
 def test_a_job_is_asked_about_only_from_its_own_owners_repository(tmp_path):
-    state = tmp_path / "vmd-state"
-    vmd_project_repo(state, "bob", "secret", [("Bob's launch codes are 0000", {"codes.txt": "0000\n"})])
-    svc = ServiceProcess(tmp_path / "svc", vmd_state_dir=str(state)).start()
+    with running_vmd(tmp_path) as vmd:
+        vmd_project_repo(vmd.config.state_dir, "bob", "secret",
+                         [("Bob's launch codes are 0000", {"codes.txt": "0000\n"})])
+        _ask_own_repository_only(ServiceProcess(tmp_path / "svc", vmd_socket=vmd.socket).start())
+
+
+def _ask_own_repository_only(svc: ServiceProcess) -> None:
     try:
         alice, bob = svc.client(ALICE), svc.client(BOB)
         question = {"question": "What is in codes.txt and what are the launch codes?"}
@@ -311,15 +316,23 @@ def test_a_job_is_asked_about_only_from_its_own_owners_repository(tmp_path):
 
 
 def test_a_stored_job_with_an_unsafe_project_reads_no_repository(tmp_path):
-    state = tmp_path / "vmd-state"
-    vmd_project_repo(state, "bob", "secret", [("Bob's launch codes are 0000", {"codes.txt": "0000\n"})])
-    config = ServiceConfig(vmd_state_dir=state)
-    bob_job = {"owner": "bob", "project": "secret"}
-    assert "launch codes" in project_history(config, bob_job, "codes.txt")
-    # Jobs stored before project names were checked: each of these once reached bob's history.
-    for project in ("../bob/secret", "bob/secret", "../../repos/bob/secret", "/abs"):
-        assert project_history(config, {"owner": "alice", "project": project}, "codes.txt") == ""
-    assert project_history(config, {"owner": "../bob", "project": "secret"}, "codes.txt") == ""
+    with running_vmd(tmp_path) as vmd:
+        vmd_project_repo(vmd.config.state_dir, "bob", "secret",
+                         [("Bob's launch codes are 0000", {"codes.txt": "0000\n"})])
+        config = ServiceConfig(vmd_socket=vmd.socket)
+        bob_job = {"owner": "bob", "project": "secret"}
+        assert "launch codes" in project_history(config, bob_job, "codes.txt")
+        # Jobs stored before project names were checked: each of these once reached bob's history.
+        for project in ("../bob/secret", "bob/secret", "../../repos/bob/secret", "/abs"):
+            assert project_history(config, {"owner": "alice", "project": project}, "codes.txt") == ""
+        assert project_history(config, {"owner": "../bob", "project": "secret"}, "codes.txt") == ""
+        assert project_history(config, {"owner": "alice", "project": "secret"}, "codes.txt") == ""
+
+
+def test_without_vmd_the_answer_says_the_history_is_missing(tmp_path):
+    config = ServiceConfig(vmd_socket=str(tmp_path / "no-vmd.sock"))
+    said = project_history(config, {"owner": "bob", "project": "secret"}, "codes.txt")
+    assert said.startswith("(vmd could not be asked for this project's history") and "not part of this answer" in said
 
 
 def test_only_plain_file_names_from_a_question_reach_git():
@@ -331,12 +344,11 @@ def test_only_plain_file_names_from_a_question_reach_git():
 PLANTED = ("textconv", "extdiff", "external", "fsmonitor", "gpg", "pager")
 
 
-def _planted_repo(tmp_path: Path) -> tuple[Path, Path, Path]:
+def _planted_repo(tmp_path: Path, state: Path) -> tuple[Path, Path, Path]:
     """vmd's repository of alice/notes, with a diff driver named in .gitattributes (committed,
     and in info/attributes, which git 2.39 reads for a bare repository) and programs in its
     config (textconv, external diff, fsmonitor, gpg with showSignature, pager) that each leave
     a marker named for itself; HEAD is signed so that the gpg program would be asked."""
-    state = tmp_path / "vmd-state"
     markers = tmp_path / "markers"
     markers.mkdir()
     repo = vmd_project_repo(state, "alice", "notes", [
@@ -365,7 +377,12 @@ def _planted_repo(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def test_programs_planted_in_a_repositorys_config_and_attributes_do_not_run(tmp_path):
-    state, repo, markers = _planted_repo(tmp_path)
+    with running_vmd(tmp_path) as vmd:
+        _planted_programs_do_not_run(tmp_path, vmd)
+
+
+def _planted_programs_do_not_run(tmp_path: Path, vmd) -> None:
+    state, repo, markers = _planted_repo(tmp_path, vmd.config.state_dir)
     # The trap is armed: plain `git log -p` on this repository runs the planted programs.
     plain_env = {**os.environ, "GIT_DIR": str(repo)}
     subprocess.run(["git", "log", "-p", "-n", "3", "--", "notes.txt"], capture_output=True, env=plain_env)
@@ -374,7 +391,7 @@ def test_programs_planted_in_a_repositorys_config_and_attributes_do_not_run(tmp_
     for marker in markers.iterdir():
         marker.unlink()
 
-    history = project_history(ServiceConfig(vmd_state_dir=state), {"owner": "alice", "project": "notes"},
+    history = project_history(ServiceConfig(vmd_socket=vmd.socket), {"owner": "alice", "project": "notes"},
                               "What changed in notes.txt?")
     assert "more notes" in history and "first notes" in history
     assert "+b" in history and "$ git log -p -n 3" in history
@@ -383,8 +400,12 @@ def test_programs_planted_in_a_repositorys_config_and_attributes_do_not_run(tmp_
 
 @uses_scripted_worker
 def test_asking_about_a_job_over_http_runs_no_planted_program(tmp_path):
-    state, repo, markers = _planted_repo(tmp_path)
-    svc = ServiceProcess(tmp_path / "svc", vmd_state_dir=str(state)).start()
+    with running_vmd(tmp_path) as vmd:
+        _, _, markers = _planted_repo(tmp_path, vmd.config.state_dir)
+        _ask_with_planted_programs(ServiceProcess(tmp_path / "svc", vmd_socket=vmd.socket).start(), markers)
+
+
+def _ask_with_planted_programs(svc: ServiceProcess, markers: Path) -> None:
     try:
         alice = svc.client()
         job = wait_for_state(alice, start(alice, "notes", project="notes")["id"], "done")

@@ -23,7 +23,8 @@ MACHINE = {
 # What a closed session still serves: its reads, a note, and the close (again).
 SERVED_WHEN_CLOSED = {"session_status", "report", "peek", "note", "session_close", "session_cancel"}
 # One call of every verb the gate stands before (session_open and session_attach bind the
-# connection in vmd/server/rpc.py), with arguments its model takes.
+# connection in vmd/server/rpc.py; history needs no session: tests/test_history_verb.py),
+# with arguments its model takes.
 CALLS = {
     "session_ready": {"timeout": 5}, "session_status": {}, "session_cancel": {}, "session_close": {},
     "session_resume": {"answer": "blue"}, "peek": {}, "report": {}, "note": {"text": "a note"},
@@ -52,7 +53,8 @@ def test_every_verb_has_a_policy_and_a_result_model():
     assert set(V.RESULTS) == set(V.VERBS)
     assert all(issubclass(model, V.Result) for model in V.RESULTS.values())
     assert V.MACHINE_VERBS == {verb for verb, p in V.POLICY.items() if p.needs_machine} == MACHINE
-    assert set(CALLS) == set(V.VERBS) - {"session_open", "session_attach"}, "a new verb: add a call of it"
+    gated = {verb for verb, p in V.POLICY.items() if p.session} - {"session_open", "session_attach"}
+    assert set(CALLS) == gated, "a new verb: add a call of it"
 
 
 def test_the_policy_is_frozen_data():
@@ -138,7 +140,8 @@ def test_a_closed_session_serves_only_its_reads_a_note_and_the_close(vmd):
 
 def test_which_verbs_are_steps():
     not_steps = {verb for verb, p in V.POLICY.items() if not p.counts_as_step}
-    assert not_steps == {"session_open", "session_attach", "session_status", "report", "peek", "hidden_check"}
+    assert not_steps == {"session_open", "session_attach", "session_status", "report", "peek", "hidden_check",
+                         "history"}
 
 
 def test_a_refusal_always_starts_with_the_prefix_and_carries_data_only_when_given():
@@ -190,6 +193,7 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
     call("list_dir", path=".")
     call("git_commit", message="first files")
     call("git_commit", message="nothing new")
+    call("history", project="contract", what="show")
     call("screenshot")
     call("peek")
     call("click", x=1, y=2)

@@ -12,6 +12,7 @@ import pytest
 from vmagent.client import Vmd, VmdError
 from vmd import verbs as V
 from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
+from vmd.projects.repository import repository_path
 from vmd.session.handlers.session_verbs import PEEK_MAX_AGE_S
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
@@ -177,7 +178,7 @@ def test_every_verb_over_the_socket(vmd):
     assert machine.destroyed
     again = c.call("session_close")
     assert again["commit"] == closed["commit"] and again["text"].startswith("already closed")
-    bare = V.repository_path(config.state_dir, "alice", "everything")
+    bare = repository_path(config.state_dir, "alice", "everything")
     log = subprocess.run(["git", "--git-dir", str(bare), "log", "--format=%H", "main"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert log[0] == closed["commit"] and commit in log
@@ -188,7 +189,7 @@ def test_every_verb_over_the_socket(vmd):
     c.close()
     verbs_seen = {line for line in (config.sessions_dir / closed_session(config) / "record.jsonl").read_text().split("\"verb\": \"")[1:]}
     served = {v.split('"')[0] for v in verbs_seen}
-    assert set(V.VERBS) - {"session_open", "session_attach", "peek"} <= served
+    assert set(V.VERBS) - {"session_open", "session_attach", "peek", "history"} <= served
     assert "peek" not in served  # a watcher's look is not something the agent did
 
 

@@ -136,6 +136,10 @@ class VmdConfig(BaseModel):
     # folders 0750, files 0640, kept so by git (core.sharedRepository). Empty: vmd's user
     # only (0700/0600). The guest never reaches repos/ either way.
     repos_group: str = ""
+    # One git command of the `history` verb (vmd/server/history.py, the job service's /ask):
+    # a log of a large project on a slow disk takes seconds; past this the answer is what
+    # git wrote so far, cut, and says so.
+    history_timeout_s: float = Field(default=20, gt=0)
     # What one commit takes from the project folder. 100 MiB is where GitHub refuses a
     # file and far past any source file; a larger one (a build output, a disk image) is
     # left out with a note in the report instead of failing the close.

@@ -28,6 +28,7 @@ __all__ = [
     "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
     "RequestUnfreezeResult", "CheckRunResult", "CheckAttempt", "FinishRefusalData", "FinishOutcome",
     "FinishResult", "HiddenCheck", "HiddenCheckResult", "Verdict", "VerdictStatus",
+    "HistoryResult",
 ]
 
 # Bounds shared with the verbs' params (vmd/verbs.py), defined here for the hidden check's
@@ -305,6 +306,17 @@ class HiddenCheckResult(CheckRunResult, TextResult):
     expect_exit: int
 
 
+class HistoryResult(TextResult):
+    """vmd's repository of a project as git showed it (text: made printable; the guest wrote
+    the files and the agent the messages), with a line saying where it was cut."""
+    owner: str
+    project: str
+    what: Literal["log", "show", "diff"]
+    commit: str  # the full id `rev` named when it was read
+    commits: int  # commits in the answer (a log: at most max_commits; show and diff: 1)
+    cut: bool  # stopped at max_commits or max_bytes (or git's time); the text says which
+
+
 RESULTS: dict[str, type[Result]] = {
     "session_open": SessionOpenResult,
     "session_attach": SessionAttachResult,
@@ -341,6 +353,7 @@ RESULTS: dict[str, type[Result]] = {
     "request_unfreeze": RequestUnfreezeResult,
     "finish": FinishResult,
     "hidden_check": HiddenCheckResult,
+    "history": HistoryResult,
 }
 
 

@@ -14,15 +14,20 @@ Pure pydantic and stdlib: the agent imports this module.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 # The result models are part of this contract: `from vmd.verbs import RunResult` works.
 from vmd.verb_results import *  # noqa: F401,F403
 from vmd.verb_results import RESULTS, SessionStateName, result_problem  # noqa: F401
+# The name rule and every size's upper bound, each with its reason there.
+from vmd.request_bounds import *  # noqa: F401,F403
+from vmd.request_bounds import (ARGS, CONTENT_CHARS, COORD, HISTORY_BYTES, HISTORY_COMMITS, ID_CHARS, KEYS_CHARS,
+                                LOCAL_OWNER, MAX_COUNT, MAX_OFFSET, PATH_CHARS, READ_LIMIT, REV_CHARS, REV_PATTERN,
+                                SCROLL, TASKS, TEXT_CHARS, TITLE_CHARS, TYPE_CHARS, Arg, Title, name_problem)
 # Bounds the hidden check's params (in vmd/verb_results.py) share with the verbs here.
-from vmd.verb_results import COMMAND_CHARS, MAX_TIMEOUT_S, NAME_RULE
+from vmd.verb_results import COMMAND_CHARS, MAX_TIMEOUT_S
 # How text from a guest or a model is shown (terminals, logs, reports): one rule for both sides.
 from vmd.shown_text import fence, one_line, printable  # noqa: F401
 
@@ -49,72 +54,7 @@ BUSY = -32004  # vmd serves its connection limit already; retry later
 REFUSED_PREFIX = "REFUSED:"
 
 
-# --- names ------------------------------------------------------------------------------
-# One rule for owner and project names, used by vmd (folders, repositories) and by the job
-# service (checked when a job is created, and by /ask to find a job's repository). A name
-# is one path component: no '/', no '..', nothing a shell or git could read as an option.
-NAME_PATTERN = re.compile(NAME_RULE)
-# The owner folder of sessions that name no owner.
-LOCAL_OWNER = "local"
-
-
-def name_problem(what: str, value: str) -> str | None:
-    """None when `value` is a usable owner or project name, else a sentence saying why
-    not and what to use instead."""
-    if not isinstance(value, str) or not NAME_PATTERN.match(value) or value.lower().endswith(".git"):
-        return (f"{what} {value!r} is not a usable name: use up to 100 letters, digits, '-', '_' "
-                "and '.', start with a letter, digit or '_', and do not end in .git.")
-    return None
-
-
-def repository_path(state_dir, owner: str, project: str):
-    """vmd's own bare repository of a project, `<state_dir>/repos/<owner>/<project>.git`.
-    vmd commits into it from bytes it reads itself; the guest never reaches it; the job
-    service reads history only from it. Raises ValueError for a name that breaks the rule."""
-    from pathlib import Path
-
-    owner = owner or LOCAL_OWNER
-    for what, value in (("owner", owner), ("project", project)):
-        problem = name_problem(what, value)
-        if problem:
-            raise ValueError(problem)
-    return Path(state_dir) / "repos" / owner / f"{project}.git"
-
-
-# --- sizes ------------------------------------------------------------------------------
-# Every number and text in a request has an upper bound: vmd is root and shared by every
-# session, and a size it takes from a request is memory or time it spends. Each bound is
-# well past what an honest agent sends; the reason of each is given with it.
-# What read_file returns at most in one call (vmd/guests/guest.py reads limit + 1 bytes into
-# memory; before this bound a limit of 10**12 asked for a terabyte). Read on with offset.
-READ_LIMIT = 200_000
-# A file offset: JSON's safe integers (2**53, 8 PiB) are past any file in a guest.
-MAX_OFFSET = 2**53
-# A file's content and edit_file's texts: the request line's own bound (vmd/server/wire.py MAX_LINE).
-CONTENT_CHARS = 64 * 1024 * 1024
-# A path in the guest (Linux's PATH_MAX), and a launched program's arguments.
-PATH_CHARS = 4096
-ARGS = 256
-# Text for people and the record: the job service allows a task or an answer 20,000
-# characters; a model's summary, note or question gets five times as much.
-TEXT_CHARS = 100_000
-# A task title, a key combination, a name or an id: short by nature.
-TITLE_CHARS = 1000
-TASKS = 200
-KEYS_CHARS = 200
-ID_CHARS = 1000
-# Typing paces each key (vmd/machines/screen.py KEY_GAP_S, 12 ms): 10,000 characters are two minutes.
-TYPE_CHARS = 10_000
-# X11 positions are 16 bits; nothing on a screen is further than this.
-COORD = 65535
-# Scroll clicks in one call (vmd/machines/screen.py sends at most 50).
-SCROLL = 1000
-# A turn number, a task id: counts far past any session.
-MAX_COUNT = 10**9
-
-Title = Annotated[str, Field(max_length=TITLE_CHARS)]
-Arg = Annotated[str, Field(max_length=PATH_CHARS)]
-
+# --- names and sizes: what a request may hold (vmd/request_bounds.py) ----------------------
 
 class Params(BaseModel):
     # Extra keys are refused so that a typo in a param name gets an error, not silence.
@@ -326,6 +266,49 @@ class Finish(Params):
         return v
 
 
+# --- vmd's own history of a project, read without a session -----------------------------
+class History(Params):
+    """Read-only, on any connection, no session needed: vmd's repository of one owner's
+    project. -> HistoryResult. log: the commits reachable from `rev`, newest first, each
+    with the files it changed (`patch`: with its diff); show: one commit, its message and
+    diff; diff: what `rev` changed, or the change from `base` to `rev`. `path`: only
+    what touches that file or folder. Cut at max_commits and max_bytes, and says so."""
+    owner: str = Field(default="", max_length=ID_CHARS)  # "" is LOCAL_OWNER, as in session_open
+    project: str = Field(max_length=TITLE_CHARS)
+    what: Literal["log", "show", "diff"] = "log"
+    rev: str = Field(default="HEAD", max_length=REV_CHARS)
+    base: str | None = Field(default=None, max_length=REV_CHARS)
+    path: str | None = Field(default=None, max_length=PATH_CHARS)
+    patch: bool = False
+    max_commits: int = Field(default=10, ge=1, le=HISTORY_COMMITS)
+    max_bytes: int = Field(default=64 * 1024, ge=1, le=HISTORY_BYTES)
+
+    @field_validator("owner", "project")
+    @classmethod
+    def _a_name(cls, v: str, info) -> str:
+        problem = name_problem(info.field_name, v or LOCAL_OWNER)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("rev", "base")
+    @classmethod
+    def _one_commit(cls, v: str | None, info) -> str | None:
+        if v is not None and (not REV_PATTERN.match(v) or ".." in v or "//" in v or v.endswith((".", "/", ".lock"))):
+            raise ValueError(f"{info.field_name} {v!r} is not one commit: give a commit id or a branch or tag "
+                             "name (HEAD, main, 1a2b3c4, HEAD~2); options, ranges (a..b) and paths are refused.")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _in_the_project(cls, v: str | None) -> str | None:
+        if v is not None and (v.startswith(("/", "-", ":")) or not v.isprintable()
+                              or any(part in ("", ".", "..") for part in v.rstrip("/").split("/"))):
+            raise ValueError(f"path {v!r} is not a path in the project: give one from its top folder, "
+                             "like src/app.py, without '..'.")
+        return v if v is None else v.rstrip("/")
+
+
 VERBS: dict[str, type[Params]] = {
     "session_open": SessionOpen,
     "session_attach": SessionAttach,
@@ -364,8 +347,8 @@ VERBS: dict[str, type[Params]] = {
     "request_unfreeze": RequestUnfreeze,
     "finish": Finish,
     "hidden_check": HiddenCheck,
+    "history": History,
 }
-
 
 
 # --- when a session serves a verb -------------------------------------------------------
@@ -387,6 +370,9 @@ class VerbPolicy(BaseModel):
     needs_plan: bool = False  # refused until plan_tasks made a plan (the machine boots meanwhile)
     counts_as_step: bool = True  # False: a read of the session, not a step of the work
     recorded: bool = True  # False: not a verb of the session's record (a watcher's look, binding)
+    # False: answered on any connection, with or without a session (vmd/server/rpc.py serves
+    # it from vmd's own state); never gated, counted or recorded in a session.
+    session: bool = True
     when_closed: Rule = "refuse"
     when_cancelled: Rule = "serve"
     when_waiting: Rule = "serve"  # while a question or an unfreeze request waits for a person
@@ -440,6 +426,8 @@ POLICY: dict[str, VerbPolicy] = {
     "finish": VerbPolicy(when_cancelled="refuse", when_waiting="refuse", agent_phase="working"),
     # The eval's check after the work (vmd/verb_results.py): no tool, no step; served till the close.
     "hidden_check": VerbPolicy(counts_as_step=False, when_waiting="refuse"),
+    # Reads vmd's repository of a project, for the job service's /ask (vmd/server/history.py).
+    "history": VerbPolicy(session=False, counts_as_step=False, recorded=False, when_closed="serve"),
 }
 
 # Verbs that need a live machine.

@@ -1,22 +1,19 @@
 """Questions about a job, answered from what it left behind, without booting a machine.
 
 The sources are the job's row (task, state, question), its report, its events (commands
-and their output) and, when the service can read it, the project's git history from vmd's
-own bare repository of the job's owner and project. With a model configured, the model
+and their output) and the project's git history, which vmd reads from its own repository of
+the job's owner and project and answers through its `history` verb (the service opens none
+of vmd's folders, so vmd may run on another host). With a model configured, the model
 answers from those sources only; without one (or when it fails) the answer is the lines of
 the record that match the question, and it says so.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
 
-from vmd.verbs import fence, repository_path
+from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmd.verbs import LOCAL_OWNER, fence, name_problem
 
 from .config import ServiceConfig
 from .store import Store
@@ -29,14 +26,10 @@ can could would should about into than then them they there their job""".split()
 # A file name in a question ("what changed in src/app.py?"): ASCII, starting with a letter,
 # digit or '_' (never '-', which git would read as an option), with an extension.
 _FILE_PATTERN = re.compile(r"(?<![\w./-])[A-Za-z0-9_][A-Za-z0-9_./-]*\.[A-Za-z0-9]{1,8}\b", re.ASCII)
-# Files of one question whose history is read, and what one git command may print.
+# Files of one question whose history is read, and what one history answer may hold
+# (vmd cuts it there and says so).
 MAX_FILES = 3
 MAX_GIT_OUTPUT = 64 * 1024
-# Settings that make git read its own configuration as data only. vmd writes these
-# repositories and no guest reaches them; this holds even if one's config or attributes
-# named a program: no textconv, external diff, signature check or fsmonitor runs.
-_GIT_SAFETY = ["-c", "core.fsmonitor=false", "-c", "log.showSignature=false", "-c", "log.mailmap=false"]
-_GIT_LOG_SAFETY = ["--no-textconv", "--no-ext-diff", "--no-show-signature"]
 
 
 def gather_sources(store: Store, job: dict, question: str, config: ServiceConfig) -> list[tuple[str, str]]:
@@ -71,32 +64,35 @@ def gather_sources(store: Store, job: dict, question: str, config: ServiceConfig
 
 
 def project_history(config: ServiceConfig, job: dict, question: str) -> str:
-    """The recent history of the job's project, from vmd's bare repository of that owner
-    and project (the owner the worker gave session_open: the job's own), read-only."""
+    """The recent history of the job's project, as vmd's `history` verb reads it from vmd's
+    repository of that owner and project (the owner the worker gave session_open: the
+    job's own): the last commits with their files, and the changes of each file the
+    question names. "" when the job has no project or vmd has none of that name."""
     if not job.get("project"):
         return ""
-    try:
-        repo = repository_path(config.vmd_state_dir, job["owner"], job["project"])
-    except ValueError:  # a name vmd would refuse (a job stored before names were checked)
-        return ""
-    try:
-        if not (repo / "HEAD").is_file():
-            return ""
-    except PermissionError:
-        # vmd keeps repos/<owner>/ to its own user (0700); a service running as another
-        # user (the compose setup's uid 1001) answers from the record alone and says so.
-        return (f"(vmd's repository of this project, {repo}, is not readable by the job service's "
-                f"user (uid {os.getuid()}), so the project's history is not part of this answer: run the "
-                "service as vmd's user, or set VMD_REPOS_GROUP on vmd to the service's group.)")
-    commands = [["log", "--stat", "-n", "10", "--format=commit %h %ad %s", "--date=iso"]]
+    owner, project = job.get("owner") or "", job["project"]
+    if name_problem("owner", owner or LOCAL_OWNER) or name_problem("project", project):
+        return ""  # a name vmd would refuse (a job stored before names were checked)
+    asks = [("log --stat -n 10", {"max_commits": 10})]
     for name in project_files_in(question):
-        commands.append(["log", "-p", "-n", "3", "--format=commit %h %s", "--", name])
+        asks.append((f"log -p -n 3 -- {name}", {"max_commits": 3, "patch": True, "path": name}))
     parts = []
-    with tempfile.TemporaryDirectory(prefix="vmagent-ask-") as home:
-        for args in commands:
-            out = read_git(repo, [*args[:1], *_GIT_LOG_SAFETY, *args[1:]], home, config.ask_git_timeout_s)
-            if out.strip():
-                parts.append(f"$ git {' '.join(args)}\n{out[:8000]}")
+    try:
+        with Vmd(config.vmd_socket, timeout=config.ask_git_timeout_s) as vmd:
+            for i, (label, params) in enumerate(asks):
+                try:
+                    answer = vmd.call("history", owner=owner, project=project, what="log",
+                                      max_bytes=MAX_GIT_OUTPUT, **params)
+                except VmdError:
+                    if i == 0:
+                        return ""  # vmd has no such project (no session of it committed)
+                    continue
+                text = str(answer.get("text", ""))
+                if text.strip():
+                    parts.append(f"$ git {label}\n{text[:8000]}")
+    except (VmdUnavailable, OSError, ValueError) as exc:
+        return (f"(vmd could not be asked for this project's history ({exc}), so it is not part of "
+                "this answer.)")
     return "\n\n".join(parts)
 
 
@@ -106,36 +102,6 @@ def project_files_in(question: str) -> list[str]:
         if ".." not in name.split("/") and name not in names:
             names.append(name)
     return names[:MAX_FILES]
-
-
-def read_git(repo: Path, args: list[str], home: str, timeout_s: float) -> str:
-    """What `git <args>` prints for the bare repository `repo` (at most MAX_GIT_OUTPUT
-    bytes, "" on any failure), run with no work tree, no user or system config, an empty
-    HOME and only PATH and LANG from the service's environment."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": home,
-           "GIT_DIR": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
-           "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0",
-           "GIT_LITERAL_PATHSPECS": "1", "GIT_NO_REPLACE_OBJECTS": "1"}
-    # vmd owns the repository, not the service's user, and git refuses such a repository
-    # unless it is named safe; only the command line (the user and system config are off)
-    # can, and '*' is this one repository, the only one GIT_DIR lets this command open.
-    command = ["git", "--no-pager", "-c", "safe.directory=*", *_GIT_SAFETY, *args]
-    try:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env=env, cwd=home)
-    except OSError:
-        return ""
-    timer = threading.Timer(timeout_s, proc.kill)
-    timer.start()
-    try:
-        out = proc.stdout.read(MAX_GIT_OUTPUT)
-    finally:
-        timer.cancel()
-        proc.kill()
-        proc.stdout.close()
-        code = proc.wait()
-    # Killed (timeout, or output past the cap) still gives what was read; a git error nothing.
-    return out.decode("utf-8", errors="replace") if code in (0, -9) else ""
 
 
 def answer_question(store: Store, job: dict, question: str, config: ServiceConfig) -> dict:

@@ -41,12 +41,9 @@ class ServiceConfig(BaseModel):
     # is under 250 KB; a body is held in memory whole while it is parsed.
     max_body_bytes: int = Field(default=1024 * 1024, ge=4096)
     vmd_socket: str | None = None
-    # vmd's state folder (VMD_STATE_DIR, the same default as vmd's). The service only reads
-    # vmd's bare project repositories under it, `repos/<owner>/<project>.git`, to answer
-    # questions about a job; the guest never reaches those.
-    vmd_state_dir: Path = Path("/var/lib/vmagent/state")
-    # One git command reading that history; a repository on a slow disk takes seconds.
-    ask_git_timeout_s: float = Field(default=20.0, gt=0)
+    # One question to vmd for a project's history (its `history` verb, for /ask); vmd's own
+    # git bound (history_timeout_s, 20 s) comes first, so this is the wait for vmd to answer.
+    ask_git_timeout_s: float = Field(default=30.0, gt=0)
     # Model for questions about finished jobs; empty: an extractive answer from the record.
     ollama_url: str = ""
     ask_model: str = ""
@@ -88,7 +85,7 @@ def load_config(path: str | os.PathLike | None = None, **overrides) -> ServiceCo
         data["tokens"] = tokens
     for key, name in (("public_url", "VMAGENT_PUBLIC_URL"), ("data_dir", "VMAGENT_DATA_DIR"),
                       ("ollama_url", "OLLAMA_URL"), ("ask_model", "VMAGENT_ASK_MODEL"),
-                      ("vmd_socket", "VMD_SOCKET"), ("vmd_state_dir", "VMD_STATE_DIR")):
+                      ("vmd_socket", "VMD_SOCKET")):
         if env.get(name):
             data[key] = env[name]
     if env.get("VMAGENT_MAX_CONCURRENT"):

@@ -14,7 +14,7 @@ terminal user's name. That is rarely a Gitea account, so vmd maps it:
   go to that account, under the project's own name; an e-mail is looked up through the
   API and, with `gitea_create_users` and a site admin's token, the user is created.
 
-vmd's own repository stays keyed by vmd's owner and project (vmd.verbs.repository_path);
+vmd's own repository stays keyed by vmd's owner and project (vmd/projects/repository.py repository_path);
 only the Gitea side is mapped. Gitea compares owner and repository names case-insensitively
 and refuses a few names; `gitea_name_problem` says so when a session opens, before any work.
 """

@@ -40,7 +40,7 @@ from vmd.errors import WordedError
 from vmd.private_fs import passable_dir, private_dir
 from vmd.projects.gitea import GiteaClient, GiteaError, GiteaUnavailable, RepoInfo, StatusState
 from vmd.projects.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_place
-from vmd.projects.repository import BRANCH, Identity, Repository, RepositoryError, tail
+from vmd.projects.repository import BRANCH, Identity, Repository, RepositoryError, repository_path, tail
 from vmd.projects.tree import Limits, present_to_guest, walk
 
 LOCAL_OWNER = V.LOCAL_OWNER
@@ -102,7 +102,7 @@ class Remote(BaseModel):
 
     @property
     def repo_path(self) -> Path:
-        return V.repository_path(self.state_dir, self.owner, self.project)
+        return repository_path(self.state_dir, self.owner, self.project)
 
     def repository(self) -> Repository:
         return Repository(self.repo_path, timeout_s=self.git_timeout_s, readers_gid=self.repos_gid)

@@ -1,6 +1,6 @@
 """vmd's own git repository of a project: the history that counts.
 
-It is a bare repository at `vmd.verbs.repository_path(state_dir, owner, project)`, under
+It is a bare repository at `repository_path(state_dir, owner, project)`, under
 vmd's state dir, which no guest can reach; its config is the one `git init` wrote. A
 commit is built from bytes vmd read itself (vmd/projects/tree.py) and written with
 `git fast-import`: no git command ever runs with the guest's folder as its work tree or
@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vmd import verbs as V
 from vmd.host_env import clean_env
 from vmd.private_fs import private_dir
 from vmd.projects.tree import Walk, read_file
@@ -45,6 +46,19 @@ _SAFE_CONFIG = {
     "core.symlinks": "true",
     "safe.directory": "*",
 }
+
+
+def repository_path(state_dir, owner: str, project: str) -> Path:
+    """vmd's own bare repository of a project, `<state_dir>/repos/<owner>/<project>.git`.
+    vmd commits into it from bytes it reads itself; the guest never reaches it; the job
+    service reads its history only through vmd (the `history` verb, vmd/server/history.py).
+    Raises ValueError for a name that breaks the rule (vmd/verbs.py name_problem)."""
+    owner = owner or V.LOCAL_OWNER
+    for what, value in (("owner", owner), ("project", project)):
+        problem = V.name_problem(what, value)
+        if problem:
+            raise ValueError(problem)
+    return Path(state_dir) / "repos" / owner / f"{project}.git"
 
 
 class RepositoryError(Exception):

@@ -4,7 +4,8 @@
 (with `"data"` in the error when the verb gives more than a sentence: a refused finish
 gives its attempt). Every refusal is an error with code REFUSED.
 A connection binds to one session with session_open or session_attach; every other verb
-acts on it. While `run` works, vmd sends notifications without an id:
+acts on it, but those vmd answers from its own state without a session (POLICY: `session`
+False, `SESSIONLESS` below: `history`). While `run` works, vmd sends notifications without an id:
 `{"method": "output", "params": {"stream": "stdout", "line": "..."}}`.
 
 No input loses a connection: every line gets one reply, under the request's id when it
@@ -32,6 +33,7 @@ from vmd.errors import (BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, M
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.machines.port import MachineFactory
 from vmd.projects.store import ProjectStore
+from vmd.server.history import answer_history
 from vmd.server.lifecycle import Lifecycle
 from vmd.server.wire import (MAX_LINE, clean_request, encode, error_reply, id_of, leading_id, params_error, read_json,
                              shape)
@@ -39,6 +41,10 @@ from vmd.session.registry import Sessions
 from vmd.session.serving import serve
 from vmd.session.session import Session
 
+# The verbs served with no session (POLICY `session=False`): verb -> handler(config, params).
+SESSIONLESS = {"history": answer_history}
+if set(SESSIONLESS) != {verb for verb, policy in V.POLICY.items() if not policy.session}:
+    raise RuntimeError("every verb with session=False in vmd/verbs.py POLICY needs one handler in SESSIONLESS")
 
 class Connection:
     """One client: reads requests, writes replies and notifications, holds the binding."""
@@ -145,7 +151,7 @@ class Connection:
             params = model.model_validate(raw_params)
         except ValidationError as exc:
             message = params_error(verb, exc, model)
-            if self.session is not None:
+            if self.session is not None and V.POLICY[verb].session:
                 self.session.record.verb(verb, raw_params, error=message, code=INVALID_PARAMS)
             raise VerbError(message, INVALID_PARAMS) from None
         if verb == "session_open":
@@ -163,6 +169,8 @@ class Connection:
             return checked_result(verb, {
                 "session_id": s.id, "state": s.state,
                 "text": f"Attached to session {s.id} ({s.state}).\n{self.session.tasks.render()}"})
+        if not V.POLICY[verb].session:
+            return checked_result(verb, SESSIONLESS[verb](self.server.config, params))
         if self.session is None:
             raise VerbError(f"no session on this connection: call session_open or session_attach before "
                             f"{verb}.", NO_SESSION)

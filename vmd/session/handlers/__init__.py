@@ -2,7 +2,8 @@
 table vmd/session/serving.py serves from: verb name -> handler(session, params, notify) -> dict.
 
 session_open and session_attach are served by vmd/server/rpc.py (they bind the connection);
-every other verb in vmd/verbs.py has exactly one handler here.
+every other verb in vmd/verbs.py that a session serves (POLICY `session`) has exactly one
+handler here; the verbs that need no session are vmd/server/rpc.py's (SESSIONLESS).
 """
 
 from __future__ import annotations
@@ -18,6 +19,6 @@ for _group in (session_verbs, task_verbs, shell_verbs, screen_verbs, people_verb
             raise RuntimeError(f"{_verb} has two handlers")
         HANDLERS[_verb] = _handler
 
-_UNSERVED = set(V.VERBS) - set(HANDLERS) - {"session_open", "session_attach"}
+_UNSERVED = {verb for verb in V.VERBS if V.POLICY[verb].session} - set(HANDLERS) - {"session_open", "session_attach"}
 if _UNSERVED:
     raise RuntimeError(f"verbs without a handler: {sorted(_UNSERVED)}")
