@@ -15,6 +15,7 @@ from pathlib import Path
 import pycdlib
 import pytest
 
+from tests.conftest import make_traversable
 from tests.windows_media import make_windows_iso
 from vmd.machines.accel import probe_kvm
 from vmd.machines.images import find_image
@@ -34,6 +35,14 @@ def test_without_kvm_the_build_refuses_before_hashing_the_iso(tmp_path):
         f"STEP 1/8 read the editions on {tmp_path / 'win.iso'}", "  2: Windows 11 Pro (x64, build 22631)",
         "STEP 2/8 check this host can run Windows Setup (KVM, OVMF, swtpm)"]
     assert not (tmp_path / "images").exists()
+
+
+def test_an_iso_qemu_cannot_reach_is_refused_before_the_install(tmp_path):
+    iso = make_windows_iso(tmp_path)
+    make_traversable(tmp_path)
+    tmp_path.chmod(0o700)
+    with pytest.raises(InstallFailed, match=f"cannot pass through {tmp_path} to reach {iso}"):
+        build_windows(WindowsBuildOptions(iso=iso), tmp_path / "images", io.StringIO(), kvm_usable=lambda: True)
 
 
 def test_the_cli_refuses_without_an_iso_and_says_vmd_downloads_none(capsys):
@@ -74,6 +83,7 @@ def fake_install(seen: dict):
 def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     if host_problems(lambda: True):
         pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")
+    make_traversable(tmp_path)  # QEMU, another user, must reach the ISO and the build folder
     iso = make_windows_iso(tmp_path)
     root, seen, out = tmp_path / "images", {}, io.StringIO()
     options = WindowsBuildOptions(iso=iso, key="VK7JG-NPHTM-C97JM-9MPGT-3V66T", resolution="1920x1080")
@@ -89,6 +99,7 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     assert cds[0] == str(iso.resolve()) and cds[1].endswith("seed.iso")
     assert dom.find("devices/serial").get("type") == "file"
     assert dom.find("devices/disk[@device='disk']/target").get("bus") == "sata"  # no virtio-win given
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o711  # QEMU passes through to the seed; nobody lists
 
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["os_family"] == "windows" and manifest["edition"] == "Windows 11 Pro"
@@ -114,6 +125,7 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
 def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path):
     if host_problems(lambda: True):
         pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")
+    make_traversable(tmp_path)
     seen: dict = {}
 
     def install(domain_xml, serial_log, uri, out):

@@ -32,7 +32,9 @@ pytestmark = [
 ]
 TEXT_ONLY = ["completion", "tools"]  # the screenshot then comes back as screen text (OCR)
 HELLO = "Write-Output ('hello from ' + $PSVersionTable.PSEdition)\n"
-CHECK = "powershell -NoProfile -File Z:\\hello.ps1 | Select-String -Quiet 'hello from Desktop'"
+# Select-String -Quiet answers True/False with success either way: the exit code must come from an `exit`.
+CHECK = ("if (-not (powershell -NoProfile -File Z:\\hello.ps1 | Select-String -Quiet 'hello from Desktop')) "
+         "{ exit 1 }")
 TYPED = "typed by vmagent"
 
 

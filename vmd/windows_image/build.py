@@ -31,7 +31,7 @@ from vmd.windows_image import guest_contract as contract
 from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
 from vmd.windows_image.editions import SUPPLY_HINT, MediaError, pick_edition, read_editions
 from vmd.windows_image.install import (InstallFailed, compress_base, host_problems, make_disk,
-                                       run_install)
+                                       run_install, unreachable)
 from vmd.windows_image.install_domain import DISK_GB, InstallDomain, SystemDisk, Uefi
 from vmd.windows_image.seed import seed_files, write_seed
 
@@ -136,6 +136,7 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     step(2, "check this host can run Windows Setup (KVM, OVMF, swtpm)", out)
     # QEMU itself is asked (accel.probe_kvm), with a kernel of an image in `root` when there is one.
     problems = host_problems(kvm_usable or (lambda: probe_kvm(kernel=probe_kernel(root))), tpm=edition.is_windows11)
+    problems += unreachable([options.iso, root / "folder"])
     if problems:
         raise InstallFailed(" ".join(problems))
 
@@ -148,7 +149,9 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
         return target
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True, mode=0o700)
+    # 0711: QEMU (another user) must pass through to the seed and the disk; nobody may list it.
+    partial.mkdir(parents=True, mode=0o711)
+    partial.chmod(0o711)  # mkdir's mode is cut by the umask
 
     step(4, f"render Autounattend.xml ({edition.name}, {language})", out)
     password = admin_password()

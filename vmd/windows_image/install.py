@@ -4,6 +4,7 @@ says it is ready on COM1, and keeping its disk as a compressed base image."""
 from __future__ import annotations
 
 import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -41,6 +42,28 @@ def host_problems(kvm_usable: Callable[[], bool], tpm: bool = True) -> list[str]
                         "swtpm-tools packages.")
     if not shutil.which("qemu-img"):
         problems.append("qemu-img is not installed: install Debian's qemu-utils package.")
+    return problems
+
+
+def closed_folder(path: Path) -> Path | None:
+    """The first folder above `path` that QEMU, running as libvirt's unprivileged user
+    (libvirt-qemu on Debian), cannot pass through; libvirt hands QEMU the file itself
+    (it relabels it), never the folders above it."""
+    for folder in list(path.resolve().parents)[::-1]:
+        if not folder.exists():  # the build makes it (0711 for the image's own folder)
+            break
+        if not folder.stat().st_mode & stat.S_IXOTH:
+            return folder
+    return None
+
+
+def unreachable(paths: list[Path]) -> list[str]:
+    problems = []
+    for path in paths:
+        folder = closed_folder(path)
+        if folder is not None:
+            problems.append(f"QEMU runs as libvirt's unprivileged user and cannot pass through {folder} to reach "
+                            f"{path}: move it to a folder others may pass (chmod o+x {folder} is another way).")
     return problems
 
 
