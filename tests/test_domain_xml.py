@@ -210,8 +210,8 @@ def test_the_image_manifest_picks_the_guest_and_session_open_can_say_its_family(
     machines = LibvirtMachines(VmdConfig.load(env={}, images_dir=str(tmp_path), state_dir=str(tmp_path / "s")))
     assert machines.os_family("debian") == "linux" and machines.os_family("plan9") is None
     manifest = json.loads((fake_image.dir / "manifest.json").read_text())
-    (fake_image.dir / "manifest.json").write_text(json.dumps({**manifest, "os_family": "windows"}))
-    with pytest.raises(MachineError, match="is windows: this vmd drives linux guests; no guest class"):
-        Machine.create(find_image("debian", tmp_path), name="win", workdir=tmp_path / "w2", project_dir=None,
+    (fake_image.dir / "manifest.json").write_text(json.dumps({**manifest, "os_family": "haiku"}))
+    with pytest.raises(MachineError, match="is haiku: this vmd drives linux, windows guests; no guest class"):
+        Machine.create(find_image("debian", tmp_path), name="hk", workdir=tmp_path / "w2", project_dir=None,
                        uri=TEST_URI)
-    assert machines.os_family("debian") == "windows"
+    assert machines.os_family("debian") == "haiku"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from vmd.guests.guest import Guest, GuestError
 from vmd.guests.linux import LinuxGuest
+from vmd.guests.windows import WindowsGuest
 
-GUESTS: dict[str, type[Guest]] = {"linux": LinuxGuest}
+GUESTS: dict[str, type[Guest]] = {"linux": LinuxGuest, "windows": WindowsGuest}
 
 
 def guest_class(os_family: str) -> type[Guest]:

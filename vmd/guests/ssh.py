@@ -193,7 +193,7 @@ class SshConnection:
     """One persistent paramiko transport per machine; a channel per command."""
 
     def __init__(self, host: str, port: int, user: str, key_path: str, connect_timeout: float = 10):
-        self.host, self.port, self.user = host, port, user
+        self.host, self.port, self.user, self.key_path = host, port, user, key_path
         self.key = paramiko.Ed25519Key.from_private_key_file(key_path)
         self.connect_timeout = connect_timeout
         self._transport: paramiko.Transport | None = None
@@ -202,6 +202,13 @@ class SshConnection:
         self.request_timeout = REQUEST_TIMEOUT_S
         self.sftp_reply_timeout = SFTP_REPLY_TIMEOUT_S
         self._lock = threading.Lock()  # held only for moments: close() must never wait on the guest
+
+    def another(self) -> "SshConnection":
+        """A second connection to the same guest as the same user (a Windows guest gives each
+        SSH logon a logon session of its own: vmd/guests/windows_verbs.py `run_baseline`)."""
+        other = SshConnection(self.host, self.port, self.user, self.key_path, self.connect_timeout)
+        other.request_timeout, other.sftp_reply_timeout = self.request_timeout, self.sftp_reply_timeout
+        return other
 
     def transport(self) -> paramiko.Transport:
         with self._lock:

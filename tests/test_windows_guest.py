@@ -1,0 +1,274 @@
+"""The Windows guest (vmd/guests/windows.py, windows_verbs.py) against an SSH server on loopback
+that answers like Windows' OpenSSH with PowerShell as its shell (tests/windows_ssh_server.py):
+the exact command lines vmd sends, decoded and parsed as PowerShell, and Windows' answers
+(CR LF, UTF-8, CLIXML) read back as the model must read them. No Windows runs here: no KVM,
+no media; what the guest would do with each script is the scripts' own test's
+(tests/test_windows_scripts.py) and the opt-in end-to-end test's."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.test_windows_scripts import NOT_RECOGNIZED, PROGRESS, powershell_problems
+from tests.windows_ssh_server import Exec, Reply, WindowsSshServer
+from vmd.guests import windows as windows_module
+from vmd.guests.families import guest_class
+from vmd.guests.guest import GuestError
+from vmd.guests.ssh import SshConnection
+from vmd.guests.windows import WindowsGuest
+from vmd.guests.windows_scripts import EXIT_TAIL, TIMEOUT_LINE
+from vmd.session import verification
+
+
+def _parses(script: str) -> None:
+    problems = powershell_problems(script)
+    if problems:
+        raise ValueError(f"PowerShell could not parse it: {problems[:3]}")
+
+
+class Guest:
+    """A WindowsGuest on a fresh WindowsSshServer whose answers come from `answers`, a list
+    of functions tried in order: the first that returns a Reply answers."""
+
+    def __init__(self, tmp_path):
+        self.answers = []
+        self.server = WindowsSshServer(tmp_path / "guest", self._respond, _parses)
+
+    def _respond(self, found: Exec) -> Reply:
+        for answer in self.answers:
+            reply = answer(found)
+            if reply is not None:
+                return reply
+        return Reply()
+
+    def __enter__(self):
+        self.server.__enter__()
+        self.guest = WindowsGuest(SshConnection("127.0.0.1", self.server.port, "agent", self.server.key_path))
+        return self
+
+    def __exit__(self, *exc):
+        self.guest.close()
+        self.server.__exit__(*exc)
+
+
+@pytest.fixture
+def win(tmp_path):
+    with Guest(tmp_path) as guest:
+        yield guest
+
+
+def test_the_family_picks_the_windows_guest():
+    assert guest_class("windows") is WindowsGuest and WindowsGuest.os_family == "windows"
+
+
+def test_run_sends_the_wrapper_with_the_command_and_its_folder(win):
+    command = "Get-ChildItem -Name; python -c \"print('h\u00e9')\""
+    win.answers.append(lambda e: Reply(stdout="a.txt\r\nh\u00e9\r\n"))
+    result = win.guest.run(command, timeout=42, cwd="src")
+    [sent] = win.server.recorded.execs
+    assert sent.line.startswith("powershell -NoProfile -NonInteractive -EncodedCommand ")
+    assert sent.cwd == "Z:\\src" and sent.seconds == 42
+    assert sent.command == command + "\n" + EXIT_TAIL  # the exit code's tail, on a line of its own
+    assert sent.command_file.startswith("C:\\vmd\\run\\") and sent.command_file.endswith(".ps1")
+    for part in ("$ProgressPreference = 'SilentlyContinue'", "[Console]::OutputEncoding = [Text.Encoding]::UTF8",
+                 "[VmdJob]::Assign($vmdJob, $vmdChild.Handle)", "[VmdJob]::Kill($vmdJob)",
+                 "net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no"):
+        assert part in sent.wrapper
+    assert "Set-Location -LiteralPath $vmdCwd" in sent.inner and "[ScriptBlock]::Create($vmdText)" in sent.inner
+    assert result.exit_code == 0 and result.stdout == "a.txt\nh\u00e9\n" and not result.timed_out
+    assert win.guest.run("'x'").exit_code == 0 and win.server.recorded.execs[1].cwd == "Z:\\"
+
+
+def test_exit_codes_come_back_as_the_guest_gave_them(win):
+    win.answers.append(lambda e: Reply(stdout="fail\r\n", exit_code=3) if "exit 3" in e.command else None)
+    win.answers.append(lambda e: Reply(exit_code=1) if "Get-Item nope" in e.command else None)
+    assert win.guest.run("cmd /c exit 3").exit_code == 3
+    assert win.guest.run("Get-Item nope").exit_code == 1
+    assert win.guest.run("'fine'").exit_code == 0
+
+
+def test_clixml_is_stripped_from_stderr_and_from_the_lines_watched(win):
+    stderr = "#< CLIXML\r\n" + PROGRESS + "\r\n#< CLIXML\r\n" + NOT_RECOGNIZED + "\r\n"
+    win.answers.append(lambda e: Reply(stdout="before\r\n", stderr=stderr, exit_code=1))
+    seen = []
+    result = win.guest.run("cargo build", on_output=lambda stream, line: seen.append((stream, line)))
+    assert result.exit_code == 1 and "Objs" not in result.stderr and "Preparing modules" not in result.stderr
+    assert result.stderr.startswith("cargo : The term 'cargo' is not recognized")
+    assert "\r" not in result.stderr and "+ cargo build\n" in result.stderr
+    assert ("stdout", "before") in seen
+    assert ("stderr", "At line:1 char:1") in seen and not any("Objs" in line for _, line in seen)
+
+
+def test_the_guests_timeout_kill_is_reported_as_a_timeout(win):
+    win.answers.append(lambda e: Reply(stdout="partial\r\n", stderr=TIMEOUT_LINE + "\r\n", exit_code=124))
+    result = win.guest.run("Start-Sleep 100", timeout=2)
+    assert result.timed_out and result.exit_code == 124 and result.stdout == "partial\n"
+    assert TIMEOUT_LINE not in result.stderr
+    assert "ran past its 2 s timeout and was killed with everything it started" in result.stderr
+    # A command that exits 124 itself did not time out.
+    win.answers.insert(0, lambda e: Reply(exit_code=124) if "exit 124" in e.command else None)
+    assert not win.guest.run("exit 124").timed_out
+
+
+def test_a_guest_that_never_answers_is_given_up_on_after_the_timeout(win, monkeypatch):
+    monkeypatch.setattr(windows_module, "HOST_GRACE_S", 0.5)
+    win.answers.append(lambda e: Reply(delay=30))
+    started = time.monotonic()
+    result = win.guest.run("Start-Sleep 100", timeout=1)
+    assert result.timed_out and result.exit_code == 124 and time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("path, words", [
+    ("con", "reserved device name on Windows (CON"),
+    ("Z:\\src\\NUL.txt", "reserved device name on Windows (NUL"),
+    ("logs/lpt9.log", "reserved device name on Windows (LPT9"),
+    ("com1", "reserved device name"),
+    ("notes.", "ends with a dot or a space"),
+    ("Z:\\dir \\a.txt", "ends with a dot or a space"),
+    ("what?.txt", "no Windows name may hold"),
+    ("/home/agent/x", "is a Linux path; this guest is Windows"),
+    ("\\\\server\\share\\x", "network (UNC) path"),
+    ("C:relative.txt", "names a drive without a backslash"),
+])
+def test_names_windows_cannot_have_are_refused_before_any_sftp_request(win, path, words):
+    for call in (lambda: win.guest.write_file(path, "x"), lambda: win.guest.read_file(path),
+                 lambda: win.guest.append_file(path, "x"), lambda: win.guest.list_dir(path),
+                 lambda: win.guest.run("'x'", cwd=path)):
+        with pytest.raises(GuestError, match=re.escape(words)):
+            call()
+    assert win.server.recorded.sftp == [] and win.server.recorded.execs == []
+
+
+def test_files_with_drive_letters_either_slash_and_any_case(win):
+    assert win.guest.write_file("Z:/src/App.py", "print('hi')\r\n") == 13
+    root = win.server.root
+    assert (root / "Z" / "src" / "App.py").read_bytes() == b"print('hi')\r\n"
+    assert win.guest.read_file("z:\\SRC\\app.py").content == "print('hi')\r\n"  # one file to Windows
+    win.guest.append_file("src\\APP.PY", "# more")
+    assert (root / "Z" / "src" / "App.py").read_text().endswith("# more")
+    assert [(e.name, e.type) for e in win.guest.list_dir("Z:\\")] == [("src", "dir")]
+    win.guest.write_file("C:\\Users\\agent\\notes\\a.txt", "a")
+    assert (root / "C" / "Users" / "agent" / "notes" / "a.txt").read_text() == "a"
+    assert ("mkdir", "/C:/Users") in win.server.recorded.sftp
+    with pytest.raises(GuestError, match="no such file or folder in the guest"):
+        win.guest.read_file("Z:\\missing.txt")
+    win.guest.edit_file("src/app.py", "hi", "bye")
+    assert "bye" in (root / "Z" / "src" / "App.py").read_text()
+
+
+def _task_runs(found: Exec) -> bool:
+    return "schtasks.exe /Run /TN 'vmd-launch'" in found.command
+
+
+def test_launch_app_asks_the_desktop_sessions_task(win):
+    win.answers.append(lambda e: Reply(stdout="SUCCESS: Attempted to run the scheduled task \"vmd-launch\".\r\n")
+                       if _task_runs(e) else None)
+    text = win.guest.launch_app("C:\\Program Files\\App\\app.exe", ["--open", "a&b.txt", "plain"])
+    request = (win.server.root / "C" / "vmd" / "launch.txt").read_bytes()
+    assert request == '\ufeff"C:\\Program Files\\App\\app.exe" --open "a&b.txt" plain'.encode("utf-8")
+    assert text.startswith("asked the desktop session to start C:\\Program Files\\App\\app.exe")
+    assert [e.cwd for e in win.server.recorded.execs] == ["C:\\"]
+    with pytest.raises(GuestError, match="cannot pass '%PATH%' on Windows"):
+        win.guest.launch_app("notepad.exe", ["%PATH%"])
+    win.answers.insert(0, lambda e: Reply(stderr="ERROR: The system cannot find the file specified.\r\n",
+                                          exit_code=1) if _task_runs(e) else None)
+    with pytest.raises(GuestError, match="could not start notepad.exe: the desktop session's task did not run "
+                                         r"\(exit 1: ERROR: The system cannot find the file specified.\)"):
+        win.guest.launch_app("notepad.exe", [])
+
+
+# What LIST_WINDOWS writes on a Windows 11 desktop with Notepad in front of an Explorer window
+# (handles are decimal HWNDs; frame: left, right, top, bottom).
+LISTING = ("@@active 132456\r\n"
+           "132456\t208\t151\t964\t563\t8,8,51,8\tUntitled - Notepad\r\n"
+           "66310\t40\t40\t1200\t700\t1,1,31,1\tDocuments - File Explorer\r\n"
+           "99\t0\t0\t1280\t752\t0,0,0,0\tProgram Manager\r\n"
+           "77\t1" + "0" * 400 + "\t5\t100\t100\t0,0,0,0\thostile\r\n"
+           "78\t5\t5\t3\t3\t0,0,0,0\ttiny\r\n")
+
+
+def test_list_windows_is_read_in_the_desktop_session_and_parsed(win):
+    def the_task_lists(found: Exec):
+        if not _task_runs(found):
+            return None
+        line = (win.server.root / "C" / "vmd" / "launch.txt").read_bytes().decode("utf-8-sig")
+        out = line.split(" -Out ")[1]
+        script = line.split(" -File ")[1].split(" -Out ")[0]
+        assert line.startswith("powershell.exe -NoProfile -NonInteractive -WindowStyle Hidden")
+        assert powershell_problems(win.server.files_path(script).read_text(encoding="utf-8-sig")) == []
+        win.server.files_path(out).write_text(LISTING, encoding="utf-8")
+        return Reply(stdout="SUCCESS\r\n")
+
+    win.answers.append(the_task_lists)
+    windows = win.guest.list_windows()
+    assert [(w.title, w.x, w.y, w.width, w.height, w.active, w.frame) for w in windows] == [
+        ("Untitled - Notepad", 208, 151, 964, 563, True, (8, 8, 51, 8)),
+        ("Documents - File Explorer", 40, 40, 1200, 700, False, (1, 1, 31, 1)),
+        ("Program Manager", 0, 0, 1280, 752, False, (0, 0, 0, 0))]
+    left = [p.name for p in (win.server.root / "C" / "vmd" / "run").iterdir() if p.name.startswith("windows-")]
+    assert left == []  # the script and its list are removed
+
+
+def test_list_windows_says_when_the_session_wrote_nothing(win, monkeypatch):
+    monkeypatch.setattr("vmd.guests.windows_verbs.WINDOWS_WAIT_S", 0.5)
+    win.answers.append(lambda e: Reply(stdout="SUCCESS\r\n") if _task_runs(e) else None)
+    with pytest.raises(GuestError, match="the desktop session wrote no window list within 0.5 s"):
+        win.guest.list_windows()
+
+
+FACTS = ("os=Microsoft Windows 11 Pro (Professional)\r\nbuild=10.0.22631.4460\r\npowershell=5.1.22621.4391\r\n"
+         "python=Python 3.12.7\r\ngit=git version 2.47.0.windows.2\r\ndotnet=none\r\ndesktop=True\r\n"
+         "mounted=True\r\nboot=2026-12-02T08:01:12.5000000Z\r\nhostname=VMAGENT-WIN\r\n")
+
+
+def test_facts_desktop_and_internet_probes_read_their_answers(win):
+    win.answers.append(lambda e: Reply(stdout=FACTS) if "'os=' + $os.Caption" in e.command else None)
+    win.answers.append(lambda e: Reply(stdout="explorer.exe is not running in a user session yet\r\n", exit_code=1)
+                       if "Get-Process -Name explorer" in e.command else None)
+    win.answers.append(lambda e: Reply(stdout="no TCP connection to example.com:80 within 8 s\r\n", exit_code=1)
+                       if "TcpClient" in e.command else None)
+    facts = win.guest.facts()
+    assert facts.os == "Microsoft Windows 11 Pro (Professional)"
+    assert facts.kernel == "Windows 10.0.22631.4460; PowerShell 5.1.22621.4391; dotnet none"
+    assert (facts.python, facts.git, facts.desktop, facts.project_mounted, facts.hostname) == (
+        "Python 3.12.7", "git version 2.47.0.windows.2", True, True, "VMAGENT-WIN")
+    assert win.guest.desktop_problem() == "explorer.exe is not running in a user session yet"
+    assert win.guest.check_internet("example.com") == (False, "no TCP connection to example.com:80 within 8 s")
+    probe = win.server.recorded.execs[-1].command
+    assert "ConnectAsync('example.com', 80)" in probe
+    win.answers.insert(0, lambda e: Reply(stdout="garbage\r\n") if "'os='" in e.command else None)
+    with pytest.raises(GuestError, match="could not read facts from the Windows guest"):
+        win.guest.facts()
+
+
+def test_the_baseline_check_runs_on_a_connection_of_its_own_with_the_copy_at_the_drive(win):
+    win.answers.append(lambda e: Reply(stdout="1 failed\r\n", exit_code=1) if "pytest" in e.command else None)
+    run = verification.run_baseline(win.guest, "python -m pytest -q", 0, b"tar bytes", 60, 100)
+    assert run.exit_code == 1 and run.passed is False and run.error is None
+    setup, check, cleanup = win.server.recorded.execs
+    assert {setup.connection, check.connection, cleanup.connection} == {win.server.recorded.connections}
+    assert win.server.recorded.connections == 1  # the guest's own connection was never used
+    folder = setup.command.split("New-Item -ItemType Directory -Force -Path '")[1].split("'")[0]
+    assert folder.startswith("C:\\vmd\\baseline-")
+    assert f"& tar.exe -xf '{folder}.tar' -C '{folder}'" in setup.command
+    assert f"& subst.exe Z: '{folder}'" in setup.command and "MAP_SHARE" not in setup.wrapper
+    assert "if ($false -and -not (Test-Path" in setup.wrapper  # the drive is left free for the copy
+    assert check.cwd == "Z:\\" and check.command.startswith("python -m pytest -q\n") and check.seconds == 60
+    assert f"& subst.exe Z: /D" in cleanup.command
+    assert (win.server.root / "C" / "vmd" / f"{folder.split(chr(92))[-1]}.tar").read_bytes() == b"tar bytes"
+
+
+def test_a_baseline_that_cannot_be_shown_is_not_checked(win):
+    win.answers.append(lambda e: Reply(stderr="vmd-baseline: the drive is in use in this logon session too\r\n",
+                                       exit_code=125) if "subst.exe Z: 'C" in e.command else None)
+    run = verification.run_baseline(win.guest, "python -m pytest -q", 0, b"", 60, 100)
+    assert run.exit_code is None and "the baseline could not be unpacked in the guest" in run.error
+    assert len(win.server.recorded.execs) == 2  # setup and cleanup: the check never ran
+
+
+def test_a_windows_guest_is_not_saved_as_a_warm_slot(win):
+    with pytest.raises(GuestError, match="cannot take a new identity in place"):
+        win.guest.forget_identity()

@@ -1,0 +1,144 @@
+"""Every PowerShell script the Windows guest backend ships or generates (vmd/guests/windows_scripts.py,
+rendered as vmd renders them, and the lines vmd/guests/windows.py sends) parses with a real
+PowerShell grammar (tree-sitter-powershell) with no ERROR or MISSING node; the values filled
+into a template can never be code; CLIXML from Windows becomes plain text."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+
+import pytest
+import tree_sitter
+import tree_sitter_powershell
+
+from vmd.guests import windows_scripts as ws
+from vmd.guests.powershell import b64_utf8, decode_command, encoded_command, quoted, strip_clixml
+
+PARSER = tree_sitter.Parser(tree_sitter.Language(tree_sitter_powershell.language()))
+
+SAMPLE = dict(SECONDS=300, MAP_SHARE=True, DRIVE_ROOT=quoted("Z:\\"), DRIVE="Z:", SHARE_UNC=quoted(r"\\10.0.2.4\project"),
+              JOB_DLL=quoted("vmd\\" + ws.JOB_DLL), INNER=quoted(base64.b64encode("'x'".encode("utf-16-le")).decode()),
+              TIMEOUT_LINE=quoted(ws.TIMEOUT_LINE), CWD_B64=quoted(b64_utf8("Z:\\src")),
+              FILE_B64=quoted(b64_utf8(r"C:\vmd\run\1.ps1")), HOST=quoted("example.com"), TASK=quoted("vmd-launch"),
+              MILLIS=1764662400000, FOLDER=quoted(r"C:\vmd\baseline-1"), ARCHIVE=quoted(r"C:\vmd\baseline-1.tar"))
+
+
+def powershell_problems(script: str) -> list[str]:
+    """Where the grammar found an error or had to invent a token, with the text there."""
+    tree = PARSER.parse(script.encode("utf-8"))
+    problems, stack = [], [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node.is_error or node.is_missing:
+            line = node.start_point[0]
+            problems.append(f"line {line + 1}: {node.type}: {script.splitlines()[line] if script else ''}")
+        stack.extend(node.children)
+    return problems
+
+
+def test_the_grammar_finds_a_broken_script():
+    assert powershell_problems("if ($a { 'x' ") and powershell_problems("$x = @'\nno end")
+    assert powershell_problems("$a = 1; if ($a -eq 1) { 'one' } else { exit 2 }") == []
+
+
+@pytest.mark.parametrize("name", sorted(ws.TEMPLATES))
+def test_every_template_parses_as_powershell_once_rendered(name):
+    script = ws.render(ws.TEMPLATES[name], **SAMPLE)
+    assert "{{" not in script
+    assert powershell_problems(script) == [], script
+
+
+def test_the_command_file_parses_with_its_exit_tail():
+    for command in ["python -m pytest -q", "Get-ChildItem | Select-Object -First 3 # a comment",
+                    "$x = @'\nhere\n'@\n$x"]:
+        assert powershell_problems(command + "\n" + ws.EXIT_TAIL) == []
+
+
+def test_a_value_can_never_become_code():
+    assert ws.render("$a = {{X}}", X=quoted("'; Remove-Item C:\\ -Recurse; '")) == (
+        "$a = '''; Remove-Item C:\\ -Recurse; '''")
+    for bad in ["$(Remove-Item x)", "'a' + (evil)", "Z:; evil", "1; evil"]:
+        with pytest.raises(ValueError, match="must be an integer, a drive or a quoted string"):
+            ws.render("$a = {{X}}", X=bad)
+    with pytest.raises(ValueError, match="no value"):
+        ws.render("$a = {{X}}")
+    # The typographic quotes are quotes to PowerShell too: doubled, so the string stays one.
+    rendered = ws.render("$a = {{X}}", X=quoted("it\u2019s; evil"))
+    assert powershell_problems(rendered) == [] and rendered == "$a = 'it\u2019\u2019s; evil'"
+
+
+def test_the_encoded_line_round_trips_and_stays_under_the_limit():
+    script = ws.render(ws.RUN_WRAPPER, **SAMPLE)
+    line = encoded_command(script)
+    assert line.startswith("powershell -NoProfile -NonInteractive -EncodedCommand ")
+    assert decode_command(line) == script and len(line) < 30_000
+    with pytest.raises(ValueError, match="past Windows' limit"):
+        encoded_command("x" * 12_000)
+
+
+# CLIXML as Windows PowerShell 5.1 writes it to a redirected stderr under -EncodedCommand: the
+# header line, then one <Objs> document per write; a progress record (the module-loading one
+# every first PowerShell start prints) and error records whose lines end in an escaped CR LF.
+# Shapes as quoted in github.com/ansible/ansible issue 67964 and in Microsoft's MS-PSRP
+# serialization (2.2.5.1.x: <S> strings, _xHHHH_ escapes of UTF-16 code units).
+PROGRESS = ('<Objs Version="1.1.0.1" xmlns="http://schemas.microsoft.com/powershell/2004/04"><Obj S="progress" '
+            'RefId="0"><TN RefId="0"><T>System.Management.Automation.PSCustomObject</T><T>System.Object</T></TN>'
+            '<MS><I64 N="SourceId">1</I64><PR N="Record"><AV>Preparing modules for first use.</AV><AI>0</AI><Nil />'
+            '<PI>-1</PI><PC>-1</PC><T>Completed</T><SR>-1</SR><SD> </SD></PR></MS></Obj></Objs>')
+NOT_RECOGNIZED = ('<Objs Version="1.1.0.1" xmlns="http://schemas.microsoft.com/powershell/2004/04">'
+                  '<S S="Error">cargo : The term \'cargo\' is not recognized as the name of a cmdlet, function, '
+                  'script file, or operable program. Check _x000D__x000A_</S><S S="Error">the spelling of the '
+                  'name, or if a path was included, verify that the path is correct and try again._x000D__x000A_'
+                  '</S><S S="Error">At line:1 char:1_x000D__x000A_</S><S S="Error">+ cargo build_x000D__x000A_</S>'
+                  '<S S="Warning">disk &lt;C:&gt; is 95% full</S></Objs>')
+
+
+def test_clixml_on_stderr_becomes_the_text_a_person_reads():
+    stderr = "#< CLIXML\r\n" + PROGRESS + "#< CLIXML\r\n" + NOT_RECOGNIZED
+    text = strip_clixml(stderr)
+    assert "Objs" not in text and "Preparing modules" not in text and "CLIXML" not in text
+    assert text.replace("\r\n", "\n").splitlines() == [
+        "cargo : The term 'cargo' is not recognized as the name of a cmdlet, function, script file, or "
+        "operable program. Check ",
+        "the spelling of the name, or if a path was included, verify that the path is correct and try again.",
+        "At line:1 char:1", "+ cargo build", "WARNING: disk <C:> is 95% full"]
+
+
+def test_clixml_escapes_of_any_character_and_plain_text_around_blocks():
+    emoji = ('<Objs Version="1.1.0.1" xmlns="http://schemas.microsoft.com/powershell/2004/04"><S S="Error">'
+             'caf\u00e9 _xD83D__xDE00_ tab_x0009_end_x000A_</S></Objs>')
+    assert strip_clixml("before\n#< CLIXML\r\n" + emoji + "after\n") == "before\ncaf\u00e9 \U0001F600 tab\tend\nafter\n"
+    assert strip_clixml("no xml here\n") == "no xml here\n"
+    cut = "#< CLIXML\r\n<Objs Version=\"1.1.0.1\"><S S=\"Error\">half"  # the output's bounds cut it
+    assert strip_clixml(cut) == '<Objs Version="1.1.0.1"><S S="Error">half'
+
+
+def _csharp_of_list_windows() -> str:
+    return ws.LIST_WINDOWS.split("@'\n", 1)[1].split("\n'@", 1)[0]
+
+
+def test_the_csharp_add_type_compiles_as_csharp_5_with_the_sdks_struct_sizes(tmp_path):
+    """Add-Type in Windows PowerShell 5.1 compiles with .NET Framework's csc (C# 5). Mono's
+    compiler (Debian's mono-mcs) at -langversion:5 checks the same sources here, and the job
+    limit structure must have the Windows SDK's x64 layout: 144 bytes, LimitFlags at 16 (a
+    wrong size makes SetInformationJobObject fail, and then no command runs)."""
+    mcs, mono = shutil.which("mcs"), shutil.which("mono")
+    if mcs is None or mono is None:
+        pytest.skip("mono-mcs is not installed (apt-get install mono-mcs) to compile the C# here")
+    (tmp_path / "job.cs").write_text(ws.JOB_SOURCE)
+    (tmp_path / "windows.cs").write_text(_csharp_of_list_windows())
+    (tmp_path / "size.cs").write_text(
+        "using System; using System.Reflection; using System.Runtime.InteropServices;\n"
+        "class P { static void Main() { var f = BindingFlags.NonPublic;\n"
+        "var e = typeof(VmdJob).GetNestedType(\"Extended\", f); var b = typeof(VmdJob).GetNestedType(\"Basic\", f);\n"
+        "Console.WriteLine(Marshal.SizeOf(e) + \" \" + Marshal.OffsetOf(b, \"LimitFlags\")); } }\n")
+    for source in ("job", "windows"):
+        done = subprocess.run([mcs, "-langversion:5", "-target:library", f"-out:{tmp_path / source}.dll",
+                               str(tmp_path / f"{source}.cs")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    subprocess.run([mcs, f"-r:{tmp_path / 'job.dll'}", f"-out:{tmp_path / 'size.exe'}", str(tmp_path / "size.cs")],
+                   check=True, capture_output=True)
+    sizes = subprocess.run([mono, str(tmp_path / "size.exe")], cwd=tmp_path, capture_output=True, text=True)
+    assert sizes.stdout.split() == ["144", "16"]

@@ -1,0 +1,250 @@
+"""A Windows guest over SSH (vmd/guests/guest.py `Guest`): Windows' OpenSSH with PowerShell as
+its DefaultShell (the image sets it: vmd/windows_image/guest_contract.py). Each command is one
+exec channel running `powershell -EncodedCommand` of RUN_WRAPPER (vmd/guests/windows_scripts.py),
+which runs the command file vmd wrote over SFTP in a powershell.exe of its own, inside a job
+object that the timeout terminates whole. Files over SFTP with Windows paths
+(vmd/guests/windows_paths.py). Its OS verbs are `WindowsVerbs` (vmd/guests/windows_verbs.py).
+
+Why a command file and not the command in the line: a command may be 128 KiB (the contract's
+COMMAND_CHARS) and Windows' command line holds 32,767 characters, base64 of UTF-16 included.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import select
+import stat
+import time
+
+import paramiko
+
+from vmd.guests.guest import (CommandResult, DirEntry, DirListing, FileChunk, Guest, GuestError, OutputCallback)
+from vmd.guests.output import _CappedStream, _LineSplitter
+from vmd.guests.powershell import b64_utf8, encoded_command, plain_lines, quoted, strip_clixml
+from vmd.guests.ssh import LIST_TIME_S, SshConnection
+from vmd.guests.windows_paths import parent, sftp_path, windows_path
+from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
+from vmd.guests.windows_verbs import WindowsVerbs
+from vmd.verbs import READ_LIMIT, one_line
+from vmd.windows_image.guest_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
+
+# Where vmd's command files and the window lists wait in the guest (deleted once read).
+RUN_FOLDER = GUEST_VMD_DIR + "\\run"
+# The guest's own timeout fires first: the wrapper needs a moment to kill the job and exit.
+HOST_GRACE_S = 10
+GUEST_TEXT_CHARS = 500  # characters of an SFTP server's own words in an error message
+TIMED_OUT = ("\n[vmd: the command ran past its {timeout:g} s timeout and was killed with everything it "
+             "started; give a longer timeout or run it in smaller steps]")
+
+
+def _kind(mode: int) -> str:
+    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "link" if stat.S_ISLNK(mode) else "other")
+
+
+def _clixml_filter(on_output: OutputCallback | None) -> OutputCallback | None:
+    """The watcher's callback with stderr's CLIXML shown as its text, line by line (PowerShell
+    writes each block as a header line and one line of XML)."""
+    if on_output is None:
+        return None
+
+    def forward(stream: str, line: str) -> None:
+        if stream == "stderr" and (line.startswith("#< CLIXML") or "<Objs" in line):
+            for text in plain_lines(strip_clixml(line)).split("\n"):
+                if text.strip():
+                    on_output(stream, text)
+            return
+        on_output(stream, line)
+    return forward
+
+
+class WindowsGuest(WindowsVerbs, Guest):
+    os_family = "windows"
+
+    def __init__(self, ssh: SshConnection, project_path: str = PROJECT_PATH, *, map_share: bool = True):
+        self.ssh = ssh
+        self.project_path = windows_path(project_path, PROJECT_PATH)
+        self.map_share = map_share  # a baseline's own connection leaves the drive free for its copy
+        self.drive = self.project_path[:2]
+        self.share_unc = SHARE_UNC if self.drive.upper() == SHARE_LETTER.upper() else None
+
+    @property
+    def user(self) -> str:
+        return self.ssh.user
+
+    # --- shell ---------------------------------------------------------------------
+
+    def command_line(self, command_file: str, cwd: str, seconds: int) -> str:
+        """The exec line of one command: the wrapper, with the command's own script inside it."""
+        inner = render(RUN_INNER, CWD_B64=quoted(b64_utf8(cwd)), FILE_B64=quoted(b64_utf8(command_file)))
+        inner_b64 = base64.b64encode(inner.encode("utf-16-le")).decode("ascii")
+        wrapper = render(RUN_WRAPPER, SECONDS=seconds, MAP_SHARE=self.map_share and self.share_unc is not None,
+                         DRIVE_ROOT=quoted(self.drive + "\\"), DRIVE=self.drive,
+                         SHARE_UNC=quoted(self.share_unc or ""), JOB_DLL=quoted("vmd\\" + JOB_DLL),
+                         INNER=quoted(inner_b64), TIMEOUT_LINE=quoted(TIMEOUT_LINE))
+        return encoded_command(wrapper)
+
+    def run(self, command: str, timeout: float = 300, cwd: str | None = None,
+            on_output: OutputCallback | None = None) -> CommandResult:
+        cwd = windows_path(cwd, self.project_path) if cwd else self.project_path
+        seconds = max(1, int(round(timeout)))
+        command_file = f"{RUN_FOLDER}\\{secrets.token_hex(8)}.ps1"
+        # A BOM-less UTF-8 file: RUN_INNER reads it as UTF-8 itself, whatever the code page.
+        self._write("run", command_file, (command + "\n" + EXIT_TAIL).encode("utf-8"), "wb")
+        started = time.monotonic()
+        deadline = started + timeout + HOST_GRACE_S
+        caps = {"stdout": _CappedStream(), "stderr": _CappedStream()}
+        watcher = _clixml_filter(on_output)
+        splitters = {name: _LineSplitter(name, watcher) for name in caps}
+
+        def sink(stream: str, data: bytes) -> None:
+            caps[stream].add(data)
+            splitters[stream].feed(data)
+
+        try:
+            channel = self.ssh.open_channel(command=self.command_line(command_file, cwd, seconds))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise GuestError(f"the command could not be started in the guest: {one_line(str(exc))[:300]}; "
+                             "it did not run. Try again, or reboot_vm if the guest stays silent.") from None
+        try:
+            exit_code, host_gave_up = self._drain(channel, sink, deadline)
+        finally:
+            for splitter in splitters.values():
+                splitter.flush()
+        stderr = plain_lines(strip_clixml(caps["stderr"].text()))
+        timed_out = host_gave_up or (exit_code == 124 and TIMEOUT_LINE in stderr)
+        if timed_out:
+            stderr = stderr.replace(TIMEOUT_LINE + "\n", "").replace(TIMEOUT_LINE, "").rstrip("\n")
+            stderr += TIMED_OUT.format(timeout=timeout)
+        return CommandResult(exit_code=exit_code, stdout=plain_lines(caps["stdout"].text()), stderr=stderr,
+                             duration=round(time.monotonic() - started, 3),
+                             truncated=bool(caps["stdout"].dropped or caps["stderr"].dropped), timed_out=timed_out)
+
+    @staticmethod
+    def _drain(channel: paramiko.Channel, sink, deadline: float) -> tuple[int, bool]:
+        """(exit code, whether vmd gave up waiting) of an exec channel, its output to `sink`."""
+        try:
+            while True:
+                if time.monotonic() > deadline:  # checked every turn: a guest that never stops printing
+                    return 124, True
+                if channel.recv_ready():
+                    sink("stdout", channel.recv(65536))
+                    continue
+                if channel.recv_stderr_ready():
+                    sink("stderr", channel.recv_stderr(65536))
+                    continue
+                if channel.exit_status_ready():
+                    return channel.recv_exit_status(), False
+                select.select([channel], [], [], 0.2)
+        finally:
+            channel.close()
+
+    # --- files ---------------------------------------------------------------------
+
+    def resolve(self, path: str) -> str:
+        return windows_path(path, self.project_path)
+
+    def _sftp_call(self, verb: str, path: str, fn):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise GuestError(f"{verb} {path}: no such file or folder in the guest; "
+                             "list_dir its folder to see what is there") from None
+        except PermissionError:
+            raise GuestError(f"{verb} {path}: access denied for the user '{self.ssh.user}' (the file may be "
+                             f"open in a program, or protected); work under {self.project_path}") from None
+        except IsADirectoryError:
+            raise GuestError(f"{verb} {path}: that is a folder; use list_dir") from None
+        except TimeoutError:
+            self.ssh.drop_sftp()
+            raise GuestError(f"{verb} {path}: the guest did not answer within {self.ssh.sftp_reply_timeout:g} s "
+                             "(it is paused, overloaded or gone); try again, or run a command to see "
+                             "whether it still answers") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise GuestError(f"{verb} {path}: {one_line(str(exc))[:GUEST_TEXT_CHARS]}") from None
+
+    def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> FileChunk:
+        full = self.resolve(path)
+        limit = min(limit or READ_LIMIT, READ_LIMIT)
+
+        def read():
+            sftp = self.ssh.sftp()
+            attrs = sftp.stat(sftp_path(full))
+            if stat.S_ISDIR(attrs.st_mode or 0):
+                raise IsADirectoryError(full)
+            with sftp.open(sftp_path(full), "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(limit + 1)
+            return attrs.st_size or 0, data
+
+        size, data = self._sftp_call("read_file", full, read)
+        return FileChunk(content=data[:limit].decode("utf-8", "replace"), size=size, offset=offset,
+                         truncated=len(data) > limit)
+
+    def _write(self, verb: str, full: str, data: bytes, mode: str) -> int:
+        def write():
+            sftp = self.ssh.sftp()
+            missing, folder = [], parent(full)
+            while len(folder) > 3:  # a drive's root is always there
+                try:
+                    sftp.stat(sftp_path(folder))
+                    break
+                except FileNotFoundError:
+                    missing.append(folder)
+                    folder = parent(folder)
+            for part in reversed(missing):
+                sftp.mkdir(sftp_path(part))
+            with sftp.open(sftp_path(full), mode) as fh:
+                fh.write(data)
+            return len(data)
+
+        return self._sftp_call(verb, full, write)
+
+    def write_file(self, path: str, content: str | bytes) -> int:
+        data = content.encode() if isinstance(content, str) else content
+        return self._write("write_file", self.resolve(path), data, "wb")
+
+    def append_file(self, path: str, content: str | bytes) -> int:
+        data = content.encode() if isinstance(content, str) else content
+        return self._write("append_file", self.resolve(path), data, "ab")
+
+    def remove_file(self, full: str) -> None:
+        """Removes a file vmd put in the guest; one already gone is no error."""
+        try:
+            self.ssh.sftp().remove(sftp_path(full))
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def list_dir(self, path: str) -> DirListing:
+        full = self.resolve(path)
+
+        def listing():
+            sftp = self.ssh.sftp()
+            folder = sftp.list_folder(sftp_path(full))
+            if folder.out_of_step:
+                self.ssh.drop_sftp()
+            entries = DirListing(sorted((DirEntry(name=e.name, type=_kind(e.mode), size=e.size)
+                                         for e in folder.entries),
+                                        key=lambda e: (e.type != "dir", e.name.casefold())))
+            notes = []
+            if folder.more:
+                notes.append(f"the first {len(entries)} entries are listed and more were not; list a narrower "
+                             "folder or use run('Get-ChildItem | Select-Object -First 50')")
+            elif folder.timed_out:
+                notes.append(f"the guest took longer than {LIST_TIME_S:g} s to list the folder, so only the "
+                             f"{len(entries)} entries read by then are listed; list a narrower folder")
+            if folder.long_names:
+                notes.append(f"{folder.long_names} entries with names over 255 bytes of UTF-8 were left out")
+            entries.note = "; ".join(notes)
+            return entries
+
+        return self._sftp_call("list_dir", full, listing)
+
+    def another(self, **kwargs) -> "WindowsGuest":
+        """A guest on a second SSH connection to the same machine: on Windows a logon session of
+        its own, with its own drive letters (the baseline shows its copy at the project's drive)."""
+        return WindowsGuest(self.ssh.another(), self.project_path, **kwargs)
+
+    def close(self) -> None:
+        self.ssh.close()

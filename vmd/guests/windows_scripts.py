@@ -1,0 +1,297 @@
+"""The PowerShell a Windows guest runs for vmd (vmd/guests/windows.py, windows_verbs.py), as
+templates: `render` fills a `{{NAME}}` only with an integer, base64 or a single-quoted string
+(vmd/guests/powershell.py `quoted`), so nothing from the model or the guest can change a
+script's code. Every template here is parsed with a PowerShell grammar in the tests
+(tests/test_windows_scripts.py), rendered.
+
+Strings in these scripts are in single quotes unless they expand a variable: Windows
+PowerShell 5.1 (no `&&`, no `??`, no ternary) is what every Windows since 10 has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+# The timeout's kill: a Job Object with JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE (0x2000) set through
+# SetInformationJobObject(JobObjectExtendedLimitInformation = 9), the command's process assigned
+# to it as soon as it starts (before its PowerShell has read the command, so every process the
+# command starts is in the job: children inherit it), and TerminateJobObject at the timeout:
+# the whole tree ends, also what escaped its parent, which taskkill /T would miss.
+# (learn.microsoft.com: "Job Objects", JOBOBJECT_EXTENDED_LIMIT_INFORMATION.) Compiled by
+# Add-Type once per guest into a DLL under ProgramData, named by this source's hash, and
+# loaded from there by every later command: compiling costs about a second, loading does not.
+JOB_SOURCE = r"""
+using System;
+using System.ComponentModel;
+using System.Runtime.InteropServices;
+public static class VmdJob {
+    [StructLayout(LayoutKind.Sequential)]
+    struct Basic {
+        public long PerProcessUserTimeLimit; public long PerJobUserTimeLimit; public uint LimitFlags;
+        public UIntPtr MinimumWorkingSetSize; public UIntPtr MaximumWorkingSetSize; public uint ActiveProcessLimit;
+        public UIntPtr Affinity; public uint PriorityClass; public uint SchedulingClass;
+    }
+    [StructLayout(LayoutKind.Sequential)]
+    struct Counters { public ulong R; public ulong W; public ulong O; public ulong RB; public ulong WB; public ulong OB; }
+    [StructLayout(LayoutKind.Sequential)]
+    struct Extended {
+        public Basic BasicLimits; public Counters Io; public UIntPtr ProcessMemoryLimit;
+        public UIntPtr JobMemoryLimit; public UIntPtr PeakProcessMemoryUsed; public UIntPtr PeakJobMemoryUsed;
+    }
+    [DllImport("kernel32.dll", SetLastError = true)]
+    static extern IntPtr CreateJobObject(IntPtr attributes, string name);
+    [DllImport("kernel32.dll", SetLastError = true)]
+    static extern bool SetInformationJobObject(IntPtr job, int infoClass, ref Extended info, uint size);
+    [DllImport("kernel32.dll", SetLastError = true)]
+    static extern bool AssignProcessToJobObject(IntPtr job, IntPtr process);
+    [DllImport("kernel32.dll", SetLastError = true)]
+    static extern bool TerminateJobObject(IntPtr job, uint exitCode);
+    public static IntPtr Create() {
+        IntPtr job = CreateJobObject(IntPtr.Zero, null);
+        if (job == IntPtr.Zero) { throw new Win32Exception(); }
+        Extended info = new Extended();
+        info.BasicLimits.LimitFlags = 0x2000;
+        if (!SetInformationJobObject(job, 9, ref info, (uint)Marshal.SizeOf(typeof(Extended)))) { throw new Win32Exception(); }
+        return job;
+    }
+    public static void Assign(IntPtr job, IntPtr process) {
+        if (!AssignProcessToJobObject(job, process)) { throw new Win32Exception(); }
+    }
+    public static void Kill(IntPtr job) { TerminateJobObject(job, 124); }
+}
+"""
+JOB_DLL = f"VmdJob-{hashlib.sha256(JOB_SOURCE.encode()).hexdigest()[:12]}.dll"
+
+# What the guest's own stderr says when the timeout killed the command (vmd reads it back).
+TIMEOUT_LINE = "vmd: the command ran past its timeout; its job object was terminated"
+
+# Output as UTF-8 (5.1 writes the console's OEM code page otherwise; setting the console's
+# encoding throws where there is no console, which is fine), progress records silenced (5.1
+# serializes them to stderr as CLIXML when stderr is not a console).
+PREAMBLE = """$ProgressPreference = 'SilentlyContinue'
+try { [Console]::OutputEncoding = [Text.Encoding]::UTF8 } catch { $null = $_ }
+$OutputEncoding = [Text.Encoding]::UTF8
+"""
+
+# The -EncodedCommand sshd's PowerShell runs for one `run`: maps the project share in this
+# logon session when it is not (each SSH logon is a session of its own, where the desktop's
+# Z: does not exist), starts the command's own powershell.exe (RUN_INNER) in a job object,
+# waits at most SECONDS, kills the job's whole tree past it, and exits with the command's code.
+RUN_WRAPPER = PREAMBLE + """$ErrorActionPreference = 'Stop'
+$vmdSeconds = {{SECONDS}}
+if ({{MAP_SHARE}} -and -not (Test-Path -LiteralPath {{DRIVE_ROOT}})) {
+    $null = & net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no 2>&1
+}
+if (-not ('VmdJob' -as [type])) {
+    $vmdDll = Join-Path $env:ProgramData {{JOB_DLL}}
+    if (-not (Test-Path -LiteralPath $vmdDll)) {
+        $vmdTemp = "$vmdDll.$PID.tmp"
+        Add-Type -TypeDefinition @'
+{{JOB_SOURCE}}
+'@ -OutputAssembly $vmdTemp -OutputType Library
+        try { Move-Item -LiteralPath $vmdTemp -Destination $vmdDll } catch { Remove-Item -LiteralPath $vmdTemp -Force -ErrorAction SilentlyContinue }
+    }
+    Add-Type -Path $vmdDll
+}
+$vmdJob = [VmdJob]::Create()
+$vmdStart = New-Object System.Diagnostics.ProcessStartInfo
+$vmdStart.FileName = Join-Path $PSHOME 'powershell.exe'
+$vmdStart.Arguments = '-NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand ' + {{INNER}}
+$vmdStart.UseShellExecute = $false
+$vmdChild = [System.Diagnostics.Process]::Start($vmdStart)
+[VmdJob]::Assign($vmdJob, $vmdChild.Handle)
+if (-not $vmdChild.WaitForExit($vmdSeconds * 1000)) {
+    [VmdJob]::Kill($vmdJob)
+    [Console]::Error.WriteLine({{TIMEOUT_LINE}})
+    exit 124
+}
+$vmdChild.WaitForExit()
+exit $vmdChild.ExitCode
+"""
+
+# The command's own powershell.exe: the working folder (its home when the folder is not
+# there, as on Linux), the process's folder too (native programs read that one), then the
+# command file vmd wrote, run as a script block in this scope (a script block is no file:
+# no execution policy stops it; -ExecutionPolicy Bypass lets the scripts it runs run).
+RUN_INNER = PREAMBLE + """$vmdUtf8 = New-Object System.Text.UTF8Encoding $false
+$vmdCwd = $vmdUtf8.GetString([Convert]::FromBase64String({{CWD_B64}}))
+$vmdFile = $vmdUtf8.GetString([Convert]::FromBase64String({{FILE_B64}}))
+Set-Location -LiteralPath $vmdCwd -ErrorAction SilentlyContinue
+if (-not $?) { Set-Location -LiteralPath $HOME }
+[Environment]::CurrentDirectory = (Get-Location -PSProvider FileSystem).ProviderPath
+$vmdText = [IO.File]::ReadAllText($vmdFile, $vmdUtf8)
+Remove-Item -LiteralPath $vmdFile -Force -ErrorAction SilentlyContinue
+$global:LASTEXITCODE = 0
+. ([ScriptBlock]::Create($vmdText))
+"""
+
+# Appended to every command in its file, on a line of its own, so that `$?` is the command's
+# last statement's: its success is exit 0, a native program's failure its own exit code,
+# a cmdlet's failure exit 1. `exit` in the command itself still exits with its number.
+EXIT_TAIL = """
+if ($?) { exit 0 }
+if ($global:LASTEXITCODE) { exit $global:LASTEXITCODE }
+exit 1
+"""
+
+# The facts, one `name=value` line each (vmd/guests/windows_verbs.py reads them).
+FACTS = """$os = Get-CimInstance -ClassName Win32_OperatingSystem
+$cv = Get-ItemProperty -Path 'HKLM:\\SOFTWARE\\Microsoft\\Windows NT\\CurrentVersion'
+function Get-VmdVersion([string]$Name, [string[]]$Arguments) {
+    $command = Get-Command $Name -CommandType Application -ErrorAction SilentlyContinue | Select-Object -First 1
+    if ($null -eq $command) { return 'none' }
+    $text = (& $command.Source @Arguments 2>&1 | Select-Object -First 1) -as [string]
+    if ($text) { return $text.Trim() }
+    return 'none'
+}
+'os=' + $os.Caption + ' (' + $cv.EditionID + ')'
+'build=' + $os.Version + '.' + $cv.UBR
+'powershell=' + $PSVersionTable.PSVersion.ToString()
+'python=' + (Get-VmdVersion 'python' @('--version'))
+'git=' + (Get-VmdVersion 'git' @('--version'))
+'dotnet=' + (Get-VmdVersion 'dotnet' @('--version'))
+$desktop = @(Get-Process -Name explorer -ErrorAction SilentlyContinue | Where-Object { $_.SessionId -ne 0 })
+'desktop=' + ($desktop.Count -gt 0)
+'mounted=' + (Test-Path -LiteralPath {{DRIVE_ROOT}})
+'boot=' + $os.LastBootUpTime.ToUniversalTime().ToString('o')
+'hostname=' + $env:COMPUTERNAME
+"""
+
+# The desktop is up when explorer.exe runs in a user's session (sshd's own is session 0).
+DESKTOP_PROBE = """$shell = @(Get-Process -Name explorer -ErrorAction SilentlyContinue | Where-Object { $_.SessionId -ne 0 })
+if ($shell.Count -eq 0) { 'explorer.exe is not running in a user session yet'; exit 1 }
+'explorer.exe runs in session ' + $shell[0].SessionId
+"""
+
+MOUNT_SHARE = """if (-not (Test-Path -LiteralPath {{DRIVE_ROOT}})) {
+    & net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no
+}
+"""
+
+# A TCP connection to port 80, as the Linux probe opens one: any answer at all is internet.
+CHECK_INTERNET = """$client = New-Object System.Net.Sockets.TcpClient
+try {
+    $opened = $client.ConnectAsync({{HOST}}, 80).Wait(8000)
+} catch {
+    $opened = $false
+}
+if ($opened -and $client.Connected) { 'reachable'; $client.Close(); exit 0 }
+'no TCP connection to ' + {{HOST}} + ':80 within 8 s'
+exit 1
+"""
+
+# The session task's program (the image's vmd-launch task, vmd/windows_image/guest_contract.py)
+# starts what LAUNCH_REQUEST names; this asks it to.
+RUN_LAUNCH_TASK = """& schtasks.exe /Run /TN {{TASK}}
+if ($LASTEXITCODE -ne 0) { exit $LASTEXITCODE }
+"""
+
+REBOOT = "& shutdown.exe /r /t 0 /f\n"
+
+# Sets the clock of a guest restored from a save (it stood still from the save on).
+SET_CLOCK = "Set-Date -Date ([DateTimeOffset]::FromUnixTimeMilliseconds({{MILLIS}}).LocalDateTime) | Out-Null\n"
+
+# Unpacks the baseline for a check in a logon session of its own (a second SSH connection,
+# vmd/guests/windows_verbs.py): the drive is free there, and `subst` shows the copy at it.
+# Exit 125 with "vmd-baseline" in stderr: the baseline could not be shown (the check did not run).
+BASELINE_SETUP = """$ErrorActionPreference = 'Stop'
+try {
+    if (Test-Path -LiteralPath {{DRIVE_ROOT}}) { throw ('the drive is in use in this logon session too') }
+    $null = New-Item -ItemType Directory -Force -Path {{FOLDER}}
+    & tar.exe -xf {{ARCHIVE}} -C {{FOLDER}}
+    if ($LASTEXITCODE -ne 0) { throw ('tar.exe exit ' + $LASTEXITCODE) }
+    & subst.exe {{DRIVE}} {{FOLDER}}
+    if ($LASTEXITCODE -ne 0) { throw ('subst exit ' + $LASTEXITCODE) }
+} catch {
+    [Console]::Error.WriteLine('vmd-baseline: ' + $_.Exception.Message)
+    exit 125
+}
+"""
+
+BASELINE_CLEANUP = """& subst.exe {{DRIVE}} /D 2>&1 | Out-Null
+Remove-Item -LiteralPath {{FOLDER}} -Recurse -Force -ErrorAction SilentlyContinue
+Remove-Item -LiteralPath {{ARCHIVE}} -Force -ErrorAction SilentlyContinue
+"""
+
+# The top-level windows of the user's desktop, front first (EnumWindows' Z order): run in the
+# user's session by the launch task (sshd's session 0 has a desktop of its own, with nothing
+# on it), written to the file its first argument names (a temporary name, then renamed, so
+# that vmd never reads half of it). Each window: its handle, its inside (the client rectangle
+# on screen: below the title bar) and its frame (window rectangle minus client), its title.
+LIST_WINDOWS = """param([string]$Out)
+$ErrorActionPreference = 'Stop'
+Add-Type -TypeDefinition @'
+using System;
+using System.Collections.Generic;
+using System.Runtime.InteropServices;
+using System.Text;
+public static class VmdWindows {
+    public delegate bool EnumProc(IntPtr hwnd, IntPtr lParam);
+    [StructLayout(LayoutKind.Sequential)] public struct Rect { public int Left, Top, Right, Bottom; }
+    [StructLayout(LayoutKind.Sequential)] public struct Point { public int X, Y; }
+    [DllImport("user32.dll")] static extern bool EnumWindows(EnumProc proc, IntPtr lParam);
+    [DllImport("user32.dll")] static extern bool IsWindowVisible(IntPtr hwnd);
+    [DllImport("user32.dll")] static extern bool IsIconic(IntPtr hwnd);
+    [DllImport("user32.dll")] static extern int GetWindowTextLength(IntPtr hwnd);
+    [DllImport("user32.dll", CharSet = CharSet.Unicode)] static extern int GetWindowText(IntPtr hwnd, StringBuilder text, int max);
+    [DllImport("user32.dll")] static extern bool GetWindowRect(IntPtr hwnd, out Rect rect);
+    [DllImport("user32.dll")] static extern bool GetClientRect(IntPtr hwnd, out Rect rect);
+    [DllImport("user32.dll")] static extern bool ClientToScreen(IntPtr hwnd, ref Point point);
+    [DllImport("user32.dll")] public static extern IntPtr GetForegroundWindow();
+    [DllImport("user32.dll")] public static extern bool SetProcessDPIAware();
+    [DllImport("dwmapi.dll")] static extern int DwmGetWindowAttribute(IntPtr hwnd, int attribute, out int value, int size);
+    public static List<string> List() {
+        List<string> lines = new List<string>();
+        EnumWindows(delegate (IntPtr hwnd, IntPtr lParam) {
+            int cloaked;
+            if (!IsWindowVisible(hwnd) || IsIconic(hwnd)) { return true; }
+            if (DwmGetWindowAttribute(hwnd, 14, out cloaked, 4) == 0 && cloaked != 0) { return true; }
+            int length = GetWindowTextLength(hwnd);
+            if (length == 0) { return true; }
+            StringBuilder title = new StringBuilder(Math.Min(length, 400) + 1);
+            GetWindowText(hwnd, title, title.Capacity);
+            Rect outer; Rect inner; Point origin = new Point();
+            if (!GetWindowRect(hwnd, out outer) || !GetClientRect(hwnd, out inner) || !ClientToScreen(hwnd, ref origin)) { return true; }
+            int left = origin.X - outer.Left, top = origin.Y - outer.Top;
+            int right = outer.Right - origin.X - inner.Right, bottom = outer.Bottom - origin.Y - inner.Bottom;
+            lines.Add(string.Join("\\t", new string[] { hwnd.ToInt64().ToString(), origin.X.ToString(), origin.Y.ToString(),
+                inner.Right.ToString(), inner.Bottom.ToString(), left + "," + right + "," + top + "," + bottom,
+                title.ToString().Replace('\\t', ' ').Replace('\\r', ' ').Replace('\\n', ' ') }));
+            return true;
+        }, IntPtr.Zero);
+        return lines;
+    }
+}
+'@
+$null = [VmdWindows]::SetProcessDPIAware()
+$lines = @('@@active ' + [VmdWindows]::GetForegroundWindow().ToInt64()) + [VmdWindows]::List()
+$temp = $Out + '.tmp'
+[IO.File]::WriteAllLines($temp, [string[]]$lines, (New-Object System.Text.UTF8Encoding $false))
+Move-Item -LiteralPath $temp -Destination $Out -Force
+"""
+
+TEMPLATES = {name: value for name, value in globals().items()
+             if name.isupper() and isinstance(value, str) and name not in ("JOB_SOURCE", "JOB_DLL", "TIMEOUT_LINE")}
+
+_FIELD = re.compile(r"\{\{([A-Z_0-9]+)\}\}")
+_SAFE = re.compile(r"^(-?\d+|\$true|\$false|'(?:[^'\u2018\u2019\u201a\u201b]|''|\u2018\u2018|\u2019\u2019|"
+                   r"\u201a\u201a|\u201b\u201b)*'|[A-Za-z]:)$", re.DOTALL)
+
+
+def render(template: str, **values: str | int | bool) -> str:
+    """`template` with each `{{NAME}}` replaced; every value must be an int, a bool, a drive
+    (`Z:`) or a quoted string (vmd/guests/powershell.py `quoted`), else ValueError: a bug in
+    vmd, never a way for text to become code. JOB_SOURCE is the one raw value (vmd's own)."""
+    def fill(match: re.Match) -> str:
+        name = match.group(1)
+        if name == "JOB_SOURCE":
+            return JOB_SOURCE.strip("\n")
+        if name not in values:
+            raise ValueError(f"no value for {{{{{name}}}}}")
+        value = values[name]
+        text = ("$true" if value else "$false") if isinstance(value, bool) else str(value)
+        if not _SAFE.match(text):
+            raise ValueError(f"{{{{{name}}}}} must be an integer, a drive or a quoted string, not {text[:60]!r}")
+        return text
+    return _FIELD.sub(fill, template)

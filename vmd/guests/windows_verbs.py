@@ -1,0 +1,198 @@
+"""The OS verbs of a Windows guest (vmd/guests/windows.py `WindowsGuest` mixes them in): start a
+program on the desktop, probe the internet, run the check against the baseline, list the
+windows, and what the machine asks of its guest (facts, desktop, share, clock, reboot). Every
+script is a template of vmd/guests/windows_scripts.py; failures are `GuestError`s.
+
+Two things sshd's session cannot do itself, because it runs in session 0, whose desktop no
+one sees: start a window, and see the windows. Both go through the image's task that runs in
+the logged-on user's session (vmd/windows_image/guest_contract.py VMD_LAUNCH_TASK: it starts
+the one command line written to LAUNCH_REQUEST, through `cmd /c start`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, screen_coordinate
+from vmd.guests.powershell import quoted
+from vmd.guests.windows_scripts import (BASELINE_CLEANUP, BASELINE_SETUP, CHECK_INTERNET, DESKTOP_PROBE, FACTS,
+                                        LIST_WINDOWS, MOUNT_SHARE, REBOOT, RUN_LAUNCH_TASK, SET_CLOCK, render)
+from vmd.windows_image.guest_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
+
+LAUNCH_TIMEOUT_S = 30  # the task starts the program and returns; its window comes later
+PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s
+# The window list is written by a program the session task starts: a PowerShell that
+# compiles its user32 calls takes 2-4 s on a small guest; past this vmd says it got none.
+WINDOWS_WAIT_S = 15.0
+WINDOWS_POLL_S = 0.25
+# `cmd /c start` reads the launch line: a quote or a percent sign in it would be cmd's, not
+# the program's (cmd expands %NAME% even inside quotes), and a line end ends the line.
+LAUNCH_REFUSED = set('"%\r\n')
+CMD_SPECIAL = set(" \t&|<>^(),;=")
+
+
+def launch_line(path: str, args: list[str]) -> str:
+    """The one line the session task hands to `cmd /c start ""`: each part quoted when cmd
+    would split or read it."""
+    parts = []
+    for part in [path, *args]:
+        bad = LAUNCH_REFUSED.intersection(part)
+        if bad:
+            raise GuestError(f"launch_app cannot pass {part!r} on Windows: it holds {''.join(sorted(bad))!r}, "
+                             "which cmd.exe (that starts the program in the desktop session) would read "
+                             "itself. Write a .cmd or .ps1 file in the project that starts the program "
+                             "with these arguments, and launch_app that file.")
+        parts.append(f'"{part}"' if not part or CMD_SPECIAL.intersection(part) else part)
+    return " ".join(parts)
+
+
+def parse_windows_listing(text: str) -> list[ListedWindow]:
+    """LIST_WINDOWS' file: `@@active <handle>`, then one tab-separated line per window
+    (handle, x, y, width, height, frame, title), front first. A line that does not parse
+    costs its window only: the file was written by the guest."""
+    active, windows = "", []
+    for line in text.splitlines():
+        if line.startswith("@@active "):
+            active = line.split(" ", 1)[1].strip()
+            continue
+        fields = line.split("\t", 6)
+        if len(fields) != 7:
+            continue
+        try:
+            x, y, width, height = (screen_coordinate(v) for v in fields[1:5])
+            frame = tuple(max(0, screen_coordinate(v)) for v in fields[5].split(","))
+        except ValueError:
+            continue
+        if width < 8 or height < 8 or len(frame) != 4:
+            continue
+        windows.append(ListedWindow(title=fields[6][:400], x=x, y=y, width=width, height=height,
+                                    active=active != "" and fields[0].strip() == active, frame=frame))
+    return windows
+
+
+def _said(result: CommandResult) -> str:
+    return (result.stderr or result.stdout).strip()[-400:]
+
+
+class WindowsVerbs:
+    """The OS verbs of a Windows guest (OpenSSH with PowerShell as its shell), built on
+    `WindowsGuest`'s run, _write, read_file, remove_file and another."""
+
+    project_path: str
+    drive: str
+    share_unc: str | None
+
+    def _ps(self, template: str, timeout: float, **values) -> CommandResult:
+        return self.run(render(template, **values), timeout=timeout, cwd="C:\\")
+
+    def _start_in_session(self, line: str) -> CommandResult:
+        """Asks the session task to start `line` in the logged-on user's session."""
+        # UTF-8 with its BOM: Windows PowerShell 5.1's Get-Content reads a file without one
+        # in the ANSI code page, and a path with a non-ASCII letter would not be found.
+        self._write("launch_app", LAUNCH_REQUEST, b"\xef\xbb\xbf" + line.encode("utf-8"), "wb")
+        return self._ps(RUN_LAUNCH_TASK, LAUNCH_TIMEOUT_S, TASK=quoted(VMD_LAUNCH_TASK))
+
+    def launch_app(self, path: str, args: list[str]) -> str:
+        result = self._start_in_session(launch_line(path, args))
+        if result.exit_code != 0:
+            raise GuestError(f"could not start {path}: the desktop session's task did not run (exit "
+                             f"{result.exit_code}: {_said(result)}); is the user logged on? take a screenshot.")
+        return (f"asked the desktop session to start {path}; take a screenshot to see its window (a program "
+                "that is not found shows no window and no error: check the path with Test-Path).")
+
+    def check_internet(self, host: str) -> tuple[bool, str]:
+        result = self._ps(CHECK_INTERNET, PROBE_TIMEOUT_S, HOST=quoted(host))
+        return result.exit_code == 0, (result.stdout + result.stderr).strip()[-300:]
+
+    def run_baseline(self, command: str, archive: bytes, timeout: float) -> CommandResult:
+        """The check with the project's drive showing the baseline (vmd/session/verification.py
+        says why): on a second SSH connection, a logon session of its own where the drive is
+        free, the archive is unpacked and `subst` puts it at the drive; only the check runs
+        there. Exit 125 with "vmd-baseline" in stderr: it could not be shown."""
+        token = secrets.token_hex(4)
+        folder = f"{GUEST_VMD_DIR}\\baseline-{token}"
+        archive_path = f"{GUEST_VMD_DIR}\\baseline-{token}.tar"
+        places = {"FOLDER": quoted(folder), "ARCHIVE": quoted(archive_path), "DRIVE": self.drive,
+                  "DRIVE_ROOT": quoted(self.drive + "\\")}
+        other = self.another(map_share=False)
+        try:
+            other._write("run_baseline", archive_path, archive, "wb")
+            setup = other.run(render(BASELINE_SETUP, **places), timeout=120, cwd="C:\\")
+            if setup.exit_code != 0:
+                if "vmd-baseline" not in setup.stderr:
+                    setup = setup.model_copy(update={"stderr": "vmd-baseline: " + setup.stderr})
+                return setup.model_copy(update={"exit_code": 125})
+            return other.run(command, timeout=timeout, cwd=self.project_path)
+        finally:
+            try:
+                other.run(render(BASELINE_CLEANUP, **places), timeout=60, cwd="C:\\")
+            except GuestError:
+                pass
+            other.close()
+
+    # --- what the machine asks of its guest ---------------------------------------------
+
+    def facts(self) -> GuestFacts:
+        result = self._ps(FACTS, 60, DRIVE_ROOT=quoted(self.drive + "\\"))
+        found = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+        missing = {"os", "build", "powershell", "desktop", "boot", "hostname"} - set(found)
+        if missing:
+            raise GuestError(f"could not read facts from the Windows guest (no {', '.join(sorted(missing))}): "
+                             f"{_said(result)[:300]}")
+        # Facts has one field for the system's version: Windows' build, PowerShell's and .NET's.
+        kernel = f"Windows {found['build']}; PowerShell {found['powershell']}; dotnet {found.get('dotnet', 'none')}"
+        return GuestFacts(os=found["os"], kernel=kernel, python=found.get("python", "none"),
+                          git=found.get("git", "none"), desktop=found["desktop"] == "True",
+                          project_mounted=found.get("mounted") == "True", boot_id=found["boot"],
+                          hostname=found["hostname"])
+
+    def desktop_problem(self) -> str | None:
+        seen = self._ps(DESKTOP_PROBE, 20)
+        return None if seen.exit_code == 0 else _said(seen) or "no answer"
+
+    def mount_share(self) -> None:
+        if self.share_unc is not None:
+            self._ps(MOUNT_SHARE, 30, DRIVE_ROOT=quoted(self.drive + "\\"), DRIVE=self.drive,
+                     SHARE_UNC=quoted(self.share_unc))
+
+    def restored(self, now: float, mount_share: bool) -> GuestFacts:
+        self._ps(SET_CLOCK, 30, MILLIS=int(now * 1000))
+        if mount_share:
+            self.mount_share()
+        return self.facts()
+
+    def reboot(self) -> None:
+        try:
+            self._ps(REBOOT, 10)
+        except GuestError:  # the guest went away mid-answer: that is the reboot
+            pass
+
+    def forget_identity(self) -> None:
+        raise GuestError("a Windows guest cannot take a new identity in place (its machine SID changes only "
+                         "by sysprep, and sshd keeps the host keys it started with), so it is not saved as a "
+                         "warm slot; Windows sessions boot their own machine.")
+
+    def list_windows(self) -> list[ListedWindow]:
+        """The user's windows, listed by LIST_WINDOWS run in the desktop session by the session task."""
+        token = secrets.token_hex(6)
+        script, out = f"{GUEST_VMD_DIR}\\run\\windows-{token}.ps1", f"{GUEST_VMD_DIR}\\run\\windows-{token}.txt"
+        self._write("list_windows", script, b"\xef\xbb\xbf" + LIST_WINDOWS.encode("utf-8"), "wb")
+        try:
+            started = self._start_in_session(
+                f"powershell.exe -NoProfile -NonInteractive -WindowStyle Hidden -ExecutionPolicy Bypass "
+                f"-File {script} -Out {out}")
+            if started.exit_code != 0:
+                raise GuestError(f"the desktop session's task did not run (exit {started.exit_code}: {_said(started)})")
+            until = time.monotonic() + WINDOWS_WAIT_S
+            while True:
+                try:
+                    return parse_windows_listing(self.read_file(out).content)
+                except GuestError:
+                    if time.monotonic() > until:
+                        raise GuestError(f"the desktop session wrote no window list within {WINDOWS_WAIT_S:g} s "
+                                         "(is the user logged on?)") from None
+                    time.sleep(WINDOWS_POLL_S)
+        finally:
+            self.remove_file(script)
+            self.remove_file(out)
