@@ -25,6 +25,7 @@ SHUTDOWN_TIMEOUT_S = 300
 BOOT_KEY_EVERY_S = 1.0
 BOOT_KEY_FOR_S = 20.0
 POLL_S = 5.0
+NOTE_EVERY_S = 300.0  # a line of progress this often, so a 30-minute wait does not look hung
 KVM_REFUSAL = ("this host has no working KVM, and Windows Setup under TCG (QEMU's emulation) takes hours, so "
                "vmd refuses to start it: build the Windows image on a host where `vmd doctor` reports KVM "
                "(/dev/kvm usable by QEMU), then copy the image folder here if you like.")
@@ -102,23 +103,31 @@ def _active(dom, libvirt) -> bool:
         return False
 
 
-def run_install(domain_xml: str, serial_log: Path, uri: str, out, timeout_s: float = INSTALL_TIMEOUT_S) -> None:
+def run_install(domain_xml: str, serial_log: Path, uri: str, out, timeout_s: float = INSTALL_TIMEOUT_S,
+                poll_s: float = POLL_S, boot_key_for_s: float = BOOT_KEY_FOR_S) -> None:
     """Boot the install domain (transient: nothing is left defined in libvirt), press a key
     for the CD prompt, wait for the ready marker on COM1, then shut Windows down."""
     # Here, not above: `vmd images build` and `vmd doctor` start without libvirt-python.
     import libvirt
 
-    conn = libvirt.open(uri)
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise InstallFailed(f"libvirtd does not answer at {uri} ({exc}); start it (`systemctl start libvirtd`) "
+                            f"and build again.") from exc
     dom = None
     try:
-        dom = conn.createXML(domain_xml, 0)
+        try:
+            dom = conn.createXML(domain_xml, 0)
+        except libvirt.libvirtError as exc:
+            raise InstallFailed(f"libvirt could not start the install machine: {exc}") from exc
         started = time.monotonic()
-        while time.monotonic() - started < BOOT_KEY_FOR_S:
+        while time.monotonic() - started < boot_key_for_s:
             try:
                 dom.sendKey(libvirt.VIR_KEYCODE_SET_LINUX, 0, [28], 1, 0)  # KEY_ENTER
             except libvirt.libvirtError:
                 pass  # the firmware is not reading keys yet
-            time.sleep(BOOT_KEY_EVERY_S)
+            time.sleep(min(BOOT_KEY_EVERY_S, boot_key_for_s))
         last_note = started
         while True:
             said = serial_says(serial_log, contract.READY_MARKER)
@@ -133,14 +142,14 @@ def run_install(domain_xml: str, serial_log: Path, uri: str, out, timeout_s: flo
             if elapsed > timeout_s:
                 raise InstallFailed(f"Windows was not ready after {timeout_s / 60:.0f} min; the serial log "
                                     f"{serial_log} shows how far it got.")
-            if time.monotonic() - last_note > 300:
+            if time.monotonic() - last_note > NOTE_EVERY_S:
                 print(f"  still installing ({elapsed / 60:.0f} min)", file=out, flush=True)
                 last_note = time.monotonic()
-            time.sleep(POLL_S)
+            time.sleep(poll_s)
         dom.shutdown()
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
         while _active(dom, libvirt) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+            time.sleep(poll_s)
     finally:
         try:
             if dom is not None and _active(dom, libvirt):
