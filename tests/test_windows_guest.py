@@ -257,7 +257,7 @@ def test_the_baseline_check_runs_on_a_connection_of_its_own_with_the_copy_at_the
     assert f"& subst.exe Z: '{folder}'" in setup.command and "MAP_SHARE" not in setup.wrapper
     assert "if ($false -and -not (Test-Path" in setup.wrapper  # the drive is left free for the copy
     assert check.cwd == "Z:\\" and check.command.startswith("python -m pytest -q\n") and check.seconds == 60
-    assert f"& subst.exe Z: /D" in cleanup.command
+    assert "& subst.exe Z: /D" in cleanup.command
     assert (win.server.root / "C" / "vmd" / f"{folder.split(chr(92))[-1]}.tar").read_bytes() == b"tar bytes"
 
 

@@ -13,36 +13,21 @@ from __future__ import annotations
 import hashlib
 import re
 
-# The timeout's kill: a Job Object with JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE (0x2000) set through
-# SetInformationJobObject(JobObjectExtendedLimitInformation = 9), the command's process assigned
-# to it as soon as it starts (before its PowerShell has read the command, so every process the
-# command starts is in the job: children inherit it), and TerminateJobObject at the timeout:
-# the whole tree ends, also what escaped its parent, which taskkill /T would miss.
-# (learn.microsoft.com: "Job Objects", JOBOBJECT_EXTENDED_LIMIT_INFORMATION.) Compiled by
-# Add-Type once per guest into a DLL under ProgramData, named by this source's hash, and
-# loaded from there by every later command: compiling costs about a second, loading does not.
+# The timeout's kill: a Job Object (learn.microsoft.com, "Job Objects"). The command's process
+# is assigned to it as soon as it starts, before its PowerShell has read the command, so every
+# process the command starts is in the job too (children inherit it), and TerminateJobObject
+# at the timeout ends the whole tree, also what left its parent behind, which taskkill /T
+# would miss. The job has no kill-on-close limit: as on Linux, what a command started and
+# left running (Start-Process) outlives a command that ended in time. Compiled by Add-Type
+# once per guest into a DLL under ProgramData, named by this source's hash, and loaded from
+# there by every later command: compiling costs about a second, loading does not.
 JOB_SOURCE = r"""
 using System;
 using System.ComponentModel;
 using System.Runtime.InteropServices;
 public static class VmdJob {
-    [StructLayout(LayoutKind.Sequential)]
-    struct Basic {
-        public long PerProcessUserTimeLimit; public long PerJobUserTimeLimit; public uint LimitFlags;
-        public UIntPtr MinimumWorkingSetSize; public UIntPtr MaximumWorkingSetSize; public uint ActiveProcessLimit;
-        public UIntPtr Affinity; public uint PriorityClass; public uint SchedulingClass;
-    }
-    [StructLayout(LayoutKind.Sequential)]
-    struct Counters { public ulong R; public ulong W; public ulong O; public ulong RB; public ulong WB; public ulong OB; }
-    [StructLayout(LayoutKind.Sequential)]
-    struct Extended {
-        public Basic BasicLimits; public Counters Io; public UIntPtr ProcessMemoryLimit;
-        public UIntPtr JobMemoryLimit; public UIntPtr PeakProcessMemoryUsed; public UIntPtr PeakJobMemoryUsed;
-    }
     [DllImport("kernel32.dll", SetLastError = true)]
     static extern IntPtr CreateJobObject(IntPtr attributes, string name);
-    [DllImport("kernel32.dll", SetLastError = true)]
-    static extern bool SetInformationJobObject(IntPtr job, int infoClass, ref Extended info, uint size);
     [DllImport("kernel32.dll", SetLastError = true)]
     static extern bool AssignProcessToJobObject(IntPtr job, IntPtr process);
     [DllImport("kernel32.dll", SetLastError = true)]
@@ -50,9 +35,6 @@ public static class VmdJob {
     public static IntPtr Create() {
         IntPtr job = CreateJobObject(IntPtr.Zero, null);
         if (job == IntPtr.Zero) { throw new Win32Exception(); }
-        Extended info = new Extended();
-        info.BasicLimits.LimitFlags = 0x2000;
-        if (!SetInformationJobObject(job, 9, ref info, (uint)Marshal.SizeOf(typeof(Extended)))) { throw new Win32Exception(); }
         return job;
     }
     public static void Assign(IntPtr job, IntPtr process) {
@@ -86,6 +68,7 @@ if ({{MAP_SHARE}} -and -not (Test-Path -LiteralPath {{DRIVE_ROOT}})) {
 if (-not ('VmdJob' -as [type])) {
     $vmdDll = Join-Path $env:ProgramData {{JOB_DLL}}
     if (-not (Test-Path -LiteralPath $vmdDll)) {
+        $null = New-Item -ItemType Directory -Force -Path (Split-Path -Parent $vmdDll)
         $vmdTemp = "$vmdDll.$PID.tmp"
         Add-Type -TypeDefinition @'
 {{JOB_SOURCE}}
