@@ -31,6 +31,8 @@ def read_back(path) -> tuple[dict[str, bytes], str]:
             iso.get_file_from_iso_fp(out, joliet_path=where)
             files[where.lstrip("/")] = out.getvalue()
     label = iso.pvd.volume_identifier.decode().strip()
+    # Windows shows (and Get-Volume -FileSystemLabel matches) the Joliet label.
+    assert iso.joliet_vd.volume_identifier.decode("utf-16-be").strip() == label
     assert not iso.has_rock_ridge()
     iso.close()
     return files, label
