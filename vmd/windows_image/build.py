@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from vmd.config import VmdConfig
 from vmd.host_env import clean_env
@@ -212,9 +212,8 @@ def cli_build_windows(args) -> int:
             virtio_win=Path(args.virtio_win) if args.virtio_win else None,
             openssh_msi=Path(args.openssh_msi) if args.openssh_msi else None,
             language=args.language, resolution=args.resolution or DEFAULT_RESOLUTION)
-    except ValueError as exc:  # pydantic's ValidationError: the option's own sentence
-        errors = getattr(exc, "errors", lambda: [{"msg": str(exc)}])()
-        print("vmd images build windows: " + "; ".join(e["msg"].removeprefix("Value error, ") for e in errors),
+    except ValidationError as exc:  # each option's own sentence, from its validator
+        print("vmd images build windows: " + "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors()),
               file=sys.stderr)
         return 2
     try:
