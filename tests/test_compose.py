@@ -100,15 +100,15 @@ def test_the_job_service_reaches_vmd_and_ollama_and_is_unprivileged():
     assert vmagent["depends_on"]["vmd"]["condition"] == "service_healthy"
 
 
-def test_the_job_service_sees_only_vmd_s_repositories_and_only_read_only():
-    # vmd's state holds every session's record, the guests' disks and memory images: the
-    # job service gets the repositories (for /ask), in a volume of their own, read-only.
+def test_the_job_service_shares_nothing_of_vmd_s_state_but_the_socket():
+    # vmd's state holds every session's record, the guests' disks and memory images and
+    # vmd's repositories: the job service gets none of it, only the socket; /ask asks vmd
+    # for a project's history (the `history` verb).
     vmagent, vmd = SERVICES["vmagent"], SERVICES["vmd"]
-    state = env_of("vmagent")["VMD_STATE_DIR"]
     shared = {v.split(":")[0] for v in vmagent["volumes"]} & {v.split(":")[0] for v in vmd["volumes"]}
-    assert shared == {"vmd-socket", "vmd-repos"}
-    assert f"vmd-repos:{state}/repos:ro" in vmagent["volumes"]
-    assert f"vmd-repos:{env_of('vmd')['VMD_STATE_DIR']}/repos" in vmd["volumes"]
+    assert shared == {"vmd-socket"}
+    assert "VMD_STATE_DIR" not in env_of("vmagent") and "VMD_REPOS_GROUP" not in env_of("vmd")
+    assert f"vmd-repos:{env_of('vmd')['VMD_STATE_DIR']}/repos" in vmd["volumes"]  # where earlier stacks kept them
 
 
 def test_gitea_is_install_locked_and_a_one_shot_creates_the_admin_and_token():

@@ -130,9 +130,9 @@ class VmdConfig(BaseModel):
     # project share stores the guest's owners and modes as metadata on files it owns: a
     # guest's root can then make neither root-owned nor setuid files on the host.
     share_user: str = "libvirt-qemu"
-    # vmd's repositories are its own (0700). A job service running as another user (the
-    # compose setup's uid/gid 1001, setup.sh --start's `vmagent`) reads a project's history
-    # for /ask; naming its group (a name or a gid) gives that group read access to repos/:
+    # vmd's repositories are its own (0700). Naming a group (a name or a gid) gives that
+    # group read access to repos/ (the job service no longer needs it: /ask asks vmd's
+    # `history` verb; setup.sh --start still names the service's user here):
     # folders 0750, files 0640, kept so by git (core.sharedRepository). Empty: vmd's user
     # only (0700/0600). The guest never reaches repos/ either way.
     repos_group: str = ""
