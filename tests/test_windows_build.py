@@ -144,6 +144,28 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
     assert "<Key>/IMAGE/INDEX</Key>" in seen["answer"] and "<Value>1</Value>" in seen["answer"]
 
 
+def test_the_recipe_hash_follows_the_iso_the_options_and_the_guest_s_files(tmp_path, monkeypatch):
+    from vmd.windows_image import build
+
+    options = WindowsBuildOptions(iso=tmp_path / "w.iso")
+    first = build.recipe_hash(options, "a" * 64, 2, "en-US")
+    assert first == build.recipe_hash(options, "a" * 64, 2, "en-US")
+    changed = {build.recipe_hash(options, "b" * 64, 2, "en-US"), build.recipe_hash(options, "a" * 64, 1, "en-US"),
+               build.recipe_hash(options, "a" * 64, 2, "de-DE"),
+               build.recipe_hash(WindowsBuildOptions(iso=options.iso, key="VK7JG-NPHTM-C97JM-9MPGT-3V66T"),
+                                 "a" * 64, 2, "en-US"),
+               build.recipe_hash(WindowsBuildOptions(iso=options.iso, resolution="1920x1080"), "a" * 64, 2, "en-US")}
+    assert first not in changed and len(changed) == 5
+    copy = tmp_path / "recipe"
+    copy.mkdir()
+    for name in build.RECIPE_FILES:
+        (copy / name).write_bytes((build.PACKAGE_DIR / name).read_bytes())
+    monkeypatch.setattr(build, "PACKAGE_DIR", copy)
+    assert build.recipe_hash(options, "a" * 64, 2, "en-US") == first
+    (copy / "firstlogon.ps1").write_text((copy / "firstlogon.ps1").read_text() + "\n# changed\n")
+    assert build.recipe_hash(options, "a" * 64, 2, "en-US") != first
+
+
 def test_readiness_warns_without_kvm_and_says_how_to_build(tmp_path):
     status, text = windows_readiness(tmp_path, lambda: False)
     assert status == "warn" and "no working KVM" in text
