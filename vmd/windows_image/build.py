@@ -4,7 +4,7 @@ Steps (each printed as `STEP n/N`, like images/debian/build.sh):
 read the editions, check the host (KVM, OVMF, swtpm: refused before anything slow), hash the
 ISO and the recipe, render the answer file, write the seed, install, compress, write the
 manifest. The image lands in `<images_dir>/windows-<recipe hash>/` like every image; the
-hash covers this package's files, the ISO's sha256 and every option, so an unchanged build
+hash covers the files that shape the guest (RECIPE_FILES), the ISO's sha256 and every option, so an unchanged build
 is never repeated. vmd never downloads Windows media, drivers or the OpenSSH MSI.
 """
 
