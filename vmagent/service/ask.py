@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from vmagent.client import Vmd, VmdError, VmdUnavailable
-from vmd.verbs import LOCAL_OWNER, fence, name_problem
+from vmd.verbs import LOCAL_OWNER, HistoryResult, fence, name_problem
 
 from .config import ServiceConfig
 from .store import Store
@@ -87,7 +87,8 @@ def project_history(config: ServiceConfig, job: dict, question: str) -> str:
                     if i == 0:
                         return ""  # vmd has no such project (no session of it committed)
                     continue
-                text = str(answer.get("text", ""))
+                # The contract's model, from vmd's dict or the client's typed answer alike.
+                text = HistoryResult.model_validate(answer).text
                 if text.strip():
                     parts.append(f"$ git {label}\n{text[:8000]}")
     except (VmdUnavailable, OSError, ValueError) as exc:
