@@ -66,6 +66,8 @@ def test_bounds_cut_the_answer_and_say_so(vmd):
     log = history(vmd, owner="alice", project="demo", max_commits=2)
     assert log["commits"] == 2 and log["cut"] is True
     assert "Add main.py printing hello" not in log["text"] and "max_commits=2" in log["text"]
+    tiny = history(vmd, owner="alice", project="demo", max_commits=2, max_bytes=100)
+    assert tiny["commits"] == 2 and tiny["cut"] is True and "max_bytes=100" in tiny["text"]
     whole = history(vmd, owner="alice", project="demo", what="show")
     short = history(vmd, owner="alice", project="demo", what="show", max_bytes=120)
     assert whole["cut"] is False and short["cut"] is True

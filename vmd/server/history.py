@@ -20,6 +20,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 
 from vmd import verbs as V
 from vmd.config import VmdConfig
@@ -57,7 +58,8 @@ def answer_history(config: VmdConfig, p: V.History) -> dict:
     paths = ["--", p.path] if p.path else []
     cut_commits, commits = False, 1
     if p.what == "log":
-        listed = git.run(["rev-list", f"--max-count={p.max_commits + 1}", commit, *paths], p.max_bytes)
+        # One id and a newline per commit (40 or 64 hex digits): the count is never cut.
+        listed = git.run(["rev-list", f"--max-count={p.max_commits + 1}", commit, *paths], (p.max_commits + 1) * 65)
         commits = min(len(listed.text.split()), p.max_commits)
         cut_commits = len(listed.text.split()) > p.max_commits
         args = ["log", *_LOG_FLAGS, "--stat", *(["--patch"] if p.patch else []), f"--max-count={p.max_commits}",
@@ -86,9 +88,11 @@ def answer_history(config: VmdConfig, p: V.History) -> dict:
             "cut": bool(notes), "text": "\n".join([text, *notes])}
 
 
+@dataclass
 class _Output:
-    def __init__(self, text: str, cut_bytes: bool, timed_out: bool):
-        self.text, self.cut_bytes, self.timed_out = text, cut_bytes, timed_out
+    text: str
+    cut_bytes: bool  # git wrote more than the bound; the rest was not read
+    timed_out: bool  # git was stopped at history_timeout_s
 
 
 class _Git:
