@@ -20,6 +20,7 @@ from vmd.guests.guest import GuestError
 from vmd.guests.ssh import SshConnection
 from vmd.guests.windows import WindowsGuest
 from vmd.guests.windows_scripts import EXIT_TAIL, TIMEOUT_LINE
+from vmd.machines import screen_text as st
 from vmd.session import verification
 
 
@@ -210,6 +211,25 @@ def test_list_windows_is_read_in_the_desktop_session_and_parsed(win):
         ("Program Manager", 0, 0, 1280, 752, False, (0, 0, 0, 0))]
     left = [p.name for p in (win.server.root / "C" / "vmd" / "run").iterdir() if p.name.startswith("windows-")]
     assert left == []  # the script and its list are removed
+    # The screenshot's text gets them through the same seam as a Linux guest's, scaled.
+    shown, why = st.guest_windows(win.guest, 0.5, (640, 376))
+    assert why == "" and [(w.title, w.x, w.y, w.width, w.active) for w in shown][:2] == [
+        ("Untitled - Notepad", 104, 76, 482, True), ("Documents - File Explorer", 20, 20, 600, False)]
+    listing = st.describe(640, 376, [st.Word("Untitled", 120, 60, 50, 10, 95.0)], shown)
+    assert 'Window "Untitled - Notepad" at (104, 76) 482x282, centre (345, 217), focused:' in listing
+
+
+def test_list_windows_says_what_went_wrong_in_the_session(win):
+    def the_task_fails(found: Exec):
+        if not _task_runs(found):
+            return None
+        out = (win.server.root / "C" / "vmd" / "launch.txt").read_bytes().decode("utf-8-sig").split(" -Out ")[1]
+        win.server.files_path(out).write_text("@@error Access is denied.\r\n", encoding="utf-8")
+        return Reply(stdout="SUCCESS\r\n")
+
+    win.answers.append(the_task_fails)
+    with pytest.raises(GuestError, match="the desktop session could not list its windows: Access is denied."):
+        win.guest.list_windows()
 
 
 def test_list_windows_says_when_the_session_wrote_nothing(win, monkeypatch):

@@ -19,7 +19,7 @@ from vmd.guests.powershell import b64_utf8, decode_command, encoded_command, quo
 PARSER = tree_sitter.Parser(tree_sitter.Language(tree_sitter_powershell.language()))
 
 SAMPLE = dict(SECONDS=300, MAP_SHARE=True, DRIVE_ROOT=quoted("Z:\\"), DRIVE="Z:", SHARE_UNC=quoted(r"\\10.0.2.4\project"),
-              JOB_DLL=quoted("vmd\\" + ws.JOB_DLL), INNER=quoted(base64.b64encode("'x'".encode("utf-16-le")).decode()),
+              JOB_DLL=quoted("vmd\\" + ws.JOB_DLL), WINDOWS_DLL=quoted("vmd\\" + ws.WINDOWS_DLL), INNER=quoted(base64.b64encode("'x'".encode("utf-16-le")).decode()),
               TIMEOUT_LINE=quoted(ws.TIMEOUT_LINE), CWD_B64=quoted(b64_utf8("Z:\\src")),
               FILE_B64=quoted(b64_utf8(r"C:\vmd\run\1.ps1")), HOST=quoted("example.com"), TASK=quoted("vmd-launch"),
               MILLIS=1764662400000, FOLDER=quoted(r"C:\vmd\baseline-1"), ARCHIVE=quoted(r"C:\vmd\baseline-1.tar"))
@@ -115,10 +115,6 @@ def test_clixml_escapes_of_any_character_and_plain_text_around_blocks():
     assert strip_clixml(cut) == '<Objs Version="1.1.0.1"><S S="Error">half'
 
 
-def _csharp_of_list_windows() -> str:
-    return ws.LIST_WINDOWS.split("@'\n", 1)[1].split("\n'@", 1)[0]
-
-
 def test_the_csharp_add_type_compiles_as_csharp_5(tmp_path):
     """Add-Type in Windows PowerShell 5.1 compiles with .NET Framework's csc (C# 5). Mono's
     compiler (Debian's mono-mcs) at -langversion:5 checks the same sources here: a source
@@ -127,7 +123,7 @@ def test_the_csharp_add_type_compiles_as_csharp_5(tmp_path):
     if mcs is None:
         pytest.skip("mono-mcs is not installed (apt-get install mono-mcs) to compile the C# here")
     (tmp_path / "job.cs").write_text(ws.JOB_SOURCE)
-    (tmp_path / "windows.cs").write_text(_csharp_of_list_windows())
+    (tmp_path / "windows.cs").write_text(ws.WINDOWS_SOURCE)
     for source in ("job", "windows"):
         done = subprocess.run([mcs, "-langversion:5", "-target:library", f"-out:{tmp_path / source}.dll",
                                str(tmp_path / f"{source}.cs")], capture_output=True, text=True)

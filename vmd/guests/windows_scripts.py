@@ -199,12 +199,11 @@ Remove-Item -LiteralPath {{ARCHIVE}} -Force -ErrorAction SilentlyContinue
 
 # The top-level windows of the user's desktop, front first (EnumWindows' Z order): run in the
 # user's session by the launch task (sshd's session 0 has a desktop of its own, with nothing
-# on it), written to the file its first argument names (a temporary name, then renamed, so
+# on it; its user32 calls compiled once per guest, as the job's are), written to the file its
+# first argument names (a temporary name, then renamed, so
 # that vmd never reads half of it). Each window: its handle, its inside (the client rectangle
 # on screen: below the title bar) and its frame (window rectangle minus client), its title.
-LIST_WINDOWS = """param([string]$Out)
-$ErrorActionPreference = 'Stop'
-Add-Type -TypeDefinition @'
+WINDOWS_SOURCE = r"""
 using System;
 using System.Collections.Generic;
 using System.Runtime.InteropServices;
@@ -238,24 +237,46 @@ public static class VmdWindows {
             if (!GetWindowRect(hwnd, out outer) || !GetClientRect(hwnd, out inner) || !ClientToScreen(hwnd, ref origin)) { return true; }
             int left = origin.X - outer.Left, top = origin.Y - outer.Top;
             int right = outer.Right - origin.X - inner.Right, bottom = outer.Bottom - origin.Y - inner.Bottom;
-            lines.Add(string.Join("\\t", new string[] { hwnd.ToInt64().ToString(), origin.X.ToString(), origin.Y.ToString(),
+            lines.Add(string.Join("\t", new string[] { hwnd.ToInt64().ToString(), origin.X.ToString(), origin.Y.ToString(),
                 inner.Right.ToString(), inner.Bottom.ToString(), left + "," + right + "," + top + "," + bottom,
-                title.ToString().Replace('\\t', ' ').Replace('\\r', ' ').Replace('\\n', ' ') }));
+                title.ToString().Replace('\t', ' ').Replace('\r', ' ').Replace('\n', ' ') }));
             return true;
         }, IntPtr.Zero);
         return lines;
     }
 }
-'@
-$null = [VmdWindows]::SetProcessDPIAware()
-$lines = @('@@active ' + [VmdWindows]::GetForegroundWindow().ToInt64()) + [VmdWindows]::List()
+"""
+WINDOWS_DLL = f"VmdWindows-{hashlib.sha256(WINDOWS_SOURCE.encode()).hexdigest()[:12]}.dll"
+
+LIST_WINDOWS = """param([string]$Out)
+$ErrorActionPreference = 'Stop'
+try {
+    if (-not ('VmdWindows' -as [type])) {
+        $dll = Join-Path $env:ProgramData {{WINDOWS_DLL}}
+        if (-not (Test-Path -LiteralPath $dll)) {
+            $null = New-Item -ItemType Directory -Force -Path (Split-Path -Parent $dll)
+            $temp = "$dll.$PID.tmp"
+            Add-Type -TypeDefinition @'
+{{WINDOWS_SOURCE}}
+'@ -OutputAssembly $temp -OutputType Library
+            try { Move-Item -LiteralPath $temp -Destination $dll } catch { Remove-Item -LiteralPath $temp -Force -ErrorAction SilentlyContinue }
+        }
+        Add-Type -Path $dll
+    }
+    $null = [VmdWindows]::SetProcessDPIAware()
+    $lines = @('@@active ' + [VmdWindows]::GetForegroundWindow().ToInt64()) + [VmdWindows]::List()
+} catch {
+    $lines = @('@@error ' + ($_.Exception.Message -replace '\\s+', ' '))
+}
 $temp = $Out + '.tmp'
 [IO.File]::WriteAllLines($temp, [string[]]$lines, (New-Object System.Text.UTF8Encoding $false))
 Move-Item -LiteralPath $temp -Destination $Out -Force
 """
 
 TEMPLATES = {name: value for name, value in globals().items()
-             if name.isupper() and isinstance(value, str) and name not in ("JOB_SOURCE", "JOB_DLL", "TIMEOUT_LINE")}
+             if name.isupper() and isinstance(value, str)
+             and name not in ("JOB_SOURCE", "JOB_DLL", "WINDOWS_SOURCE", "WINDOWS_DLL", "TIMEOUT_LINE")}
+RAW = {"JOB_SOURCE": JOB_SOURCE, "WINDOWS_SOURCE": WINDOWS_SOURCE}  # vmd's own C#, put in as it is
 
 _FIELD = re.compile(r"\{\{([A-Z_0-9]+)\}\}")
 _SAFE = re.compile(r"^(-?\d+|\$true|\$false|'(?:[^'\u2018\u2019\u201a\u201b]|''|\u2018\u2018|\u2019\u2019|"
@@ -268,8 +289,8 @@ def render(template: str, **values: str | int | bool) -> str:
     vmd, never a way for text to become code. JOB_SOURCE is the one raw value (vmd's own)."""
     def fill(match: re.Match) -> str:
         name = match.group(1)
-        if name == "JOB_SOURCE":
-            return JOB_SOURCE.strip("\n")
+        if name in RAW:
+            return RAW[name].strip("\n")
         if name not in values:
             raise ValueError(f"no value for {{{{{name}}}}}")
         value = values[name]

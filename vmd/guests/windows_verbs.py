@@ -17,7 +17,8 @@ import time
 from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, screen_coordinate
 from vmd.guests.powershell import quoted
 from vmd.guests.windows_scripts import (BASELINE_CLEANUP, BASELINE_SETUP, CHECK_INTERNET, DESKTOP_PROBE, FACTS,
-                                        LIST_WINDOWS, MOUNT_SHARE, REBOOT, RUN_LAUNCH_TASK, SET_CLOCK, render)
+                                        LIST_WINDOWS, MOUNT_SHARE, REBOOT, RUN_LAUNCH_TASK, SET_CLOCK, WINDOWS_DLL,
+                                        render)
 from vmd.windows_image.guest_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
 
 LAUNCH_TIMEOUT_S = 30  # the task starts the program and returns; its window comes later
@@ -49,10 +50,12 @@ def launch_line(path: str, args: list[str]) -> str:
 
 def parse_windows_listing(text: str) -> list[ListedWindow]:
     """LIST_WINDOWS' file: `@@active <handle>`, then one tab-separated line per window
-    (handle, x, y, width, height, frame, title), front first. A line that does not parse
-    costs its window only: the file was written by the guest."""
+    (handle, x, y, width, height, frame, title), front first, or `@@error <what>`. A line
+    that does not parse costs its window only: the file was written by the guest."""
     active, windows = "", []
     for line in text.splitlines():
+        if line.startswith("@@error "):
+            raise GuestError(f"the desktop session could not list its windows: {line[8:].strip()[:300]}")
         if line.startswith("@@active "):
             active = line.split(" ", 1)[1].strip()
             continue
@@ -177,7 +180,8 @@ class WindowsVerbs:
         """The user's windows, listed by LIST_WINDOWS run in the desktop session by the session task."""
         token = secrets.token_hex(6)
         script, out = f"{GUEST_VMD_DIR}\\run\\windows-{token}.ps1", f"{GUEST_VMD_DIR}\\run\\windows-{token}.txt"
-        self._write("list_windows", script, b"\xef\xbb\xbf" + LIST_WINDOWS.encode("utf-8"), "wb")
+        listing = render(LIST_WINDOWS, WINDOWS_DLL=quoted("vmd\\" + WINDOWS_DLL))
+        self._write("list_windows", script, b"\xef\xbb\xbf" + listing.encode("utf-8"), "wb")
         try:
             started = self._start_in_session(
                 f"powershell.exe -NoProfile -NonInteractive -WindowStyle Hidden -ExecutionPolicy Bypass "
@@ -187,12 +191,14 @@ class WindowsVerbs:
             until = time.monotonic() + WINDOWS_WAIT_S
             while True:
                 try:
-                    return parse_windows_listing(self.read_file(out).content)
-                except GuestError:
+                    written = self.read_file(out).content
+                except GuestError:  # not there yet
                     if time.monotonic() > until:
                         raise GuestError(f"the desktop session wrote no window list within {WINDOWS_WAIT_S:g} s "
                                          "(is the user logged on?)") from None
                     time.sleep(WINDOWS_POLL_S)
+                    continue
+                return parse_windows_listing(written)
         finally:
             self.remove_file(script)
             self.remove_file(out)
