@@ -23,8 +23,9 @@ from vmd.windows_image.guest_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_
 
 LAUNCH_TIMEOUT_S = 30  # the task starts the program and returns; its window comes later
 PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s
-# The window list is written by a program the session task starts: a PowerShell that
-# compiles its user32 calls takes 2-4 s on a small guest; past this vmd says it got none.
+# The window list is written by a program the session task starts: a PowerShell start, and
+# the first time on a guest a C# compile. 15 s is a guess with room (not measured: no Windows
+# boots on vmd's build machines); past it vmd says it got none.
 WINDOWS_WAIT_S = 15.0
 WINDOWS_POLL_S = 0.25
 # `cmd /c start` reads the launch line: a quote or a percent sign in it would be cmd's, not
