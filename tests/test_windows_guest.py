@@ -78,6 +78,8 @@ def test_run_sends_the_wrapper_with_the_command_and_its_folder(win):
                  "[VmdJob]::Assign($vmdJob, $vmdChild.Handle)", "[VmdJob]::Kill($vmdJob)",
                  "net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no"):
         assert part in sent.wrapper
+    # 5.1 turns net.exe's stderr under 2>&1 into error records: under 'Stop' one would end the wrapper.
+    assert sent.wrapper.index("net.exe use") < sent.wrapper.index("$ErrorActionPreference = 'Stop'")
     assert "Set-Location -LiteralPath $vmdCwd" in sent.inner and "[ScriptBlock]::Create($vmdText)" in sent.inner
     assert result.exit_code == 0 and result.stdout == "a.txt\nh\u00e9\n" and not result.timed_out
     assert win.guest.run("'x'").exit_code == 0 and win.server.recorded.execs[1].cwd == "Z:\\"

@@ -61,11 +61,13 @@ $OutputEncoding = [Text.Encoding]::UTF8
 # logon session when it is not (each SSH logon is a session of its own, where the desktop's
 # Z: does not exist), starts the command's own powershell.exe (RUN_INNER) in a job object,
 # waits at most SECONDS, kills the job's whole tree past it, and exits with the command's code.
-RUN_WRAPPER = PREAMBLE + """$ErrorActionPreference = 'Stop'
-$vmdSeconds = {{SECONDS}}
+RUN_WRAPPER = PREAMBLE + """$vmdSeconds = {{SECONDS}}
 if ({{MAP_SHARE}} -and -not (Test-Path -LiteralPath {{DRIVE_ROOT}})) {
+    # Before 'Stop': in 5.1 a native program's stderr under 2>&1 is an error record, which
+    # 'Stop' would make the end of the wrapper. A share that cannot be mapped shows in the command.
     $null = & net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no 2>&1
 }
+$ErrorActionPreference = 'Stop'
 if (-not ('VmdJob' -as [type])) {
     $vmdDll = Join-Path $env:ProgramData {{JOB_DLL}}
     if (-not (Test-Path -LiteralPath $vmdDll)) {
