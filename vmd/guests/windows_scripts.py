@@ -72,13 +72,14 @@ if (-not ('VmdJob' -as [type])) {
     $vmdDll = Join-Path $env:ProgramData {{JOB_DLL}}
     if (-not (Test-Path -LiteralPath $vmdDll)) {
         $null = New-Item -ItemType Directory -Force -Path (Split-Path -Parent $vmdDll)
-        $vmdTemp = "$vmdDll.$PID.tmp"
+        $vmdTemp = Join-Path (Split-Path -Parent $vmdDll) ("$PID-" + (Split-Path -Leaf $vmdDll))
         Add-Type -TypeDefinition @'
 {{JOB_SOURCE}}
 '@ -OutputAssembly $vmdTemp -OutputType Library
         try { Move-Item -LiteralPath $vmdTemp -Destination $vmdDll } catch { Remove-Item -LiteralPath $vmdTemp -Force -ErrorAction SilentlyContinue }
     }
-    Add-Type -Path $vmdDll
+    # Whether -OutputAssembly also loaded the type is not said in 5.1's help: load it if not.
+    if (-not ('VmdJob' -as [type])) { Add-Type -Path $vmdDll }
 }
 $vmdJob = [VmdJob]::Create()
 $vmdStart = New-Object System.Diagnostics.ProcessStartInfo
@@ -258,13 +259,13 @@ try {
         $dll = Join-Path $env:ProgramData {{WINDOWS_DLL}}
         if (-not (Test-Path -LiteralPath $dll)) {
             $null = New-Item -ItemType Directory -Force -Path (Split-Path -Parent $dll)
-            $temp = "$dll.$PID.tmp"
+            $temp = Join-Path (Split-Path -Parent $dll) ("$PID-" + (Split-Path -Leaf $dll))
             Add-Type -TypeDefinition @'
 {{WINDOWS_SOURCE}}
 '@ -OutputAssembly $temp -OutputType Library
             try { Move-Item -LiteralPath $temp -Destination $dll } catch { Remove-Item -LiteralPath $temp -Force -ErrorAction SilentlyContinue }
         }
-        Add-Type -Path $dll
+        if (-not ('VmdWindows' -as [type])) { Add-Type -Path $dll }
     }
     $null = [VmdWindows]::SetProcessDPIAware()
     $lines = @('@@active ' + [VmdWindows]::GetForegroundWindow().ToInt64()) + [VmdWindows]::List()
