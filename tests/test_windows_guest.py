@@ -85,6 +85,14 @@ def test_run_sends_the_wrapper_with_the_command_and_its_folder(win):
     assert win.guest.run("'x'").exit_code == 0 and win.server.recorded.execs[1].cwd == "Z:\\"
 
 
+def test_output_past_the_bounds_keeps_its_head_and_tail(win):
+    win.guest.output = type("Bounds", (), {"head": 100, "tail": 100})()  # what the machine sets from config
+    win.answers.append(lambda e: Reply(stdout="".join(f"line {n}\r\n" for n in range(1000))))
+    result = win.guest.run("1..1000 | ForEach-Object { 'line ' + $_ }")
+    assert result.truncated and result.stdout.startswith("line 0\n") and result.stdout.endswith("line 999\n")
+    assert "bytes of output cut here" in result.stdout and len(result.stdout) < 400
+
+
 def test_exit_codes_come_back_as_the_guest_gave_them(win):
     win.answers.append(lambda e: Reply(stdout="fail\r\n", exit_code=3) if "exit 3" in e.command else None)
     win.answers.append(lambda e: Reply(exit_code=1) if "Get-Item nope" in e.command else None)

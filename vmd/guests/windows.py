@@ -61,6 +61,9 @@ def _clixml_filter(on_output: OutputCallback | None) -> OutputCallback | None:
 
 class WindowsGuest(WindowsVerbs, Guest):
     os_family = "windows"
+    # What `run` keeps of each stream (head, tail bytes): the machine sets vmd's config's
+    # (vmd/guests/output.py OutputBounds); None keeps _CappedStream's defaults.
+    output = None
 
     def __init__(self, ssh: SshConnection, project_path: str = PROJECT_PATH, *, map_share: bool = True):
         self.ssh = ssh
@@ -94,7 +97,8 @@ class WindowsGuest(WindowsVerbs, Guest):
         self._write("run", command_file, (command + "\n" + EXIT_TAIL).encode("utf-8"), "wb")
         started = time.monotonic()
         deadline = started + timeout + HOST_GRACE_S
-        caps = {"stdout": _CappedStream(), "stderr": _CappedStream()}
+        bounds = () if self.output is None else (self.output.head, self.output.tail)
+        caps = {"stdout": _CappedStream(*bounds), "stderr": _CappedStream(*bounds)}
         watcher = _clixml_filter(on_output)
         splitters = {name: _LineSplitter(name, watcher) for name in caps}
 
