@@ -26,11 +26,12 @@ from collections import defaultdict
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from fastapi import FastAPI, Header, HTTPException, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vmd.verbs import name_problem
 
@@ -39,10 +40,12 @@ from .auth import Caller, authenticate, preview_token_valid, redact_access_log, 
 from .config import ServiceConfig
 from .eval_pages import add_eval_routes
 from .gate import BodyGate
-from .job_api import (_TOO_LONG_HINTS, ID_CHARS, AnswerBody, AskBody, DecisionBody, JobCreate, JobView,
-                      MachineView, PushView, VerificationView)
+from .job_api import (ID_CHARS, AnswerBody, AskBody, AskView, DecisionBody, Health, JobCreate, JobList,
+                      JobView, MachineView, PushView, VerificationView)
 from .preview import render_preview
 from .private_files import private_dir
+from .refusals import (AUTHENTICATED, BEARER, EVERY_ROUTE, JOB_LINKS, NOT_NOW, OWN_JOB, PREVIEW_TOKEN,
+                       SSE_EVENT, WATCHED_JOB, WITH_BODY, invalid_request, refused, success)
 from .store import FINAL_STATES, RESTING_STATES, Store
 from .workers import WorkerPool, push_status
 
@@ -103,7 +106,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
         yield
         pool.close()
 
-    app = FastAPI(title="vmagent job service", lifespan=lifespan)
+    # The document at /openapi.json lists every answer of every route (refusals.py); each
+    # operation's id is its function's name (get_job, cancel), the names SDKs get.
+    app = FastAPI(title="vmagent job service", lifespan=lifespan, responses=EVERY_ROUTE,
+                  generate_unique_id_function=lambda route: route.name)
     app.state.config, app.state.store, app.state.pool = config, store, pool
     app.add_middleware(BodyGate, config=config)
     # Added last, so outermost: refusals from the gate carry CORS headers too.
@@ -113,16 +119,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
                        allow_headers=["Authorization", "Content-Type", "Last-Event-ID"])
     redact_access_log()
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's own answer echoes each bad value back ("input"); this one names the
-        # field and says what to do, and sends nothing of what came in.
-        problems = [(error, validation_problem(error)) for error in exc.errors()]
-        return JSONResponse(status_code=422, content={
-            "detail": " ".join(problem for _, problem in problems),
-            "errors": [{"loc": list(error.get("loc", ())), "type": error.get("type"), "msg": problem}
-                       for error, problem in problems],
-        })
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(StarletteHTTPException, refused)
+    bearer = [Security(BEARER)]  # documents the scheme; caller_of() checks it
 
     def caller_of(request: Request) -> Caller:
         # The gate authenticated every request with a body before reading it.
@@ -192,11 +191,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
             preview_url=f"{base_url(request)}/jobs/{job['id']}/preview?token={token}",
         ).model_dump()
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health)
     def healthz() -> dict:
         return {"ok": True, "running": pool.running_count()}
 
-    @app.post("/jobs", status_code=201)
+    @app.post("/jobs", status_code=201, response_model=JobView, dependencies=bearer,
+              responses={**WITH_BODY, 201: {"description": "The job, queued.", "links": JOB_LINKS},
+                         409: NOT_NOW[409] | {"description": (
+                             "From Open WebUI: this chat already has an unfinished job; the sentence names it.")}})
     def create_job(body: JobCreate, request: Request) -> dict:
         caller = caller_of(request)
         project = body.project or None
@@ -232,7 +234,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 f"{holder['state']}); a chat runs one job at a time. Follow it (GET /jobs/{holder['id']}), "
                 f"answer it, or cancel it (POST /jobs/{holder['id']}/cancel) before starting another."))
 
-    @app.get("/jobs")
+    @app.get("/jobs", response_model=JobList, dependencies=bearer, responses=AUTHENTICATED)
     def list_jobs(request: Request, chat_id: str | None = Query(None, max_length=ID_CHARS),
                   state: str | None = Query(None, max_length=200),
                   limit: int = Query(50, ge=1, le=500)) -> dict:
@@ -241,11 +243,12 @@ def create_app(config: ServiceConfig) -> FastAPI:
         jobs = store.list_jobs(owner=caller.user, chat_id=chat_id, states=states, limit=limit)
         return {"jobs": [view(j, request) for j in jobs]}
 
-    @app.get("/jobs/{job_id}")
+    @app.get("/jobs/{job_id}", response_model=JobView, dependencies=bearer, responses=OWN_JOB)
     def get_job(job_id: str, request: Request) -> dict:
         return view(own_job(job_id, caller_of(request)), request)
 
-    @app.post("/jobs/{job_id}/answer")
+    @app.post("/jobs/{job_id}/answer", response_model=JobView, dependencies=bearer,
+              responses={**WITH_BODY, **NOT_NOW})
     def answer(job_id: str, body: AnswerBody, request: Request) -> dict:
         job = own_job(job_id, caller_of(request))
         if job["state"] == "needs_approval":
@@ -265,15 +268,18 @@ def create_app(config: ServiceConfig) -> FastAPI:
         pool.submit(job, resume=True, approved=approved, answer=reason or None)
         return view(store.get_job(job_id), request)
 
-    @app.post("/jobs/{job_id}/approve")
+    @app.post("/jobs/{job_id}/approve", response_model=JobView, dependencies=bearer,
+              responses={**WITH_BODY, **NOT_NOW})
     def approve(job_id: str, request: Request, body: DecisionBody | None = None) -> dict:
         return decide(job_id, True, body.reason if body else "", request)
 
-    @app.post("/jobs/{job_id}/deny")
+    @app.post("/jobs/{job_id}/deny", response_model=JobView, dependencies=bearer,
+              responses={**WITH_BODY, **NOT_NOW})
     def deny(job_id: str, request: Request, body: DecisionBody | None = None) -> dict:
         return decide(job_id, False, body.reason if body else "", request)
 
-    @app.post("/jobs/{job_id}/cancel")
+    @app.post("/jobs/{job_id}/cancel", response_model=JobView, dependencies=bearer,
+              responses={**OWN_JOB, **NOT_NOW})
     def cancel(job_id: str, request: Request) -> dict:
         job = own_job(job_id, caller_of(request))
         if job["state"] in FINAL_STATES:
@@ -281,30 +287,38 @@ def create_app(config: ServiceConfig) -> FastAPI:
         pool.cancel(job_id)
         return view(store.get_job(job_id), request)
 
-    @app.post("/jobs/{job_id}/ask")
+    # Documented, not filtered through AskView: ask.py's answer goes out as it comes.
+    @app.post("/jobs/{job_id}/ask", dependencies=bearer,
+              responses={**WITH_BODY, 200: {"model": AskView, "description": "The answer."}})
     def ask(job_id: str, body: AskBody, request: Request) -> dict:
         job = own_job(job_id, caller_of(request))
         return {"job_id": job_id, "state": job["state"],
                 **answer_question(store, job, body.question, config)}
 
-    @app.get("/jobs/{job_id}/screen.png")
-    def screen(job_id: str, request: Request, token: str | None = None):
+    @app.get("/jobs/{job_id}/screen.png", response_class=Response, dependencies=bearer, responses={
+        **WATCHED_JOB, 404: WATCHED_JOB[404] | {"description": "No such job for this user, or no screenshot yet."},
+        **success("image/png", "The newest screenshot.")})
+    def screen(job_id: str, request: Request, token: str | None = Security(PREVIEW_TOKEN)):
         job = watched_job(request, job_id, token)
         path = store.job_dir(job["id"]) / "screen.png"
         if not path.exists():
             raise HTTPException(404, "This job has no screenshot yet.")
         return FileResponse(path, media_type="image/png", headers={"Cache-Control": "no-store"})
 
-    @app.get("/jobs/{job_id}/preview", response_class=HTMLResponse)
-    def preview(job_id: str, request: Request, token: str | None = None):
+    @app.get("/jobs/{job_id}/preview", response_class=Response, dependencies=bearer,
+             responses={**WATCHED_JOB, **success("text/html", "The live preview page.")})
+    def preview(job_id: str, request: Request, token: str | None = Security(PREVIEW_TOKEN)):
         job = watched_job(request, job_id, token)
         if not token or not preview_token_valid(job, token, config.preview_grace_s):
             token = sign_preview(job, config.preview_ttl_s)
         return HTMLResponse(render_preview(job, token), headers={
             "Cache-Control": "no-store", "Content-Disposition": "inline"})
 
-    @app.get("/jobs/{job_id}/events")
-    async def events(job_id: str, request: Request, token: str | None = None,
+    @app.get("/jobs/{job_id}/events", response_class=StreamingResponse, dependencies=bearer, responses={
+        **WATCHED_JOB, 200: {"description": "Server-sent events: `id: seq` and `data: <event JSON>` each, "
+                                            "then `event: end` once the job rests (or at once with follow=false).",
+                             "content": {"text/event-stream": {"itemSchema": SSE_EVENT}}}})
+    async def events(job_id: str, request: Request, token: str | None = Security(PREVIEW_TOKEN),
                      after: int = Query(0, ge=0, le=MAX_SEQ), follow: bool = True,
                      last_event_id: str | None = Header(None)):
         job = await run_in_threadpool(watched_job, request, job_id, token)
@@ -348,26 +362,3 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
 def _flag(value: int | None) -> bool | None:
     return None if value is None else bool(value)
-
-
-def validation_problem(error: dict) -> str:
-    """One refused field as a sentence that says what to send instead."""
-    kind = error.get("type", "")
-    if kind == "json_invalid":
-        return 'The body is not valid JSON; send a JSON object such as {"task": "..."}.'
-    loc = [str(part) for part in error.get("loc", ())]
-    where = loc[0] if loc else ""
-    field = ".".join(loc[1:] if where in ("body", "query", "header", "path") else loc) or "the body"
-    ctx = error.get("ctx") or {}
-    value = error.get("input")
-    if kind == "string_too_long":
-        length = f" has {len(value):,} characters," if isinstance(value, str) else " is"
-        return (f"`{field}`{length} longer than the {ctx.get('max_length', 0):,} allowed; "
-                f"{_TOO_LONG_HINTS.get(field, 'shorten it')}.")
-    if kind == "string_too_short":
-        return f"`{field}` is empty; it needs at least {ctx.get('min_length', 1)} character(s)."
-    if kind == "missing":
-        if field == "the body":
-            return "The request has no JSON body; send a JSON object with the fields this path takes."
-        return f"`{field}` is missing; send it in the {'JSON body' if where == 'body' else where}."
-    return f"`{field}`: {error.get('msg', 'is not valid')}; check the API description at /docs."

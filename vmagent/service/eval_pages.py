@@ -13,30 +13,38 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi import FastAPI, HTTPException, Request, Security
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from vmd.verbs import NAME_PATTERN
+
+from .refusals import AUTHENTICATED, BEARER, ErrorBody, success
 
 # Runs listed on the page: a person compares the last few; older ones stay on disk.
 LISTED_RUNS = 30
 HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+NO_RUN = {**AUTHENTICATED, 404: {"model": ErrorBody, "description": "There is no such eval run."}}
 
 
 def add_eval_routes(app: FastAPI, runs_dir: Path, caller_of: Callable[[Request], object]) -> None:
-    @app.get("/evals", response_class=HTMLResponse)
+    bearer = [Security(BEARER)]  # documents the scheme; caller_of() checks it
+
+    @app.get("/evals", response_class=Response, dependencies=bearer,
+             responses={401: AUTHENTICATED[401], **success("text/html", "The kept runs, newest first.")})
     def eval_runs(request: Request):
         caller_of(request)
         return HTMLResponse(listing(runs_dir), headers=HEADERS)
 
     # With the slash, so that the page's relative links (runs/NAME/report.md) land below it;
     # /evals/{run} is redirected here by the router.
-    @app.get("/evals/{run}/", response_class=HTMLResponse)
+    @app.get("/evals/{run}/", response_class=Response, dependencies=bearer,
+             responses={**NO_RUN, **success("text/html", "The run's page.")})
     def eval_run(run: str, request: Request):
         caller_of(request)
         return HTMLResponse(_file(runs_dir, run, "index.html").read_text(encoding="utf-8"), headers=HEADERS)
 
-    @app.get("/evals/{run}/runs/{name}/report.md", response_class=PlainTextResponse)
+    @app.get("/evals/{run}/runs/{name}/report.md", response_class=Response, dependencies=bearer,
+             responses={**NO_RUN, **success("text/plain", "One run's report.")})
     def eval_report(run: str, name: str, request: Request):
         caller_of(request)
         path = _file(runs_dir, run, "runs", name, "report.md")

@@ -5,7 +5,11 @@ vmagent/service/app.py.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from vmd.verbs import NAME_PATTERN
 
 # Field limits, in characters. A task is typed into a chat: 20,000 characters is about ten
 # pages, and longer material (logs, specifications) belongs in the project's files. An
@@ -20,24 +24,39 @@ OS_CHARS = 64
 # Open WebUI's chat and message ids are UUIDs (36 characters); Ollama model names are
 # `[host/][namespace/]name[:tag]`, e.g. hf.co/org/repo:Q4_K_M.
 ID_CHARS = MODEL_CHARS = 200
+# vmd's name rule (NAME_PATTERN, which name_problem applies) as the document states it and
+# the request model enforces it: no name ends in .git, and no newline may end one
+# (Python's `$` matches before a final newline, a schema's ECMA `$` does not, so without
+# the lookahead the two readings of one pattern differ on "name\n").
+OWNER_PATTERN = r"^(?!.*\n)(?!.*\.[Gg][Ii][Tt]$)" + NAME_PATTERN.pattern.removeprefix("^")
+# A job's project: a name, or empty for none (the Open WebUI tool sends "" by default).
+PROJECT_PATTERN = "^$|" + OWNER_PATTERN
 # What to do about a field that is too long, beyond "shorten it".
 _TOO_LONG_HINTS = {
     "task": "put long material (logs, specifications) in the project's files and name them in the task",
     "answer": "put long material in the project's files and name them in the answer",
     "question": "ask about one thing at a time",
 }
+# What a name must look like, for a field refused by its pattern.
+_PATTERN_HINTS = {
+    "project": (f"is not a usable project name: use up to {PROJECT_CHARS} letters, digits, '-', '_' and '.', "
+                "start with a letter, digit or '_', and do not end in .git; or leave it empty for no project"),
+}
 
 
 class JobCreate(BaseModel):
+    # The lookaheads of the name patterns need Python's re (pydantic's default engine has none).
+    model_config = ConfigDict(regex_engine="python-re")
     task: str = Field(min_length=1, max_length=TASK_CHARS)
     os: str = Field("debian", min_length=1, max_length=OS_CHARS)
-    project: str | None = Field(None, max_length=PROJECT_CHARS)
+    project: str | None = Field(None, max_length=PROJECT_CHARS, pattern=PROJECT_PATTERN)
     chat_id: str = Field("", max_length=ID_CHARS)
     message_id: str = Field("", max_length=ID_CHARS)
     model: str | None = Field(None, max_length=MODEL_CHARS)
     # False: the agent is offered no web tool in this job (the person's switch); true: what
-    # the operator's settings allow (vmagent's web_tools, a search engine).
-    web: bool = True
+    # the operator's settings allow (vmagent's web_tools, a search engine). Strict: the
+    # document says boolean, and 0 or "no" taken as false is a client's bug left unseen.
+    web: StrictBool = True
 
 
 class AnswerBody(BaseModel):
@@ -85,12 +104,14 @@ class MachineView(BaseModel):
 
 class JobView(BaseModel):
     id: str
-    owner: str
+    # Documented, not checked here: a job's owner and project passed the name rule when it
+    # was created, and a view of an older row must not fail.
+    owner: str = Field(json_schema_extra={"pattern": OWNER_PATTERN})
     chat_id: str
     message_id: str
     task: str
     os: str
-    project: str | None
+    project: Annotated[str, Field(json_schema_extra={"pattern": OWNER_PATTERN})] | None
     model: str | None
     web: bool  # the person let the job use the web tools (the operator's settings decide the rest)
     state: str
@@ -108,3 +129,22 @@ class JobView(BaseModel):
     preview_url: str
     created: float
     updated: float
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]  # newest first
+
+
+class Health(BaseModel):
+    ok: bool
+    running: int  # jobs with a worker now
+
+
+class AskView(BaseModel):
+    """An answer about a job (vmagent/service/ask.py): from the model, or the matching lines
+    of the job's record ("extractive"); `sources` names what it was drawn from."""
+    job_id: str
+    state: str
+    answer: str
+    method: Literal["model", "extractive"]
+    sources: list[str]
