@@ -15,7 +15,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from vmd.machines.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, SerialLog, SharedFolder, UserNetwork, Video
+from vmd.machines.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, NinePShare, SerialLog, UserNetwork, Video
 from vmd.machines.images import Image, ImageMissing, find_image
 from vmd.machines.machine import Machine
 from vmd.machines.port import MachineError
@@ -34,7 +34,7 @@ def _domain(**overrides) -> Domain:
     spec = dict(name="t", memory_mib=1024, vcpus=2, accel="qemu",
                 boot=DirectKernel("/img/vmlinuz", "/img/initrd.img", "root=/dev/vda rw"),
                 disk=Disk("/srv/vm/overlay.qcow2"), network=UserNetwork(ssh_port=40022, **MACS),
-                video=Video(1280, 800), shared=SharedFolder("/projects/p"),
+                video=Video(1280, 800), shared=NinePShare("/projects/p"),
                 serial=SerialLog("/srv/vm/console.log"))
     spec.update(overrides)
     return Domain(**spec)

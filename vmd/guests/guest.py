@@ -98,6 +98,9 @@ class DirListing(list):
 class Guest(ABC):
     os_family: str
     project_path: str
+    # How the machine shares the project folder ("9p" or "smb": the image's manifest, or a
+    # test's choice; vmd/machines/boot_share.py), which `mount_share` mounts.
+    share: str = "9p"
 
     @abstractmethod
     def run(self, command: str, timeout: float = 300, cwd: str | None = None,

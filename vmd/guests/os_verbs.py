@@ -47,6 +47,7 @@ class LinuxVerbs:
 
     project_path: str
     user: str  # the account the agent's commands run as; the baseline check runs as it too
+    share: str  # "9p" or "smb" (Guest.share)
 
     def launch_app(self, path: str, args: list[str]) -> str:
         """Starts `path` on the desktop, detached from the SSH session; the text says what to do next."""
@@ -92,7 +93,9 @@ class LinuxVerbs:
         return None if seen.exit_code == 0 else (seen.stdout + seen.stderr).strip()[-300:] or "no answer"
 
     def _mount_line(self) -> str:
-        """Mounts the project share unless it is (fstab names it)."""
+        """Mounts the project share unless it is (fstab names the 9p one)."""
+        if self.share == "smb":
+            return f"mountpoint -q {self.project_path} || {linux_smb_mount(self.project_path)}"
         return f"mountpoint -q {self.project_path} || sudo -n mount {self.project_path}"
 
     def mount_share(self) -> None:
@@ -109,6 +112,18 @@ class LinuxVerbs:
                         timeout=60, cwd="/")
         if done.exit_code != 0:
             raise GuestError(f"the guest could not take a new identity: {(done.stdout + done.stderr)[-300:]}")
+
+
+def linux_smb_mount(project_path: str, server: str = "10.0.2.4", share: str = "project") -> str:
+    """The project over SMB (vmd/machines/smb_share.py) with the kernel's cifs alone: the
+    Debian image has no mount.cifs, so the kernel gets the server's address and UNC itself
+    (`ip=`, `unc=`: what the helper would resolve), and numeric owner ids. A guest login
+    (`map to guest` on the server side; `username=`, since mount(8) keeps `user` for itself). noperm: the server's modes are vmd's (0600/0700),
+    the guest's user owns everything it sees."""
+    fixed = shlex.quote(f"ip={server},unc=\\\\{server}\\{share},username=guest,password=,vers=3.0,nounix,noperm,"
+                        "file_mode=0644,dir_mode=0755,actimeo=1")
+    return (f"sudo -n mkdir -p {shlex.quote(project_path)} && sudo -n mount -t cifs //{server}/{share} "
+            f"{shlex.quote(project_path)} -o {fixed},uid=$(id -u),gid=$(id -g)")
 
 
 def linux_baseline_command(command: str, project_path: str, user: str, archive_path: str) -> str:

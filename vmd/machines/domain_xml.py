@@ -38,6 +38,43 @@ class DirectKernel:
         _sub(os_el, "initrd", self.initrd)
         _sub(os_el, "cmdline", self.cmdline)
 
+    def write_devices(self, devices: ET.Element) -> None:
+        pass
+
+
+# Debian's ovmf package. The 4M builds: the 2M ones cannot hold Windows' Secure Boot and
+# TPM variables (Debian's README.Debian for ovmf recommends the 4M images for new VMs).
+OVMF_CODE = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+OVMF_VARS = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+
+
+@dataclass
+class DiskBoot:
+    """Boot from the guest's own disk: SeaBIOS, or UEFI (OVMF) with a per-domain copy of
+    the firmware's variable store (`nvram`: libvirt copies `vars_template` there when the
+    file is missing, so the guest's boot entries are its own and never the template's),
+    and a TPM 2.0 (swtpm, which libvirt starts per domain) for Windows 11's setup check."""
+    uefi: bool = False
+    tpm: bool = False
+    nvram: str | None = None  # where the domain's variable store lives (its workdir)
+    loader: str = OVMF_CODE
+    vars_template: str = OVMF_VARS
+
+    def write(self, os_el: ET.Element) -> None:
+        if self.uefi:
+            if not self.nvram:
+                raise ValueError("a UEFI boot needs the path of the domain's own variable store (nvram)")
+            _sub(os_el, "loader", self.loader, readonly="yes", type="pflash")
+            _sub(os_el, "nvram", self.nvram, template=self.vars_template)
+        _sub(os_el, "boot", dev="hd")
+
+    def write_devices(self, devices: ET.Element) -> None:
+        if self.tpm:
+            # CRB: the interface Windows 11 expects of a TPM 2.0 on q35 (libvirt's domain
+            # format: tpm-tis or tpm-crb; emulator = swtpm run by libvirt for this domain).
+            tpm = _sub(devices, "tpm", model="tpm-crb")
+            _sub(tpm, "backend", type="emulator", version="2.0")
+
 
 @dataclass
 class Disk:
@@ -54,7 +91,7 @@ class Disk:
 
 
 @dataclass
-class SharedFolder:
+class NinePShare:
     """A host folder shared over virtio 9p; the guest mounts it by `tag`."""
     source: str
     tag: str = "project"
@@ -68,6 +105,44 @@ class SharedFolder:
         _sub(fs, "driver", type="path", wrpolicy="immediate")
         _sub(fs, "source", dir=self.source)
         _sub(fs, "target", dir=self.tag)
+
+    def qemu_args(self) -> list[str]:
+        return []
+
+    def netdev_options(self) -> list[str]:
+        return []
+
+
+SMB_SERVER = "10.0.2.4"  # the address QEMU's own smb= uses, so a guest finds it where it is usual
+SMB_CHARDEV = "vmdsmb"
+
+
+@dataclass
+class SmbShare:
+    """The project folder over SMB, for guests without a 9p driver (Windows).
+
+    The guest's connections to SMB_SERVER:445 are forwarded (slirp guestfwd, which works
+    with restrict=on) into a character device: a Unix socket QEMU listens on in the
+    session's private workdir (`socket`); vmd connects to it and hands each SMB connection
+    of the guest to a fresh smbd of its own configuration (vmd/machines/smb_share.py).
+    Not `guestfwd=...-cmd:` nor `smb=`: libvirt starts QEMU with `-sandbox spawn=deny`, so
+    QEMU cannot start smbd (checked here: the guest's connection was refused, QEMU logged
+    `slirp_socketpair(): Connection refused`), and libslirp's exec pairs QEMU with the
+    command through a listener on the host's 127.0.0.1, which every guest's forwards share.
+    `source` is the host folder shared (for readers of the XML; smbd's conf names it)."""
+    source: str
+    socket: str
+    name: str = "project"  # the share's name: //10.0.2.4/project
+
+    def write(self, devices: ET.Element) -> None:
+        pass
+
+    def qemu_args(self) -> list[str]:
+        # server=on,wait=off: QEMU listens and starts at once; vmd connects after the start.
+        return ["-chardev", f"socket,id={SMB_CHARDEV},path={self.socket},server=on,wait=off"]
+
+    def netdev_options(self) -> list[str]:
+        return [f"guestfwd=tcp:{SMB_SERVER}:445-chardev:{SMB_CHARDEV}"]
 
 
 @dataclass
@@ -175,8 +250,11 @@ class UserNetwork:
     pci_addr: str = "0x1e"
     egress_pci_addr: str = "0x1d"
 
-    def args(self) -> list[str]:
-        args = ["-netdev", f"user,id=vmdnet0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
+    def args(self, options: list[str] | None = None) -> list[str]:
+        """`options`: more of the SSH netdev's options (the SMB share's guestfwd)."""
+        netdev = ",".join(["user,id=vmdnet0,restrict=on", f"hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
+                           *(options or [])])
+        args = ["-netdev", netdev,
                 "-device", f"virtio-net-pci,netdev=vmdnet0,mac={self.ssh_mac},bus=pcie.0,addr={self.pci_addr}"]
         if self.egress:
             netdev, device = egress_netdev_args(self.egress_mac)
@@ -232,6 +310,14 @@ def ssh_port_of(xml: str | ET.Element) -> int | None:
     return int(port) if port and port.isdigit() else None
 
 
+def smb_socket_of(xml: str | ET.Element) -> str | None:
+    """The Unix socket of the SMB share's character device (SmbShare) that a vmd wrote into
+    a domain's XML, or None (a guest with 9p or no share): a restarted vmd relays to it again."""
+    root = ET.fromstring(xml) if isinstance(xml, str) else xml
+    machine = root.find(f"metadata/{{{VMD_NS}}}machine")
+    return (machine.get("smb-socket") or None) if machine is not None else None
+
+
 def set_session(root: ET.Element, session: str) -> None:
     """Names `session` as the owner in a domain's XML (a warm slot handed to a session)."""
     machine = root.find(f"metadata/{{{VMD_NS}}}machine")
@@ -248,11 +334,11 @@ class Domain:
     memory_mib: int
     vcpus: int
     accel: str  # "kvm" or "qemu" (TCG)
-    boot: DirectKernel
+    boot: DirectKernel | DiskBoot
     disk: Disk
     network: UserNetwork
     video: Video | None = None
-    shared: SharedFolder | None = None
+    shared: NinePShare | SmbShare | None = None
     serial: SerialLog | None = None
     emulator: str | None = None
     extra_devices: list = field(default_factory=list)
@@ -267,6 +353,8 @@ class Domain:
         metadata = _sub(dom, "metadata")
         # One element in vmd's namespace (libvirt keeps one per namespace), its facts inside.
         machine = ET.SubElement(metadata, f"{{{VMD_NS}}}machine", {"ssh-port": str(self.network.ssh_port)})
+        if isinstance(self.shared, SmbShare):  # QEMU's arguments, where it also is, are not read back
+            machine.set("smb-socket", self.shared.socket)
         if self.owner:
             self.owner.write(machine)
         _sub(dom, "memory", str(self.memory_mib), unit="MiB")
@@ -292,6 +380,7 @@ class Domain:
         self.disk.write(devices)
         if self.shared:
             self.shared.write(devices)
+        self.boot.write_devices(devices)
         if self.video:
             self.video.write(devices)
         Tablet().write(devices)
@@ -305,7 +394,9 @@ class Domain:
         if self.run_as:
             self.run_as.write(dom)
         cmdline = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
-        for arg in self.network.args():
+        share_args = self.shared.qemu_args() if self.shared else []
+        netdev_options = self.shared.netdev_options() if self.shared else []
+        for arg in share_args + self.network.args(netdev_options):  # a chardev before the netdev naming it
             ET.SubElement(cmdline, f"{{{QEMU_NS}}}arg", {"value": arg})
         return dom
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, Mapping
 
 from pydantic import BaseModel
 
@@ -56,6 +56,13 @@ class Image(BaseModel):
     kernel_args: str = ""
     ssh_key: str = "id_ed25519"
     kernel_version: str = ""
+    # How a guest of the image boots and gets the project folder (vmd/machines/boot_share.py).
+    # The defaults are the Debian image's, whose manifest names neither: its kernel and
+    # initrd from the host, the folder over virtio 9p.
+    boot: Literal["kernel", "disk"] = "kernel"  # disk: from its own disk (firmware below)
+    uefi: bool = False  # disk boot with OVMF instead of SeaBIOS
+    tpm: bool = False  # a TPM 2.0 (swtpm): Windows 11's setup checks for one
+    share: Literal["9p", "smb"] = "9p"  # smb: for guests with no 9p driver (Windows)
     dir: Path = Path(".")
 
     def path(self, field: str) -> Path:

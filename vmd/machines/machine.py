@@ -30,11 +30,13 @@ from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
 from vmd.machines.accel import choose_accel
 from vmd.machines.accel import timeout_scale as scale_for
-from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, DirectKernel, Disk, Domain, RunAs, SerialLog,
-                                     SharedFolder, UserNetwork, Video, VmdOwner, nic_macs, ssh_port_of)
+from vmd.machines.boot_share import boot_for, share_for
+from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, Disk, Domain, RunAs, SerialLog, UserNetwork, Video,
+                                     VmdOwner, nic_macs, smb_socket_of, ssh_port_of)
 from vmd.machines.images import Image
 from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
 from vmd.machines.screen import Screen
+from vmd.machines.smb_share import relay_for
 from vmd.private_fs import open_private, passable_dir, private_file, write_private
 from vmd.projects.tree import share_owner
 
@@ -122,6 +124,9 @@ class Machine:
         self.screen = Screen(domain, tuple(image.resolution), dump_path=_screen_dir(workdir) / "frame.ppm")
         self.facts: Facts | None = None
         self.restored = False  # handed out from the warm pool (vmd/machines/warm_pool.py)
+        # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays again.
+        self.smb_relay = relay_for(domain, workdir)
+        self.guest.share = "smb" if self.smb_relay is not None else "9p"
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -129,7 +134,7 @@ class Machine:
     def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
                uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = GUEST_MEMORY_MIB,
                vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None,
-               owner: VmdOwner | None = None) -> "Machine":
+               owner: VmdOwner | None = None, share: str | None = None) -> "Machine":
         """`owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
         vmd's sweep tells its own guests (vmd/machines/libvirt_machines.py `sweep`)."""
         try:
@@ -158,13 +163,15 @@ class Machine:
         acc = accel(accel_setting)
         port = free_port()
         ssh_mac, egress_mac = nic_macs(name)
+        # The boot and the share from the image's manifest (`share`: a test's choice over it).
+        shared = share_for(image, project_dir, workdir, run_as, qemu_user, share)
         spec = Domain(
             name=name, memory_mib=memory_mib, vcpus=vcpus, accel=acc,
-            boot=DirectKernel(str(image.path("kernel")), str(image.path("initrd")), image.kernel_args),
+            boot=boot_for(image, workdir),
             disk=Disk(str(overlay)),
             network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac),
             video=Video(*image.resolution) if image.desktop else None,
-            shared=SharedFolder(str(project_dir)) if project_dir else None,
+            shared=shared,
             serial=SerialLog(str(workdir / "console.log")),
             description=f"vmagent guest from image {image.dir.name}",
             run_as=RunAs(*run_as) if run_as else None,
@@ -373,6 +380,8 @@ class Machine:
         # frees it. A close during boot must not wait for that.
         _remove(self.domain, self.workdir)
         self.ssh.close()
+        if self.smb_relay is not None:
+            self.smb_relay.stop()
 
     @staticmethod
     def discard(name: str, workdir: Path, uri: str = DEFAULT_URI) -> bool:
@@ -403,7 +412,12 @@ def _remove(domain: libvirt.virDomain, workdir: Path) -> None:
         pass
     if persistent:
         try:
-            domain.undefine()
+            # A UEFI guest's variable store and a TPM's state go with it (plain undefine refuses
+            # a domain with an nvram file); libvirt's test driver knows neither flag.
+            try:
+                domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_TPM)
+            except libvirt.libvirtError:
+                domain.undefine()
         except libvirt.libvirtError:
             pass
     (workdir / "overlay.qcow2").unlink(missing_ok=True)

@@ -1,0 +1,56 @@
+"""How a guest boots and gets the project folder, chosen from its image's manifest
+(vmd/machines/images.py `Image.boot`, `uefi`, `tpm`, `share`): the typed pieces of
+vmd/machines/domain_xml.py that the machine puts in its domain.
+
+A manifest that names neither (the Debian image's) boots the image's kernel and initrd
+from the host and shares the folder over virtio 9p; a Windows image boots from its disk
+with OVMF (and a TPM for Windows 11) and gets the folder over SMB, since Windows has no
+9p driver.
+"""
+
+from __future__ import annotations
+
+import grp
+import pwd
+from pathlib import Path
+
+from vmd.machines.domain_xml import DirectKernel, DiskBoot, NinePShare, SmbShare
+from vmd.machines.images import Image
+from vmd.machines.port import MachineError
+from vmd.machines.smb_share import prepare_smb_share
+
+SHARE_KINDS = ("9p", "smb")
+# The domain's own copy of OVMF's variable store, beside its overlay in the workdir.
+NVRAM_FILE = "OVMF_VARS.fd"
+
+
+def boot_for(image: Image, workdir: Path) -> DirectKernel | DiskBoot:
+    if image.boot == "disk":
+        return DiskBoot(uefi=image.uefi, tpm=image.tpm, nvram=str(workdir / NVRAM_FILE) if image.uefi else None)
+    if not image.kernel or not image.initrd:
+        raise MachineError(f"the image '{image.name}' boots its kernel from the host but its manifest names "
+                           f"no kernel or initrd; rebuild it with `vmd images build {image.name}`.")
+    return DirectKernel(str(image.path("kernel")), str(image.path("initrd")), image.kernel_args)
+
+
+def share_for(image: Image, project_dir: Path | None, workdir: Path, owner: tuple[int, int] | None,
+              qemu_user: str, kind: str | None = None) -> NinePShare | SmbShare | None:
+    """The project share of a guest of `image` (`kind` overrides the manifest's: tests
+    boot the Debian guest with SMB), or None without a project folder. `owner`: QEMU's
+    user's (uid, gid), who runs smbd."""
+    kind = kind or image.share
+    if kind not in SHARE_KINDS:
+        raise MachineError(f"there is no '{kind}' project share; vmd shares over {' or '.join(SHARE_KINDS)}.")
+    if project_dir is None:
+        return None
+    if kind == "9p":
+        return NinePShare(str(project_dir))
+    try:
+        user = pwd.getpwnam(qemu_user).pw_name
+        group = grp.getgrgid(owner[1]).gr_name if owner else user
+    except KeyError:  # no such user here (tests without libvirt): smbd would not start anyway
+        user = group = qemu_user
+    try:
+        return prepare_smb_share(workdir, project_dir, owner, user, group)
+    except ValueError as exc:
+        raise MachineError(str(exc)) from None
