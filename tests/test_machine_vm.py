@@ -25,6 +25,7 @@ from tests.conftest import make_traversable
 
 from vmd.guests.guest import GuestError
 from vmd.guests.linux import LinuxGuest
+from vmd.machines import screen_text
 from vmd.machines.machine import Machine
 from vmd.guests.runner_link import RUNNER_PATH
 from vmd.machines.screen import ScreenError
@@ -248,6 +249,17 @@ def test_the_screenshot_has_the_configured_size_and_is_not_blank(booted):
     # The frame came from QEMU's own dump, not libvirt's slower stream (vmd/machines/screen.py).
     assert machine.screen.dump_off is None, machine.screen.dump_off
     assert not (machine.screen.dump_path.parent.stat().st_mode & 0o077), "the frame folder is QEMU's and vmd's only"
+
+
+def test_the_guest_lists_its_windows_for_the_screen_text(booted):
+    """The X11 listing moved into the Linux guest (vmd/guests/x11_windows.py): on the real
+    desktop it finds the terminal openbox manages, with its title bar as the frame's top."""
+    machine, _, _ = booted
+    [terminal] = [w for w in machine.guest.list_windows() if w.title == "terminal"]
+    assert terminal.width > 100 and terminal.height > 100 and terminal.frame[2] > 0
+    shot = machine.screen.screenshot()
+    shown, why = screen_text.guest_windows(machine.guest, shot.scale, (shot.width, shot.height))
+    assert why == "" and [w.title for w in shown].count("terminal") == 1
 
 
 def _wait_for(machine, command: str, timeout: float = 30) -> str:
