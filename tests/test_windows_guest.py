@@ -76,6 +76,7 @@ def test_run_sends_the_wrapper_with_the_command_and_its_folder(win):
     assert sent.command_file.startswith("C:\\vmd\\run\\") and sent.command_file.endswith(".ps1")
     for part in ("$ProgressPreference = 'SilentlyContinue'", "[Console]::OutputEncoding = [Text.Encoding]::UTF8",
                  "[VmdJob]::Assign($vmdJob, $vmdChild.Handle)", "[VmdJob]::Kill($vmdJob)",
+                 "$vmdStart.RedirectStandardInput = $true", "$vmdChild.StandardInput.Close()",
                  "net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no"):
         assert part in sent.wrapper
     # 5.1 turns net.exe's stderr under 2>&1 into error records: under 'Stop' one would end the wrapper.

@@ -86,8 +86,14 @@ $vmdStart = New-Object System.Diagnostics.ProcessStartInfo
 $vmdStart.FileName = Join-Path $PSHOME 'powershell.exe'
 $vmdStart.Arguments = '-NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand ' + {{INNER}}
 $vmdStart.UseShellExecute = $false
+# Its input is a pipe closed at once (Linux's </dev/null: a command that reads input ends
+# instead of waiting for its timeout). With one stream redirected, .NET Framework's
+# Process.Start passes the others as this process's own standard handles (STARTF_USESTDHANDLES,
+# GetStdHandle: referencesource Process.cs), so the output goes straight to sshd.
+$vmdStart.RedirectStandardInput = $true
 $vmdChild = [System.Diagnostics.Process]::Start($vmdStart)
 [VmdJob]::Assign($vmdJob, $vmdChild.Handle)
+$vmdChild.StandardInput.Close()
 if (-not $vmdChild.WaitForExit($vmdSeconds * 1000)) {
     [VmdJob]::Kill($vmdJob)
     [Console]::Error.WriteLine({{TIMEOUT_LINE}})
