@@ -83,6 +83,7 @@ def test_run_sends_the_wrapper_with_the_command_and_its_folder(win):
     assert sent.wrapper.index("net.exe use") < sent.wrapper.index("$ErrorActionPreference = 'Stop'")
     assert "Set-Location -LiteralPath $vmdCwd" in sent.inner and "[ScriptBlock]::Create($vmdText)" in sent.inner
     assert result.exit_code == 0 and result.stdout == "a.txt\nh\u00e9\n" and not result.timed_out
+    assert sent.stdin_closed  # no command waits on input vmd never sends
     assert win.guest.run("'x'").exit_code == 0 and win.server.recorded.execs[1].cwd == "Z:\\"
 
 

@@ -40,6 +40,7 @@ class Exec:
     command: str = ""  # the command file's text, as vmd wrote it
     seconds: int = 0
     connection: int = 0  # which SSH connection sent it (a baseline uses its own)
+    stdin_closed: bool = False  # vmd sent EOF on the channel before the answer came
 
 
 @dataclass
@@ -175,16 +176,17 @@ class _Server(paramiko.ServerInterface):
         else:
             reply = self.fake.respond(found)
         self.fake.recorded.execs.append(found)
-        threading.Thread(target=self._answer, args=(channel, reply), daemon=True).start()
+        threading.Thread(target=self._answer, args=(channel, reply, found), daemon=True).start()
         return True
 
     @staticmethod
-    def _answer(channel, reply: Reply) -> None:
+    def _answer(channel, reply: Reply, found: Exec) -> None:
         try:
             # paramiko sends the exec request's success only once this method's caller
             # returns: an answer sent before it closed the channel under the client's wait
             # ("Channel closed"). sshd answers after it, as this does.
             time.sleep(0.05 + reply.delay)
+            found.stdin_closed = channel.eof_received
             if reply.stdout:
                 channel.sendall(reply.stdout.encode("utf-8"))
             if reply.stderr:

@@ -112,6 +112,9 @@ class WindowsGuest(WindowsVerbs, Guest):
             raise GuestError(f"the command could not be started in the guest: {one_line(str(exc))[:300]}; "
                              "it did not run. Try again, or reboot_vm if the guest stays silent.") from None
         try:
+            # End of input at once, as Linux's </dev/null: powershell.exe with its stdin a pipe
+            # left open can wait on it, and nothing vmd runs reads from vmd.
+            channel.shutdown_write()
             exit_code, host_gave_up = self._drain(channel, sink, deadline)
         finally:
             for splitter in splitters.values():
