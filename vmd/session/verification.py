@@ -13,7 +13,10 @@ namespace. Why not swap the host folder: QEMU's 9p server holds the export by it
 directory, so a swap would have to move the work out of the folder and back, and a vmd
 that died in between would leave the guest looking at the wrong files. This way the
 host folder is never touched (nothing can be lost whatever dies), and every other
-process in the guest keeps seeing the work where it was.
+process in the guest keeps seeing the work where it was. On Windows
+(vmd/guests/windows_verbs.py `run_baseline`) the same holds by another means: the check
+runs over a second SSH connection, a logon session of its own, where `subst` shows the
+unpacked copy at the project's drive letter while the session's own Z: stays the share.
 """
 
 from __future__ import annotations
