@@ -99,7 +99,8 @@ if [ "${1:-}" = "--start" ]; then
     data=${VMAGENT_DATA_DIR:-/var/lib/vmagent/service}
     # The job service and its workers hold people's tokens and talk to the model: they run
     # as a system user of their own, never as root (SECURITY.md). It reaches vmd through the
-    # socket's group and reads vmd's repositories (for /ask) through VMD_REPOS_GROUP.
+    # socket's group, and reads a project's history (for /ask) through vmd's `history` verb:
+    # it opens none of vmd's folders.
     id -u "$service_user" >/dev/null 2>&1 || useradd --system --user-group --home-dir "$data" \
         --no-create-home --shell /usr/sbin/nologin "$service_user"
     # A clone under /root is the usual case on a fresh host: let that user (and no one else)
@@ -121,14 +122,14 @@ if [ "${1:-}" = "--start" ]; then
     # gives the socket that group, so the service connects and no other user can.
     chgrp "$service_user" "$(dirname "$sock")"
     chmod 2750 "$(dirname "$sock")"
-    VMD_REPOS_GROUP=$service_user VMD_SOCKET_GROUP=$service_user \
+    VMD_SOCKET_GROUP=$service_user \
         nohup .venv/bin/vmd serve --socket "$sock" --state-dir "$state" >"$state/vmd.log" 2>&1 &
     for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.2; done
     # The job service needs a token for its callers (Open WebUI's tool uses it): keep one
     # beside the state, readable by root only; the service gets it in its environment.
     token_file="$state/service-token"
     [ -s "$token_file" ] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$token_file"
-    VMD_SOCKET="$sock" VMD_STATE_DIR="$state" VMAGENT_SERVICE_TOKEN="$(cat "$token_file")" \
+    VMD_SOCKET="$sock" VMAGENT_SERVICE_TOKEN="$(cat "$token_file")" \
         nohup runuser -u "$service_user" -- .venv/bin/vmagent serve --data-dir "$data" \
         >"$data/vmagent.log" 2>&1 &
     echo "vmd:       $sock (log $state/vmd.log)"

@@ -155,3 +155,11 @@ def test_a_sessions_commit_is_in_the_history_it_leaves(vmd):
         c.call("session_close")
     log = history(vmd, owner="carol", project="fresh", patch=True)
     assert "notes from the session" in log["text"] and "+from the session" in log["text"]
+
+
+def test_a_name_with_a_final_newline_is_refused_by_vmd_itself():
+    """`re.match` lets `$` match before a final newline: vmd's own rule is a full match, so a
+    folder or repository named "p\\n" is never made (the job service refused it already)."""
+    assert V.name_problem("project", "p") is None
+    assert "not a usable name" in V.name_problem("project", "p\n")
+    assert "not a usable name" in V.name_problem("owner", "alice\n")

@@ -35,7 +35,7 @@ LOCAL_OWNER = "local"
 def name_problem(what: str, value: str) -> str | None:
     """None when `value` is a usable owner or project name, else a sentence saying why
     not and what to use instead."""
-    if not isinstance(value, str) or not NAME_PATTERN.match(value) or value.lower().endswith(".git"):
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or value.lower().endswith(".git"):
         return (f"{what} {value!r} is not a usable name: use up to 100 letters, digits, '-', '_' "
                 "and '.', start with a letter, digit or '_', and do not end in .git.")
     return None
