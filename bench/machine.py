@@ -24,7 +24,9 @@ import time
 import uuid
 from pathlib import Path
 
+from vmd.config import VmdConfig
 from vmd.guests.linux import LinuxGuest
+from vmd.machines.host import local_host
 from vmd.machines.images import find_image
 from vmd.machines.machine import Machine
 from vmd.machines.warm_pool import WarmPool
@@ -89,7 +91,9 @@ def main() -> None:
         # A warm slot made as vmd's pool makes them, then handed out to a session's folder.
         # The state dir as vmd makes it (0711): QEMU's user passes through it to the slot's
         # folder; a plain 0700 temp folder stopped the slot at create.
-        pool = WarmPool(state_root(Path(tmp) / "state"), "qemu:///system", "libvirt-qemu", size=1)
+        # vmd's settings in effect (VMD_ACCEL, …) over this run's state dir, on the local host.
+        settings = VmdConfig.load(state_dir=str(state_root(Path(tmp) / "state")))
+        pool = WarmPool(settings, local_host(settings.libvirt_uri), size=1)
         slot_boot = time.monotonic()
         pool.make_slot(image)
         slot_s = time.monotonic() - slot_boot

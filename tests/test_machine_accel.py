@@ -62,9 +62,10 @@ def test_tcg_timeouts_are_four_times_longer():
     assert machine.timeout_scale("kvm") == 1.0 and machine.timeout_scale("qemu") == 4.0
 
 
-def test_the_machine_follows_the_setting_it_is_given_or_the_configured_one(monkeypatch):
+def test_the_machine_follows_the_config_it_is_given_or_the_settings_in_effect(monkeypatch):
+    from vmd.config import VmdConfig
     monkeypatch.setattr(accel, "kvm_works", no_probe)
-    assert machine.accel("tcg") == "qemu" and machine.accel("kvm") == "kvm"
+    assert machine.accel(VmdConfig(accel="tcg")) == "qemu" and machine.accel(VmdConfig(accel="kvm")) == "kvm"
     monkeypatch.delenv("VMD_CONFIG", raising=False)
     monkeypatch.setenv("VMD_ACCEL", "qemu")
     assert machine.accel() == "qemu" and machine.timeout_scale() == 4.0
@@ -75,10 +76,36 @@ def test_the_machine_follows_the_setting_it_is_given_or_the_configured_one(monke
 def test_by_default_the_probe_of_this_host_decides(monkeypatch):
     monkeypatch.delenv("VMD_CONFIG", raising=False)
     monkeypatch.delenv("VMD_ACCEL", raising=False)
-    monkeypatch.setattr(accel, "kvm_works", lambda: False)
+    monkeypatch.setattr(accel, "kvm_works", lambda images_dir: False)
     assert machine.accel() == "qemu" and machine.timeout_scale() == 4.0
-    monkeypatch.setattr(accel, "kvm_works", lambda: True)
+    monkeypatch.setattr(accel, "kvm_works", lambda images_dir: True)
     assert machine.accel() == "kvm" and machine.timeout_scale() == 1.0
+
+
+def test_the_probe_takes_its_kernel_from_the_images_dir_of_the_config_it_is_given(tmp_path, monkeypatch):
+    # vmd's config says images_dir (its file, `vmd serve --config FILE`) and the process's
+    # environment says another or none: the probe boots a kernel of the config's folder, the
+    # images vmd's guests boot; it read VmdConfig.load() from the environment before.
+    from vmd.config import VmdConfig
+    from vmd.machines.libvirt_machines import LibvirtMachines
+
+    images = tmp_path / "from-the-file"
+    (images / "debian-abc").mkdir(parents=True)
+    (images / "debian-abc" / "vmlinuz").write_bytes(b"\0")
+    (tmp_path / "vmd.toml").write_text(f'images_dir = "{images}"\naccel = "auto"\n')
+    monkeypatch.delenv("VMD_CONFIG", raising=False)
+    monkeypatch.delenv("VMD_ACCEL", raising=False)
+    monkeypatch.setenv("VMD_IMAGES_DIR", str(tmp_path / "elsewhere"))
+    config = VmdConfig.load(tmp_path / "vmd.toml", env={}, state_dir=str(tmp_path / "state"))
+    asked = []
+    monkeypatch.setattr(accel, "probe_kvm", lambda kernel=None: asked.append(kernel) or True)
+    accel.kvm_works.cache_clear()
+    try:
+        assert machine.accel(config) == "kvm"
+        assert LibvirtMachines(config).timeout_scale() == 1.0
+        assert asked == [images / "debian-abc" / "vmlinuz"], "asked once, with the file's images' kernel"
+    finally:
+        accel.kvm_works.cache_clear()
 
 
 def fake_qemu_booting(tmp_path: Path, banner: bool) -> str:

@@ -3,7 +3,8 @@ head and its tail, says how much was cut between them, and never grows past its 
 
 from __future__ import annotations
 
-from vmd.guests.output import OUTPUT_HEAD, OUTPUT_TAIL, _CappedStream
+from vmd.config import VmdConfig
+from vmd.guests.output import DEFAULT_BOUNDS, _CappedStream
 
 
 def test_output_within_the_limits_is_kept_whole():
@@ -38,8 +39,10 @@ def test_a_character_split_by_the_cut_is_replaced_not_raised():
 
 
 def test_the_default_limits_bound_a_flood():
+    head, tail = DEFAULT_BOUNDS.head, DEFAULT_BOUNDS.tail
+    assert (head, tail) == (VmdConfig().output_head_bytes, VmdConfig().output_tail_bytes), "the config's defaults"
     capped = _CappedStream()
     for _ in range(200):
         capped.add(b"y" * 65536)
-    assert len(capped.head) == OUTPUT_HEAD and capped.tail_size == OUTPUT_TAIL
-    assert capped.dropped == 200 * 65536 - OUTPUT_HEAD - OUTPUT_TAIL
+    assert len(capped.head) == head and capped.tail_size == tail
+    assert capped.dropped == 200 * 65536 - head - tail

@@ -9,8 +9,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.vmd_fakes import LocalMachine, LocalMachines, local_vmd
+from tests.vmd_fakes import LocalMachine, LocalMachines, local_vmd, make_config
 from vmagent.client import Vmd
+from vmd.machines.host import local_host
 from vmd.machines.warm_pool import SlotInfo, WarmPool, _restore_xml
 
 SAVED_XML = """<domain type='qemu'>
@@ -35,6 +36,12 @@ SAVED_XML = """<domain type='qemu'>
 
 def image(tmp_path: Path, name: str = "debian", build: str = "aaaa") -> SimpleNamespace:
     return SimpleNamespace(name=name, dir=tmp_path / "images" / f"{name}-{build}")
+
+
+def new_pool(tmp_path: Path, size: int, **settings) -> WarmPool:
+    """A pool of the local host on libvirt's test driver, its state under tmp_path/state."""
+    config = make_config(tmp_path, libvirt_uri="test:///default", share_user="nobody", **settings)
+    return WarmPool(config, local_host(config.libvirt_uri), size=size)
 
 
 def make_ready_slot(pool: WarmPool, img, slot_id: str) -> Path:
@@ -63,7 +70,7 @@ def test_the_restore_points_the_slots_files_at_the_session_and_the_share_at_its_
 
 
 def test_a_slot_serves_one_session_and_half_made_ones_none(tmp_path):
-    pool = WarmPool(tmp_path / "state", "test:///default", "nobody", size=2)
+    pool = new_pool(tmp_path, size=2)
     img = image(tmp_path)
     ready = make_ready_slot(pool, img, "aaaaaaaaaaaa")
     (pool.dir / img.dir.name / ".bbbbbbbbbbbb.making").mkdir()  # still booting
@@ -81,7 +88,7 @@ def test_a_slot_serves_one_session_and_half_made_ones_none(tmp_path):
 
 
 def test_a_rebuilt_image_discards_the_slots_of_its_older_build(tmp_path):
-    pool = WarmPool(tmp_path / "state", "test:///default", "nobody", size=1)
+    pool = new_pool(tmp_path, size=1)
     old, new, other = image(tmp_path, build="old1"), image(tmp_path, build="new2"), image(tmp_path, "ubuntu")
     stale = make_ready_slot(pool, old, "aaaaaaaaaaaa")
     kept = make_ready_slot(pool, new, "bbbbbbbbbbbb")
@@ -160,11 +167,10 @@ def test_the_refill_waits_while_the_host_has_no_room(tmp_path, monkeypatch):
 
 
 def test_a_vmd_started_with_the_pool_off_removes_an_earlier_pools_slots(tmp_path):
-    from tests.vmd_fakes import make_config
     from vmd.machines.libvirt_machines import LibvirtMachines
 
     config = make_config(tmp_path, warm_pool_size=0, libvirt_uri="test:///default")
-    pool = WarmPool(config.state_dir, "test:///default", "nobody", size=1)
+    pool = new_pool(tmp_path, size=1)
     img = image(tmp_path)
     ready = make_ready_slot(pool, img, "aaaaaaaaaaaa")
     (ready / "saved.img").write_bytes(b"\0" * 4096)  # a guest's memory, on disk
@@ -178,7 +184,7 @@ def test_a_vmd_started_with_the_pool_off_removes_an_earlier_pools_slots(tmp_path
 def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_session_does(tmp_path):
     import time
 
-    pool = WarmPool(tmp_path / "state", "test:///default", "nobody", size=1)
+    pool = new_pool(tmp_path, size=1)
     img = image(tmp_path)
     (pool.dir / img.dir.name).mkdir(parents=True)
     with pool._changed:  # the refill is booting slot cccc..., begun a moment ago
@@ -200,12 +206,19 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
     waiter.join(10)
     assert got["first"] is not None and got["first"].name == "cccccccccccc.taken", got
 
-    # A slot whose making ran past its own bounds is not waited for any longer.
-    from vmd.machines.machine import timeout_scale
-    from vmd.machines.warm_pool import SLOT_MAKE_S
+    # A slot whose making ran past its own bounds (VmdConfig.slot_make_s, x4 under TCG) is
+    # not waited for any longer.
     with pool._changed:
         pool._making = "vmagent-w-dddddddddddd"
-        pool._making_since = time.monotonic() - SLOT_MAKE_S * timeout_scale() + 0.5
+        pool._making_since = time.monotonic() - pool.config.slot_make_s * pool.timeout_scale() + 0.5
     started = time.monotonic()
     assert pool._wait_for_the_slot_being_made(img) is None
     assert 0.3 < time.monotonic() - started < 5
+    # The bound is the config's: a pool told 1 s (at KVM's pace) waits about that long.
+    quick = new_pool(tmp_path / "quick", size=1, slot_make_s=1.0, accel="kvm")
+    (quick.dir / img.dir.name).mkdir(parents=True)
+    with quick._changed:
+        quick._making, quick._making_since = "vmagent-w-eeeeeeeeeeee", time.monotonic()
+    started = time.monotonic()
+    assert quick._wait_for_the_slot_being_made(img) is None
+    assert 0.8 < time.monotonic() - started < 1.8

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from vmd.guests.guest import CommandResult, DirEntry, FileChunk, Guest, GuestFacts
 from vmd.guests.x11_windows import list_x11_windows
-from vmd.machines.port import MachineSpec
+from vmd.machines.host import LOCAL, local_host
+from vmd.machines.port import MachineError, MachineSpec
 from vmd.machines.screen import Shot
 
 # A 1x1 PNG: what the fake screen shows.
@@ -244,6 +245,12 @@ class LocalMachines:
         self.shots: list[float] = []  # each screenshot's max_age
         self.probes: list[str] = []  # the hosts check_internet probed
         self.egress_refusal: str | None = None  # what egress_problem() answers
+
+    def host(self, name=None):
+        # One host, the local one, as vmd has by default; its guests' commands run here.
+        if name not in (None, LOCAL):
+            raise MachineError(f"this vmd has no host named {name!r}")
+        return local_host("test:///default")
 
     def create(self, spec):
         if self.fail:

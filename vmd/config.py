@@ -47,6 +47,12 @@ ENV_FIELDS = {
     "VMD_PUSH_RETRY_BACKOFF_MAX_S": "push_retry_backoff_max_s",
     "VMD_ACCEL": "accel",
     "VMD_WARM_POOL_SIZE": "warm_pool_size",
+    "VMD_GUEST_MEMORY_MIB": "guest_memory_mib",
+    "VMD_GUEST_VCPUS": "guest_vcpus",
+    "VMD_SLOT_READY_S": "slot_ready_s",
+    "VMD_SLOT_MAKE_S": "slot_make_s",
+    "VMD_OUTPUT_HEAD_BYTES": "output_head_bytes",
+    "VMD_OUTPUT_TAIL_BYTES": "output_tail_bytes",
     "VMD_INTERNET_PROBE": "internet_probe",
     "VMD_EGRESS_ALLOW": "egress_allow",
     "VMD_SOCKET_GROUP": "socket_group",
@@ -190,6 +196,26 @@ class VmdConfig(BaseModel):
     # "auto" sizes the pool for the host (vmd/machines/host_room.py host_pool_size: one slot per two
     # cores, within memory, at most 4); 0 turns it off and every session boots cold.
     warm_pool_size: int | Literal["auto"] = "auto"
+
+    # A guest's memory and vCPUs (vmd/machines/machine.py). 2 GiB runs the Debian desktop, a
+    # browser and a test suite without swapping; the warm pool sizes itself by the memory
+    # (vmd/machines/host_room.py: a quarter of the host's memory in guests being made). Two
+    # vCPUs let a build and the desktop run side by side; under TCG each vCPU is a host
+    # thread, so more would take the cores the other sessions' guests need.
+    guest_memory_mib: int = Field(default=2048, ge=512)
+    guest_vcpus: int = Field(default=2, ge=1, le=64)
+    # A warm slot's boot to a ready desktop, in KVM seconds (x4 under TCG), and its whole
+    # making with the identity and the save: the longest a session waits for a slot being
+    # made (vmd/machines/warm_pool.py). A cold boot to a ready desktop took 30-45 s under TCG
+    # here, so 75 (300 under TCG) leaves room for a loaded host; the making adds the identity
+    # reset and the save of the guest's memory.
+    slot_ready_s: float = Field(default=75, gt=0)
+    slot_make_s: float = Field(default=90, gt=0)
+    # What one command's output may return to the caller before its middle is cut, per
+    # stream (vmd/guests/output.py): a model cannot use 5 MB of build log; it can use the
+    # first and last few thousand lines.
+    output_head_bytes: int = Field(default=32 * 1024, ge=0)
+    output_tail_bytes: int = Field(default=32 * 1024, ge=0)
 
     # --- read by `vmd doctor` only, which checks the whole setup from vmd's side ----------
     # The job service's group (a name or a gid) that must reach vmd's socket: the vmd

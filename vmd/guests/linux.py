@@ -18,7 +18,7 @@ import paramiko
 from vmd.guests.guest import (CommandResult, DirEntry, DirListing, FileChunk, Guest, GuestError, GuestFacts,
                               OutputCallback)
 from vmd.guests.os_verbs import LinuxVerbs
-from vmd.guests.output import _CappedStream, _LineSplitter
+from vmd.guests.output import DEFAULT_BOUNDS, _CappedStream, _LineSplitter
 from vmd.guests.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
                                     SshRunnerLauncher)
 from vmd.guests.ssh import LIST_TIME_S, NAME_MAX_BYTES, SshConnection
@@ -43,6 +43,7 @@ class LinuxGuest(LinuxVerbs, Guest):
 
     os_family = "linux"
     use_runner = True
+    output = DEFAULT_BOUNDS  # what `run` keeps of each stream; the machine sets vmd's config's
 
     def __init__(self, ssh: SshConnection, project_path: str = "/mnt/project", *,
                  use_runner: bool | None = None, runners: RunnerPool | None = None):
@@ -87,7 +88,8 @@ class LinuxGuest(LinuxVerbs, Guest):
         seconds = max(1, int(round(timeout)))
         started = time.monotonic()
         deadline = started + timeout + 10  # the guest's own timeout fires first
-        caps = {"stdout": _CappedStream(), "stderr": _CappedStream()}
+        caps = {"stdout": _CappedStream(self.output.head, self.output.tail),
+                "stderr": _CappedStream(self.output.head, self.output.tail)}
         splitters = {"stdout": _LineSplitter("stdout", on_output), "stderr": _LineSplitter("stderr", on_output)}
 
         def sink(stream: str, data: bytes) -> None:

@@ -4,18 +4,32 @@ lines handed to a watcher as they come. Used by every guest's `run`."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
+from vmd.config import VmdConfig
 from vmd.guests.guest import OutputCallback
 
-# What a command may return to the caller before the middle is cut. A model cannot use
-# 5 MB of build log; it can use the first and last few thousand lines.
-OUTPUT_HEAD = 32 * 1024
-OUTPUT_TAIL = 32 * 1024
+
+@dataclass(frozen=True)
+class OutputBounds:
+    """What a command may return to the caller before the middle is cut, in bytes of each
+    stream's head and tail: VmdConfig.output_head_bytes and output_tail_bytes, with why."""
+    head: int
+    tail: int
+
+    @classmethod
+    def of(cls, config: VmdConfig) -> "OutputBounds":
+        return cls(config.output_head_bytes, config.output_tail_bytes)
+
+
+# For a guest made without vmd's config (tests, the benchmark): the config's defaults.
+DEFAULT_BOUNDS = OutputBounds.of(VmdConfig())
+
 
 class _CappedStream:
     """Keeps the head and tail of a stream and counts what was dropped in between."""
 
-    def __init__(self, head: int = OUTPUT_HEAD, tail: int = OUTPUT_TAIL):
+    def __init__(self, head: int = DEFAULT_BOUNDS.head, tail: int = DEFAULT_BOUNDS.tail):
         self.head_limit, self.tail_limit = head, tail
         self.head = bytearray()
         self.tail: deque[bytes] = deque()

@@ -87,20 +87,28 @@ def probe_kernel(images_dir: Path, boot_dir: Path = Path("/boot")) -> Path | Non
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def kvm_works() -> bool:
-    """probe_kvm() of this host, asked once per process: the answer does not change."""
-    return probe_kvm(kernel=probe_kernel(VmdConfig.load().images_dir))
+@functools.lru_cache(maxsize=4)
+def kvm_works(images_dir: Path) -> bool:
+    """probe_kvm() of this host with a kernel of `images_dir` (VmdConfig.images_dir, the
+    config vmd was given), asked once per process and folder: the answer does not change."""
+    return probe_kvm(kernel=probe_kernel(images_dir))
 
 
-def choose_accel(setting: str, kvm_usable: Callable[[], bool] | None = None) -> str:
+def choose_accel(setting: str, kvm_usable: Callable[[], bool]) -> str:
     """"kvm" or "qemu" (TCG) for `setting` (VmdConfig.accel): forced by "kvm", "qemu" or
-    "tcg" without asking `kvm_usable` (kvm_works by default), else what it answers."""
+    "tcg" without asking `kvm_usable`, else what it answers."""
     if setting in ("qemu", "tcg"):
         return "qemu"
     if setting == "kvm":
         return "kvm"
-    return "kvm" if (kvm_usable or kvm_works)() else "qemu"
+    return "kvm" if kvm_usable() else "qemu"
+
+
+def config_accel(config: VmdConfig) -> str:
+    """The accelerator of the next guest under `config`: its accel setting, and for "auto"
+    the probe with a kernel of its images_dir (`vmd serve --config FILE` with images_dir in
+    the file probes with that folder's kernel, not the environment's)."""
+    return choose_accel(config.accel, lambda: kvm_works(Path(config.images_dir)))
 
 
 def timeout_scale(acc: str) -> float:

@@ -1,12 +1,12 @@
 """The default machine factory: a domain in libvirt per session (vmd/machines/machine.py:
-libvirt + SSH + QMP), from an image of the images dir, warm from the pool
+libvirt + SSH + QMP), from an image of the images dir, on one of its hosts
+(vmd/machines/host.py; the local one by default), warm from that host's pool
 (vmd/machines/warm_pool.py) when it has one. `LibvirtMachines` is a `MachineFactory`,
 `LibvirtMachine` a `SessionMachine` (vmd/machines/port.py)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -18,10 +18,10 @@ from vmd.config import VmdConfig
 from vmd.guests.guest import Guest
 from vmd.machines.domain_xml import VmdOwner, vmd_owner
 from vmd.machines.egress_guard import EgressGuard, EgressGuardError
-from vmd.machines.host_room import host_pool_size
+from vmd.machines.host import Host, local_host
 from vmd.machines.images import ImageMissing, find_image
 from vmd.machines.machine import Machine, accel, timeout_scale
-from vmd.machines.port import DesktopMissing, MachineSpec, SessionMachine
+from vmd.machines.port import DesktopMissing, MachineError, MachineSpec, SessionMachine
 from vmd.machines.screen import Screen
 from vmd.machines.warm_pool import WarmPool
 from vmd.verbs import SESSION_ID
@@ -79,12 +79,32 @@ class LibvirtMachine:
 
 
 class LibvirtMachines:
-    """The default MachineFactory: an image from the images dir, a domain in libvirt."""
+    """The default MachineFactory: an image from the images dir, a domain in libvirt on one
+    of `hosts` (the first takes new sessions; by default the local host of the config)."""
 
-    def __init__(self, config: VmdConfig):
+    def __init__(self, config: VmdConfig, hosts: list[Host] | None = None):
         self.config = config
-        self.pool = None  # vmd.machines.warm_pool.WarmPool once started (start_pool)
+        self.hosts = {h.name: h for h in (hosts or [local_host(config.libvirt_uri)])}
+        self.pools: dict[str, WarmPool] = {}  # per host name, once started (start_pool)
         self.guard = EgressGuard.from_config(config)
+
+    def host(self, name: str | None = None) -> Host:
+        if name is None:
+            return next(iter(self.hosts.values()))
+        try:
+            return self.hosts[name]
+        except KeyError:
+            raise MachineError(f"this vmd has no host named {name!r} (it has {', '.join(self.hosts)}); "
+                               "the session's guest is on a host missing from its configuration: add the "
+                               "host back, or close the session.") from None
+
+    @property
+    def pool(self) -> WarmPool | None:
+        """The first host's warm pool (where new sessions go), or None."""
+        return self.pools.get(self.host().name)
+
+    def _host_of(self, spec: MachineSpec) -> Host:
+        return spec.host if spec.host is not None else self.host()
 
     def install_guard(self) -> None:
         """At vmd's start: the egress guard in place before any guest can ask for egress
@@ -103,27 +123,28 @@ class LibvirtMachines:
         return None
 
     def start_pool(self) -> None:
-        if self.pool is not None:
-            return
-        size = self.config.warm_pool_size
-        if size == "auto":
-            size = host_pool_size()
-            log.info("warm pool: %d slot(s), sized for this host (%d cores)", size, os.cpu_count() or 1)
-        pool = WarmPool(self.config.state_dir, self.config.libvirt_uri, self.config.share_user, size,
-                        accel_setting=self.config.accel)
-        if size <= 0:
-            pool.clear()  # an earlier vmd's slots: their disk back, half-made guests destroyed
-            return
-        self.pool = pool.start(lambda: find_image(self.config.default_os, self.config.images_dir))
+        """One warm pool per host, each sized for its host when the size is "auto"."""
+        for host in self.hosts.values():
+            if host.name in self.pools:
+                continue
+            size = self.config.warm_pool_size
+            if size == "auto":
+                size = host.room.pool_size(self.config.guest_memory_mib)
+                log.info("warm pool: %d slot(s), sized for the host %s", size, host.name)
+            pool = WarmPool(self.config, host, size)
+            if size <= 0:
+                pool.clear()  # an earlier vmd's slots: their disk back, half-made guests destroyed
+                continue
+            self.pools[host.name] = pool.start(lambda: find_image(self.config.default_os, self.config.images_dir))
 
     def stop_pool(self) -> None:
-        if self.pool is not None:
-            self.pool.stop()
+        for pool in self.pools.values():
+            pool.stop()
 
     def timeout_scale(self) -> float:
-        # The config's setting, never the environment's: `vmd serve --config FILE` with
-        # accel in the file is obeyed here as by the doctor.
-        return timeout_scale(accel(self.config.accel))
+        # The config's settings (accel, images_dir), never the environment's: `vmd serve
+        # --config FILE` with accel in the file is obeyed here as by the doctor.
+        return timeout_scale(accel(self.config))
 
     def _adapter(self, machine, image, came: str = "cold", came_note: str | None = None) -> LibvirtMachine:
         return LibvirtMachine(machine, image, desktop_wait_s=self.config.desktop_wait_s, came=came,
@@ -140,15 +161,17 @@ class LibvirtMachines:
 
     def create(self, spec: MachineSpec) -> SessionMachine:
         image = self._image(spec)
+        host = self._host_of(spec)
         note = None
-        if self.pool is not None:
-            machine, note = self.pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir,
-                                                  session_id=spec.session_id)
+        pool = self.pools.get(host.name)
+        if pool is not None:
+            machine, note = pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir,
+                                             session_id=spec.session_id)
             if machine is not None:
                 return self._adapter(machine, image, came="warm")
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
-                                 uri=self.config.libvirt_uri, egress=spec.egress and self.egress_problem() is None,
-                                 qemu_user=self.config.share_user, accel_setting=self.config.accel,
+                                 host=host, egress=spec.egress and self.egress_problem() is None,
+                                 qemu_user=self.config.share_user, config=self.config,
                                  owner=self._owner(spec))
         return self._adapter(machine, image, came_note=note)
 
@@ -158,13 +181,13 @@ class LibvirtMachines:
     def attach(self, spec: MachineSpec) -> SessionMachine:
         image = self._image(spec)
         machine = Machine.attach(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
-                                 uri=self.config.libvirt_uri)
+                                 host=self._host_of(spec), config=self.config)
         return self._adapter(machine, image)
 
     def discard(self, spec: MachineSpec) -> bool:
         """Destroys what a create cut short left in libvirt (a domain defined or started
         after the session's close began); True when there was one."""
-        return Machine.discard(spec.name, spec.workdir, self.config.libvirt_uri)
+        return Machine.discard(spec.name, spec.workdir, self._host_of(spec))
 
     def sweep(self, keep: Callable[[str, str | None], bool]) -> list[str]:
         """Destroys and undefines the guests of this vmd's state dir that no session owns
@@ -172,10 +195,19 @@ class LibvirtMachines:
         pending session. A domain is this vmd's when its <metadata> names this state dir
         exactly (vmd/machines/domain_xml.py `VmdOwner`), so the guests of another vmd on the same
         libvirt are never touched; warm pool slots (no session yet) are the pool's.
-        Returns the names destroyed; libvirt unreachable is no error here (the next sweep
-        tries again)."""
+        Every host is swept. Returns the names destroyed; libvirt unreachable is no error
+        here (the next sweep tries again)."""
+        destroyed: list[str] = []
+        for uri in dict.fromkeys(h.libvirt_uri for h in self.hosts.values()):  # each libvirt once
+            destroyed += self._sweep(uri, keep)
+        return destroyed
+
+    def _handing_out(self, name: str) -> bool:
+        return any(pool.handing_out(name) for pool in self.pools.values())
+
+    def _sweep(self, uri: str, keep: Callable[[str, str | None], bool]) -> list[str]:
         try:
-            conn = libvirt.open(self.config.libvirt_uri)
+            conn = libvirt.open(uri)
         except libvirt.libvirtError:
             return []
         destroyed = []
@@ -186,8 +218,7 @@ class LibvirtMachines:
                     if not name.startswith("vmagent-"):
                         continue
                     session = self._session_of(domain.XMLDesc(0))
-                    if (session is None or keep(name, session)
-                            or (self.pool is not None and self.pool.handing_out(name))):
+                    if session is None or keep(name, session) or self._handing_out(name):
                         continue
                     if domain.isActive():
                         domain.destroy()

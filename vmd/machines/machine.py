@@ -26,13 +26,15 @@ import paramiko
 from vmd.config import VmdConfig
 from vmd.guests.families import guest_class
 from vmd.guests.guest import Guest, GuestError, GuestFacts
+from vmd.guests.output import OutputBounds
 from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
-from vmd.machines.accel import choose_accel
+from vmd.machines.accel import config_accel
 from vmd.machines.accel import timeout_scale as scale_for
 from vmd.machines.boot_share import boot_for, share_for
 from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, Disk, Domain, RunAs, SerialLog, UserNetwork, Video,
                                      VmdOwner, nic_macs, smb_socket_of, ssh_port_of)
+from vmd.machines.host import DEFAULT_URI, Host, local_host
 from vmd.machines.images import Image
 from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
 from vmd.machines.screen import Screen
@@ -40,15 +42,12 @@ from vmd.machines.smb_share import relay_for
 from vmd.private_fs import open_private, passable_dir, private_file, write_private
 from vmd.projects.tree import share_owner
 
-DEFAULT_URI = "qemu:///system"
-# A guest's memory. The warm pool sizes itself by it (vmd/machines/host_room.py: host_pool_size).
-GUEST_MEMORY_MIB = 2048
 
-
-def accel(setting: str | None = None) -> str:
-    """"kvm" or "qemu" for the next guest under `setting` (VmdConfig.accel); None: the
-    setting in effect (VMD_ACCEL, VMD_CONFIG), for a caller without vmd's config at hand."""
-    return choose_accel(VmdConfig.load().accel if setting is None else setting)
+def accel(config: VmdConfig | None = None) -> str:
+    """"kvm" or "qemu" for the next guest under `config` (its accel and images_dir); None:
+    the settings in effect (VMD_CONFIG, VMD_ACCEL), for a caller without vmd's config at
+    hand (the tests' and the benchmark's machines)."""
+    return config_accel(config if config is not None else VmdConfig.load())
 
 
 def timeout_scale(acc: str | None = None) -> float:
@@ -89,13 +88,12 @@ def _check_reachable(path: Path, uid: int, gid: int, user: str) -> None:
                            f"(chmod o+x {folder}) or move vmd's state and images dirs elsewhere.")
 
 
-def _screen_dir(workdir: Path) -> Path:
-    """The folder QEMU may write the guest's framebuffer to; nothing else goes there."""
-    return workdir / "screen"
-
-
-def _make_screen_dir(workdir: Path, run_as: tuple[int, int] | None) -> None:
-    screen_dir = _screen_dir(workdir)
+def _make_screen_dir(host: Host, workdir: Path, run_as: tuple[int, int] | None) -> None:
+    """The folder QEMU may write the guest's framebuffer to (`Host.screen_dir`); nothing
+    else goes there."""
+    screen_dir = host.screen_dir(workdir)
+    if screen_dir is None:  # QEMU's files are not vmd's to read: screenshots come by libvirt
+        return
     screen_dir.mkdir(mode=0o700, exist_ok=True)
     if run_as is not None:  # QEMU writes its screendumps here (vmd/machines/screen.py)
         os.chown(screen_dir, *run_as)
@@ -109,19 +107,20 @@ def free_port() -> int:
 
 class Machine:
     def __init__(self, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
-                 uri: str, domain: libvirt.virDomain, ssh_port: int, accel: str):
+                 host: Host, domain: libvirt.virDomain, ssh_port: int, accel: str, config: VmdConfig):
         self.image = image
         self.name = name
         self.workdir = workdir
         self.project_dir = project_dir
-        self.uri = uri
+        self.host = host  # where it runs (vmd/machines/host.py): libvirt, SSH, screen dumps
         self.domain = domain
         self.ssh_port = ssh_port
         self.accel = accel
         self.started = time.monotonic()
-        self.ssh = SshConnection("127.0.0.1", ssh_port, image.user, str(image.path("ssh_key")))
+        self.ssh = SshConnection(host.ssh_address, ssh_port, image.user, str(image.path("ssh_key")))
         self.guest: Guest = guest_class(image.os_family)(self.ssh, image.project_path)
-        self.screen = Screen(domain, tuple(image.resolution), dump_path=_screen_dir(workdir) / "frame.ppm")
+        self.guest.output = OutputBounds.of(config)  # what a command returns of its output
+        self.screen = Screen(domain, tuple(image.resolution), dump_path=host.screen_dump(workdir))
         self.facts: Facts | None = None
         self.restored = False  # handed out from the warm pool (vmd/machines/warm_pool.py)
         # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays again.
@@ -132,11 +131,17 @@ class Machine:
 
     @classmethod
     def create(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
-               uri: str = DEFAULT_URI, egress: bool = False, memory_mib: int = GUEST_MEMORY_MIB,
-               vcpus: int = 2, qemu_user: str = "libvirt-qemu", accel_setting: str | None = None,
+               host: Host | None = None, uri: str = DEFAULT_URI, egress: bool = False,
+               qemu_user: str = "libvirt-qemu", config: VmdConfig | None = None,
                owner: VmdOwner | None = None, share: str | None = None) -> "Machine":
-        """`owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
+        """`host`: where it runs (the local host at `uri` when None). `config`: vmd's, for the
+        guest's memory and vCPUs, its accelerator and what a command returns of its output;
+        None: the settings in effect, for callers without vmd's config (tests, the benchmark).
+        `owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
         vmd's sweep tells its own guests (vmd/machines/libvirt_machines.py `sweep`)."""
+        host = host or local_host(uri)
+        uri = host.libvirt_uri
+        config = config if config is not None else VmdConfig.load()
         try:
             guest_class(image.os_family)
         except GuestError as exc:
@@ -154,19 +159,19 @@ class Machine:
             for place in (workdir, project_dir, base):
                 if place is not None:
                     _check_reachable(Path(place), *run_as, qemu_user)
-        _make_screen_dir(workdir, run_as)
+        _make_screen_dir(host, workdir, run_as)
         overlay = workdir / "overlay.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
                         str(overlay)], check=True, capture_output=True, env=clean_env())
         private_file(overlay)  # qemu-img follows the umask; the guest's disk is nobody else's
         os.close(open_private(workdir / "console.log"))  # QEMU appends; libvirt gives it the file
-        acc = accel(accel_setting)
+        acc = accel(config)
         port = free_port()
         ssh_mac, egress_mac = nic_macs(name)
         # The boot and the share from the image's manifest (`share`: a test's choice over it).
         shared = share_for(image, project_dir, workdir, run_as, qemu_user, share)
         spec = Domain(
-            name=name, memory_mib=memory_mib, vcpus=vcpus, accel=acc,
+            name=name, memory_mib=config.guest_memory_mib, vcpus=config.guest_vcpus, accel=acc,
             boot=boot_for(image, workdir),
             disk=Disk(str(overlay)),
             network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac),
@@ -189,26 +194,28 @@ class Machine:
             shutil.rmtree(workdir, ignore_errors=True)
             raise MachineError(f"libvirt could not start the guest '{name}': "
                                f"{exc.get_error_message()}") from None
-        return cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
-                   domain=domain, ssh_port=port, accel=acc)
+        return cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
+                   domain=domain, ssh_port=port, accel=acc, config=config)
 
     @classmethod
-    def adopt_restored(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None, uri: str,
-                       domain: libvirt.virDomain, ssh_port: int, accel: str,
+    def adopt_restored(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None, host: Host,
+                       domain: libvirt.virDomain, ssh_port: int, accel: str, config: VmdConfig,
                        qemu_user: str = "libvirt-qemu") -> "Machine":
         """A guest vmd.machines.warm_pool restored into `workdir`: its `ready` sets the clock, which
         stood still while it was saved."""
-        _make_screen_dir(workdir, share_owner(qemu_user))
-        machine = cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
-                      domain=domain, ssh_port=ssh_port, accel=accel)
+        _make_screen_dir(host, workdir, share_owner(qemu_user))
+        machine = cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
+                      domain=domain, ssh_port=ssh_port, accel=accel, config=config)
         machine.restored = True
         return machine
 
     @classmethod
     def attach(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
-               uri: str = DEFAULT_URI) -> "Machine":
-        """Re-bind to a domain that outlived a vmd restart."""
-        conn = connect(uri)
+               host: Host | None = None, uri: str = DEFAULT_URI, config: VmdConfig | None = None) -> "Machine":
+        """Re-bind to a domain that outlived a vmd restart (on `host`, else the local host at
+        `uri`); `config` as for `create`."""
+        host = host or local_host(uri)
+        conn = connect(host.libvirt_uri)
         try:
             domain = conn.lookupByName(name)
         except libvirt.libvirtError:
@@ -219,8 +226,9 @@ class Machine:
         if port is None:
             raise MachineError(f"the guest '{name}' has no SSH forward; it was not made by vmd.")
         acc = "kvm" if root.get("type") == "kvm" else "qemu"
-        return cls(image, name=name, workdir=workdir, project_dir=project_dir, uri=uri,
-                   domain=domain, ssh_port=port, accel=acc)
+        return cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
+                   domain=domain, ssh_port=port, accel=acc,
+                   config=config if config is not None else VmdConfig.load())
 
     def alive(self) -> bool:
         try:
@@ -378,28 +386,28 @@ class Machine:
         # The domain goes first: a boot thread may hold the SSH lock while it connects to a
         # guest still booting (up to its connect timeout), and the guest's end is what
         # frees it. A close during boot must not wait for that.
-        _remove(self.domain, self.workdir)
+        _remove(self.domain, self.workdir, self.host)
         self.ssh.close()
         if self.smb_relay is not None:
             self.smb_relay.stop()
 
     @staticmethod
-    def discard(name: str, workdir: Path, uri: str = DEFAULT_URI) -> bool:
-        """Destroys and undefines the domain `name` if libvirt has one, and its overlay: for
-        what a create left behind when it was cut short. True when there was a domain."""
-        conn = connect(uri)
+    def discard(name: str, workdir: Path, host: Host) -> bool:
+        """Destroys and undefines the domain `name` if `host`'s libvirt has one, and its
+        overlay: for what a create left behind when it was cut short. True when there was a domain."""
+        conn = connect(host.libvirt_uri)
         try:
             try:
                 domain = conn.lookupByName(name)
             except libvirt.libvirtError:
                 return False
-            _remove(domain, workdir)
+            _remove(domain, workdir, host)
             return True
         finally:
             conn.close()
 
 
-def _remove(domain: libvirt.virDomain, workdir: Path) -> None:
+def _remove(domain: libvirt.virDomain, workdir: Path, host: Host) -> None:
     """All vmd made for one guest: its domain destroyed and undefined (a warm machine's
     restored domain is transient, gone once destroyed), its overlay and its screen folder
     (the last frame is the guest's)."""
@@ -421,4 +429,6 @@ def _remove(domain: libvirt.virDomain, workdir: Path) -> None:
         except libvirt.libvirtError:
             pass
     (workdir / "overlay.qcow2").unlink(missing_ok=True)
-    shutil.rmtree(_screen_dir(workdir), ignore_errors=True)
+    screen_dir = host.screen_dir(workdir)
+    if screen_dir is not None:
+        shutil.rmtree(screen_dir, ignore_errors=True)

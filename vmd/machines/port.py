@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from pydantic import BaseModel
 
 from vmd.errors import WordedError
+from vmd.machines.host import Host
 
 if TYPE_CHECKING:  # lazily: a session over another factory never imports paramiko or libvirt
     from vmd.guests.guest import Guest
@@ -57,6 +58,9 @@ class MachineSpec:
     workdir: Path
     project_dir: Path | None
     egress: bool = False
+    # Where the guest runs (vmd/machines/host.py): the session's `MachineFactory.host(name)`
+    # for the name its state keeps. None: the factory's first host (a spec made by hand).
+    host: Host | None = None
 
 
 @dataclass
@@ -95,6 +99,9 @@ class SessionMachine(Protocol):
 
 
 class MachineFactory(Protocol):
+    # The host of that name (SessionState.host), or where a new session goes when None;
+    # MachineError with what to do when this vmd has no such host.
+    def host(self, name: str | None = None) -> Host: ...
     def create(self, spec: MachineSpec) -> SessionMachine: ...
     def attach(self, spec: MachineSpec) -> SessionMachine: ...
     # None when a machine's egress may be opened; else the sentence that says what is

@@ -18,10 +18,11 @@ stays the domain's name; the session learns it from the machine (`name`). The se
 A restore that fails discards the slot, and the session boots cold instead, with a note
 in the record. Slots of an older build of the image are discarded (the image folder's
 name carries its recipe's hash). The refill runs in the background at low priority
-(`nice`) and only while the host has room (`no_room`: load, memory, disk); it waits out
-the cold boots of sessions that found the pool empty. `VMD_WARM_POOL_SIZE=auto` sizes
-the pool for the host (`host_pool_size`; both in vmd/machines/host_room.py); a vmd
-started with the pool off removes an earlier pool's slots.
+(`nice`) and only while the host has room (its `Room.no_room`: load, memory, disk); it
+waits out the cold boots of sessions that found the pool empty. `VMD_WARM_POOL_SIZE=auto`
+sizes the pool for the host (its `Room.pool_size`; vmd/machines/host_room.py for this
+machine); a vmd started with the pool off removes an earlier pool's slots. One pool per
+host (vmd/machines/host.py): its slots are made and restored by that host's libvirt.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from pathlib import Path
 import libvirt
 from pydantic import BaseModel
 
+from vmd.config import VmdConfig
 from vmd.guests.guest import GuestError
 from vmd.machines.domain_xml import VmdOwner, set_session
-from vmd.machines.host_room import no_room
+from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
 from vmd.machines.machine import Machine, accel, connect, timeout_scale
 from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
@@ -49,10 +51,8 @@ from vmd.projects.tree import share_owner
 log = logging.getLogger("vmd.machines.warm_pool")
 
 SLOT_PREFIX = "vmagent-w-"
-# A slot's boot to a ready desktop, in KVM seconds (x4 under TCG), and its whole making
-# with the identity and the save: the longest a session waits for a slot being made.
-SLOT_READY_S = 75
-SLOT_MAKE_S = 90
+# A slot's bounds (its boot to a ready desktop, its whole making) are VmdConfig.slot_ready_s
+# and slot_make_s, with their reasons.
 # What makes a booted guest a slot is `Guest.forget_identity` (vmd/guests/os_verbs.py): its
 # own SSH host keys and machine-id (every guest of an image would share the image's),
 # nothing of the placeholder share mounted, and no process of ours left in the guest.
@@ -74,13 +74,15 @@ class WarmFailed(RuntimeError):
 
 
 class WarmPool:
-    def __init__(self, state_dir: Path, uri: str, qemu_user: str, size: int, accel_setting: str | None = None):
-        self.dir = state_dir / "warm"
-        # VmdConfig.accel of the vmd that owns the pool; None: the setting in effect
-        # (VMD_ACCEL, VMD_CONFIG), for a caller without vmd's config (the benchmark, tests).
-        self.accel_setting = accel_setting
-        self.uri = uri
-        self.qemu_user = qemu_user
+    def __init__(self, config: VmdConfig, host: Host, size: int):
+        # The local host's slots where they always were; another host's beside them.
+        self.dir = config.state_dir / ("warm" if host.name == LOCAL else f"warm-{host.name}")
+        # vmd's config: the accelerator (accel, images_dir), the guest's memory and vCPUs,
+        # the slot's bounds (slot_ready_s, slot_make_s) and QEMU's user.
+        self.config = config
+        self.host = host
+        self.uri = host.libvirt_uri
+        self.qemu_user = config.share_user
         self.size = size
         self.made = 0  # slots made by this pool (tests, the benchmark)
         self._stop = threading.Event()
@@ -100,7 +102,7 @@ class WarmPool:
 
     def timeout_scale(self) -> float:
         """How much longer than on KVM the pool's guests take (vmd/machines/accel.py)."""
-        return timeout_scale(accel(self.accel_setting))
+        return timeout_scale(accel(self.config))
 
     # --- slots ---------------------------------------------------------------------------
 
@@ -134,12 +136,12 @@ class WarmPool:
             self._making, self._making_since = name, started
         machine = None
         try:
-            machine = Machine.create(image, name=name, workdir=folder, project_dir=share, uri=self.uri,
-                                     qemu_user=self.qemu_user, accel_setting=self.accel_setting,
+            machine = Machine.create(image, name=name, workdir=folder, project_dir=share, host=self.host,
+                                     qemu_user=self.qemu_user, config=self.config,
                                      owner=VmdOwner(state_dir=str(self.dir.parent), session=None))
             if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
                 _renice(name)
-            machine.ready(SLOT_READY_S * timeout_scale(machine.accel), desktop=True)
+            machine.ready(self.config.slot_ready_s * timeout_scale(machine.accel), desktop=True)
             try:
                 machine.guest.forget_identity()  # each session restored from it gets its own
             except GuestError as exc:
@@ -168,7 +170,7 @@ class WarmPool:
                 except Exception:
                     pass
             else:
-                Machine.discard(name, folder, self.uri)
+                Machine.discard(name, folder, self.host)
             shutil.rmtree(folder, ignore_errors=True)
             raise
         finally:
@@ -211,11 +213,11 @@ class WarmPool:
                 conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
                 domain = conn.lookupByName(info.name)
             except libvirt.libvirtError as exc:
-                Machine.discard(info.name, workdir, self.uri)
+                Machine.discard(info.name, workdir, self.host)
                 raise WarmFailed(f"libvirt could not restore it: {exc.get_error_message()}") from None
             machine = Machine.adopt_restored(image, name=info.name, workdir=workdir, project_dir=project_dir,
-                                             uri=self.uri, domain=domain, ssh_port=info.ssh_port,
-                                             accel=info.accel, qemu_user=self.qemu_user)
+                                             host=self.host, domain=domain, ssh_port=info.ssh_port,
+                                             accel=info.accel, config=self.config, qemu_user=self.qemu_user)
         except WarmFailed:
             (workdir / "overlay.qcow2").unlink(missing_ok=True)
             raise
@@ -261,7 +263,7 @@ class WarmPool:
             if name is None or self._waited_for is not None:
                 return None
             self._waited_for = name
-            deadline = self._making_since + SLOT_MAKE_S * self.timeout_scale()
+            deadline = self._making_since + self.config.slot_make_s * self.timeout_scale()
         try:
             _renice(name, 0)
             with self._changed:
@@ -319,7 +321,7 @@ class WarmPool:
     def _discard_half_made(self, slot: Path) -> None:
         """The guest of `.<id>.making`, a slot an earlier vmd was booting when it stopped."""
         try:
-            Machine.discard(SLOT_PREFIX + slot.name.strip(".").removesuffix(".making"), slot, self.uri)
+            Machine.discard(SLOT_PREFIX + slot.name.strip(".").removesuffix(".making"), slot, self.host)
         except Exception as exc:
             log.warning("could not destroy the half-made slot %s: %s", slot.name, exc)
 
@@ -354,7 +356,7 @@ class WarmPool:
                     image = current
                     self.discard_stale(image)
                 if len(self.ready_slots(image)) < self.size and time.monotonic() >= self._quiet_until:
-                    why_not = no_room(self.dir)
+                    why_not = self.host.room.no_room(self.dir, self.config.guest_memory_mib)
                     if why_not != self._waiting_because and why_not is not None:
                         log.info("the warm pool waits to refill: %s", why_not)
                     self._waiting_because = why_not

@@ -43,7 +43,7 @@ from typing import Callable
 from pydantic import SecretStr
 
 from vmd.config import VmdConfig
-from vmd.machines.accel import choose_accel
+from vmd.machines.accel import choose_accel, kvm_works
 from vmd.machines.egress_guard import EgressGuard
 from vmd.machines.images import ImageMissing, recipe_hash
 from vmd.server.findings import HTTP_TIMEOUT_S, Finding, Status, one_line as _one_line  # noqa: F401 (Status: the doctor's API)
@@ -96,9 +96,10 @@ def check_libvirtd(uri: str) -> Finding:
                                      f"{version % 1000} answers at {uri} ({running} domains defined).")
 
 
-def check_accel(kvm_probe: Callable[[], bool] | None = None, setting: str = "auto") -> Finding:
+def check_accel(kvm_probe: Callable[[], bool], setting: str = "auto") -> Finding:
     """The accelerator guests get under `setting` (VmdConfig.accel, VMD_ACCEL), asking
-    `kvm_probe` (QEMU itself, by default) when the setting forces none."""
+    `kvm_probe` (QEMU itself: accel.kvm_works with the config's images_dir) when the setting
+    forces none."""
     if not shutil.which("qemu-system-x86_64"):
         return Finding("accel", "fail", "qemu-system-x86_64 is not installed: "
                                         "`apt-get install qemu-system-x86 qemu-utils`.")
@@ -311,7 +312,7 @@ def run_checks(names: list[str] | tuple[str, ...] = CHECKS, config: VmdConfig | 
         config = config.model_copy(update={"gitea_token": SecretStr(token_file.read_text().strip())})
     table: dict[str, Callable[[], Finding]] = {
         "libvirtd": lambda: check_libvirtd(config.libvirt_uri),
-        "accel": lambda: check_accel(setting=config.accel),
+        "accel": lambda: check_accel(lambda: kvm_works(config.images_dir), setting=config.accel),
         "egress": lambda: check_egress(EgressGuard.from_config(config)),
         "image": lambda: check_image(config.images_dir, config.default_os),
         "socket": lambda: check_socket(config.socket, config.socket_group or None),

@@ -93,7 +93,7 @@ class Session:
         sid = new_session_id()
         state = SessionState(id=sid, os=params.os or config.default_os, project=params.project or None,
                              owner=params.owner, task=params.task, chat_id=params.chat_id,
-                             machine_name=f"vmagent-{sid}")
+                             machine_name=f"vmagent-{sid}", host=machines.host().name)
         state.os_family = machines.os_family(state.os)
         session = cls(state, config, machines, store)
         started = time.monotonic()
@@ -221,7 +221,7 @@ class Session:
         return MachineSpec(session_id=self.s.id, os=self.s.os, name=self.s.machine_name,
                            workdir=self.dir / "machine",
                            project_dir=Path(self.s.project_dir) if self.s.project_dir else None,
-                           egress=self.s.egress)
+                           egress=self.s.egress, host=self.machines.host(self.s.host))
 
     @property
     def boot_timeout(self) -> float:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from vmd.machines.host import LOCAL
 from vmd.projects.push_state import PushState
 from vmd.verbs import SESSION_ID, SessionStateName  # noqa: F401  (SESSION_ID: its readers import it here)
 
@@ -31,6 +32,9 @@ class SessionState(BaseModel):
     state: SessionStateName = "booting"
     resume_state: SessionStateName = "booting"  # where question/unfreeze go back to
     machine_name: str = ""
+    # The host its guest runs on (vmd/machines/host.py `Host.name`); a session.json from
+    # before hosts had names ran on the local host.
+    host: str = LOCAL
     machine_created: bool = False
     project_dir: str | None = None
     storage: str = ""
