@@ -153,3 +153,33 @@ def test_a_test_may_boot_the_debian_guest_with_smb_and_bad_choices_get_a_sentenc
         _image(tmp_path, boot="pxe")
     with pytest.raises(MachineError, match="no kernel or initrd; rebuild it"):
         boot_for(_image(tmp_path, kernel=None), tmp_path / "w")
+
+
+def test_a_machine_of_a_windows_manifest_gets_ovmf_a_tpm_and_the_smb_forward(tmp_path):
+    # The wiring in machine.py, on libvirt's test driver: what the manifest asks is what
+    # libvirt is told (the domain.xml vmd keeps), and destroy leaves no domain behind.
+    import subprocess
+
+    from vmd.machines.machine import Machine
+
+    folder = tmp_path / "windows-test"
+    folder.mkdir()
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(folder / "disk.qcow2"), "64M"], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "id_ed25519")], check=True)
+    image = _image(folder, os_family="windows", user="agent", project_path="Z:\\", desktop=True, boot="disk",
+                   uefi=True, tpm=True, share="smb", kernel=None, initrd=None)
+    project = tmp_path / "project"
+    project.mkdir()
+    machine = Machine.create(image, name="win-wiring", workdir=tmp_path / "w", project_dir=project,
+                             uri="test:///default")
+    try:
+        root = ET.fromstring((tmp_path / "w" / "domain.xml").read_text())
+        assert root.find("os/loader").text == OVMF_CODE and root.find("os/kernel") is None
+        assert root.find("os/nvram").text == str(tmp_path / "w" / NVRAM_FILE)
+        assert root.find("devices/tpm").get("model") == "tpm-crb"
+        assert root.find("devices/filesystem") is None
+        assert any("guestfwd=tcp:10.0.2.4:445-chardev:vmdsmb" in arg for arg in _args(root))
+        assert machine.guest.share == "smb"
+    finally:
+        machine.destroy()
+    assert "win-wiring" not in [d.name() for d in libvirt.open("test:///default").listAllDomains()]
