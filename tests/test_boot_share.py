@@ -183,3 +183,33 @@ def test_a_machine_of_a_windows_manifest_gets_ovmf_a_tpm_and_the_smb_forward(tmp
     finally:
         machine.destroy()
     assert "win-wiring" not in [d.name() for d in libvirt.open("test:///default").listAllDomains()]
+
+
+def test_a_uefi_guest_is_undefined_with_its_variable_store_on_libvirts_qemu_driver(tmp_path):
+    # libvirt's QEMU driver refuses a plain undefine of a domain whose nvram file exists
+    # ("cannot undefine domain with nvram"): the sweep and destroy would leave it defined.
+    import shutil
+    import uuid
+
+    from vmd.machines.machine import undefine
+
+    try:
+        conn = libvirt.open("qemu:///system")
+    except libvirt.libvirtError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"libvirtd must answer in CI: {exc}", pytrace=False)
+        pytest.skip(f"libvirtd is not reachable ({exc})")
+    nvram = tmp_path / "OVMF_VARS.fd"
+    shutil.copy(OVMF_VARS, nvram)  # what libvirt makes from the template at the first start
+    name = f"vmdtest-uefi-{uuid.uuid4().hex[:8]}"
+    dom = conn.defineXML(_domain(DiskBoot(uefi=True, tpm=True, nvram=str(nvram)), None, name=name).to_xml())
+    try:
+        with pytest.raises(libvirt.libvirtError, match="nvram"):
+            dom.undefine()
+        undefine(dom)
+        assert name not in [d.name() for d in conn.listAllDomains()]
+        assert not nvram.exists()
+    finally:
+        if name in [d.name() for d in conn.listAllDomains()]:
+            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        conn.close()

@@ -20,7 +20,7 @@ from vmd.machines.domain_xml import VmdOwner, vmd_owner
 from vmd.machines.egress_guard import EgressGuard, EgressGuardError
 from vmd.machines.host import Host, local_host
 from vmd.machines.images import ImageMissing, find_image
-from vmd.machines.machine import Machine, accel, timeout_scale
+from vmd.machines.machine import Machine, accel, timeout_scale, undefine
 from vmd.machines.port import DesktopMissing, MachineError, MachineSpec, SessionMachine
 from vmd.machines.screen import Screen
 from vmd.machines.warm_pool import WarmPool
@@ -222,7 +222,7 @@ class LibvirtMachines:
                         continue
                     if domain.isActive():
                         domain.destroy()
-                    domain.undefine()
+                    undefine(domain)  # with a UEFI guest's variable store
                 except libvirt.libvirtError:
                     continue
                 # A warm machine keeps its slot's name: its files are under its session's id.

@@ -188,7 +188,7 @@ class Machine:
             domain.create()
         except libvirt.libvirtError as exc:
             try:
-                conn.lookupByName(name).undefine()
+                undefine(conn.lookupByName(name))
             except libvirt.libvirtError:
                 pass
             shutil.rmtree(workdir, ignore_errors=True)
@@ -407,6 +407,15 @@ class Machine:
             conn.close()
 
 
+def undefine(domain: libvirt.virDomain) -> None:
+    """Undefines `domain` with a UEFI guest's variable store and a TPM's state (a plain
+    undefine refuses a domain with an nvram file); libvirt's test driver knows neither flag."""
+    try:
+        domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_TPM)
+    except libvirt.libvirtError:
+        domain.undefine()
+
+
 def _remove(domain: libvirt.virDomain, workdir: Path, host: Host) -> None:
     """All vmd made for one guest: its domain destroyed and undefined (a warm machine's
     restored domain is transient, gone once destroyed), its overlay and its screen folder
@@ -420,12 +429,7 @@ def _remove(domain: libvirt.virDomain, workdir: Path, host: Host) -> None:
         pass
     if persistent:
         try:
-            # A UEFI guest's variable store and a TPM's state go with it (plain undefine refuses
-            # a domain with an nvram file); libvirt's test driver knows neither flag.
-            try:
-                domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_TPM)
-            except libvirt.libvirtError:
-                domain.undefine()
+            undefine(domain)
         except libvirt.libvirtError:
             pass
     (workdir / "overlay.qcow2").unlink(missing_ok=True)
