@@ -26,6 +26,7 @@ from vmd.guests.x11_windows import list_x11_windows
 from vmd.machines.host import LOCAL, local_host
 from vmd.machines.port import MachineError, MachineSpec
 from vmd.machines.screen import Shot
+from vmd.verbs import Facts
 
 # A 1x1 PNG: what the fake screen shows.
 PNG_1X1 = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
@@ -206,9 +207,11 @@ class LocalMachine:
     def ready(self, timeout, desktop=False):
         time.sleep(self.factory.boot_seconds)
         self.reachable()
-        return {"os": "fake linux", "kernel": os.uname().release, "python": "", "git": "",
-                "desktop": desktop, "project_path": self.project_path, "boot_id": "fake",
-                "hostname": "fake"}
+        # Whole, as the real machine's (vmd/machines/port.py Facts): vmagent's client refuses
+        # a session_ready whose facts miss a field.
+        return Facts(os="fake linux", kernel=os.uname().release, python="", git="", desktop=desktop,
+                     project_path=self.project_path, project_mounted=self.spec.project_dir is not None,
+                     boot_id="fake", hostname="fake", accel="none: a stand-in on the host").model_dump()
 
     def reboot(self, timeout):
         return 0.1

@@ -27,7 +27,7 @@ __all__ = [
     "WriteFileResult", "EditFileResult", "ListDirEntry", "ListDirResult", "GitCommitResult",
     "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
     "RequestUnfreezeResult", "CheckRunResult", "CheckAttempt", "FinishRefusalData", "FinishOutcome",
-    "FinishResult", "HiddenCheck", "HiddenCheckResult", "Verdict", "VerdictStatus",
+    "FinishResult", "HiddenCheck", "HiddenCheckResult", "Facts", "PushView", "ReportOutcome", "Verdict", "VerdictStatus",
     "HistoryResult",
 ]
 
@@ -72,10 +72,41 @@ class SessionAttachResult(TextResult):
     state: SessionStateName
 
 
+class Facts(BaseModel):
+    """What a machine's `ready` tells of its guest (vmd/machines/port.py; the session keeps
+    it, the agent reads it)."""
+
+    os: str
+    kernel: str
+    python: str
+    git: str
+    desktop: bool
+    project_path: str
+    project_mounted: bool
+    boot_id: str
+    hostname: str
+    accel: str
+    seconds: float = 0.0
+
+
+class PushView(BaseModel):
+    """A closed session's push while vmd retries it, as session_status and session_close
+    show it (vmd/projects/push_state.py PushState.view): times as ISO strings."""
+    model_config = ConfigDict(extra="allow")
+    state: Literal["pending", "pushed", "failed"]
+    attempts: int
+    sha: str | None
+    web_url: str | None
+    error: str | None  # the last failure, a sentence
+    pushed_at: str | None
+    next_try: str | None  # the next try, while pending
+    retry_until: str | None  # when vmd stops retrying
+
+
 class SessionReadyResult(TextResult):
     ready: Literal[True]
     seconds: float  # how long the boot (or the warm hand-out) took
-    facts: dict  # the guest's facts (os, kernel, project_path, desktop, ...)
+    facts: Facts
     came: Literal["warm", "cold"] | None = None  # restored from vmd's warm pool, or booted
 
 
@@ -93,8 +124,8 @@ class SessionStatusResult(TextResult):
     machine_came: Literal["warm", "cold"] | None = None  # how the machine came, once it did
     machine_seconds: float | None = None  # its boot or warm hand-out, in seconds
     came_note: str | None = None  # why it came cold although the warm pool was on
-    outcome: dict | None  # finish's outcome once accepted (FinishOutcome)
-    push: dict | None  # the push at close and its retries (vmd/projects/push_state.py PushState.view)
+    outcome: FinishOutcome | None  # finish's outcome once accepted
+    push: PushView | None  # the push at close and its retries
     clients: int  # connections bound to the session
     detached_s: float | None  # seconds since the last client went; None while one is bound
     ended_by: Literal["vmd", "client"] | None  # once closed
@@ -122,7 +153,7 @@ class CloseResult(TextResult):
     left_out: list[str] = []  # what the commit left out, and why
     ended_by: Literal["vmd", "client"] = "client"
     reason: str | None = None
-    push: dict | None = None  # PushState.view() while vmd retries the push
+    push: PushView | None = None  # while vmd retries the push
 
 
 class ResumeResult(TextResult):
@@ -136,10 +167,31 @@ class PeekResult(TextResult):
     height: int | None = None
 
 
+class ReportOutcome(Result):
+    """The report's outcome (vmd/session/report.py): the verdict as `status` with `proven` and
+    `attempts`, and the check as vmd last ran it (None before a finish)."""
+    status: VerdictStatus
+    proven: bool | None
+    attempts: int
+    command: str | None
+    cwd: str | None = None
+    exit_code: int | None
+    expect_exit: int | None
+    timed_out: bool | None = None
+    duration: float | None = None
+    output_tail: str | None
+    baseline: CheckRunResult | None = None
+    commit: str | None = None  # once closed: vmd's commit, and its page on Gitea
+    web_url: str | None = None
+
+    def verdict(self) -> Verdict:
+        return Verdict.of_status(self.model_dump())
+
+
 class ReportResult(Result):
     """Read by people and the agent's loop, not by the model: no text."""
     markdown: str
-    outcome: dict  # status, proven, attempts, the check (vmd/session/report.py)
+    outcome: ReportOutcome
 
 
 class OkResult(TextResult):

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from pydantic import BaseModel
-
 from vmd.errors import WordedError
+from vmd.verbs import Facts  # part of the contract: the agent reads it (session_ready)
 from vmd.machines.host import Host
 
 if TYPE_CHECKING:  # lazily: a session over another factory never imports paramiko or libvirt
@@ -32,22 +31,6 @@ class MachineError(WordedError, RuntimeError):
 
 class DesktopMissing(MachineError):
     """The guest answers over SSH, but its desktop did not come up in time."""
-
-
-class Facts(BaseModel):
-    """What a machine's `ready` tells of its guest (the session keeps it, the agent reads it)."""
-
-    os: str
-    kernel: str
-    python: str
-    git: str
-    desktop: bool
-    project_path: str
-    project_mounted: bool
-    boot_id: str
-    hostname: str
-    accel: str
-    seconds: float = 0.0
 
 
 @dataclass
