@@ -1,6 +1,7 @@
 """vmagent/client.py `Vmd` against a server on a real Unix socket that speaks vmd's wire
-protocol and does what each test tells it: a result, an error with data, output lines
-while a call runs, BUSY, or vanishing mid-call. Every wait is short: a client that
+protocol and does what each test tells it: a result (answered as the verb's result model,
+or refused when it does not fit it), an error with data, output lines while a call runs,
+BUSY, or vanishing mid-call. Every wait is short: a client that
 hangs fails the test instead of stalling the run."""
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 
 from tests.vmd_fakes import short_socket_dir
 from vmagent import client
-from vmagent.client import SessionLink, Vmd, VmdError, VmdUnavailable
-from vmd.verbs import BUSY, FAILED, REFUSED
+from vmagent.client import ResultUnfit, SessionLink, Vmd, VmdError, VmdUnavailable
+from vmd.verbs import BUSY, FAILED, INTERNAL_ERROR, REFUSED, PeekResult, RunResult, SessionStatusResult
 
 # A reply the client has not got by then is a hang.
 WAIT_S = 5.0
@@ -125,7 +126,17 @@ def vanish(wire: Wire, request: dict) -> bool:
     return False
 
 
-OPENED = {"session_id": "s1", "text": "opened"}
+# Whole answers, as vmd gives them (vmd/verb_results.py): the client checks each against its model.
+OPENED = {"session_id": "s1", "text": "opened", "os": "debian", "os_family": "linux", "project": None,
+          "project_share": False, "storage": "nothing is kept", "state": "booting"}
+STATUS = {"session_id": "s1", "state": "ready", "planned": True, "tasks": "1. [ ] it", "status_line": "ready",
+          "text": "ready", "question": "", "unfreeze_request": "", "cancelled": False, "steps": 2, "machine": "ready",
+          "outcome": None, "push": None, "clients": 1, "detached_s": None, "ended_by": None, "reason": None}
+
+
+def ran(text: str = "ran", **fields) -> dict:
+    return {"text": text, "exit_code": 0, "stdout": "", "stderr": "", "duration": 0.1, "truncated": False,
+            "timed_out": False, **fields}
 
 
 @pytest.fixture
@@ -134,7 +145,9 @@ def serve():
 
     def start(**handlers: Handler) -> ScriptedVmd:
         handlers.setdefault("session_open", answer(OPENED))
-        handlers.setdefault("session_attach", answer(lambda p: {"session_id": p["session_id"], "state": "ready"}))
+        handlers.setdefault("session_status", answer(STATUS))
+        handlers.setdefault("session_attach", answer(lambda p: {"session_id": p["session_id"], "state": "ready",
+                                                                "text": "attached"}))
         server = ScriptedVmd(handlers)
         servers.append(server)
         return server
@@ -156,17 +169,56 @@ def within(seconds: float, fn: Callable, *args, **kwargs):
 # --- results and errors ---------------------------------------------------------------------
 
 
-def test_a_result_comes_back_as_sent(serve):
-    server = serve(run=answer(lambda p: {"exit_code": 0, "text": f"ran {p['command']}"}))
+def test_a_result_comes_back_as_its_verbs_model(serve):
+    server = serve(run=answer(lambda p: ran(f"ran {p['command']}", stdout="a\n", later_key="kept")))
     with Vmd(server.path, timeout=WAIT_S) as vmd:
-        assert vmd.call("run", command="ls", timeout=5) == {"exit_code": 0, "text": "ran ls"}
+        result = vmd.call("run", command="ls", timeout=5)
+    assert isinstance(result, RunResult) and (result.exit_code, result.text, result.stdout) == (0, "ran ls", "a\n")
+    # A key a newer vmd adds is kept, not a reason to refuse the answer.
+    assert result.model_dump(exclude_unset=True) == ran("ran ls", stdout="a\n", later_key="kept")
     assert server.requests == [(1, "run", {"command": "ls", "timeout": 5})]
 
 
-def test_a_result_that_is_not_an_object_is_wrapped(serve):
+def test_a_result_missing_a_field_is_refused_with_a_sentence_naming_it(serve):
+    cut = ran("ran ls")
+    del cut["stdout"]
+    server = serve(run=answer(cut), peek=answer({"available": "maybe", "text": "no screen"}),
+                   session_status=answer(STATUS))
+    with Vmd(server.path, timeout=WAIT_S) as vmd:
+        with pytest.raises(ResultUnfit) as unfit:
+            vmd.call("run", command="ls")
+        assert isinstance(unfit.value, VmdError) and unfit.value.code == INTERNAL_ERROR
+        assert unfit.value.method == "run"
+        assert "vmd's answer to run does not fit its contract (RunResult): stdout: Field required" in unfit.value.message
+        assert "update the older of the two" in unfit.value.message
+        with pytest.raises(ResultUnfit, match=r"\(PeekResult\): available: Input should be a valid boolean"):
+            vmd.call("peek")
+        # the connection stays usable
+        assert isinstance(vmd.call("session_status"), SessionStatusResult)
+    assert server.connections == 1
+
+
+def test_a_result_that_is_not_an_object_is_refused(serve):
     server = serve(peek=answer([1, 2]))
     with Vmd(server.path, timeout=WAIT_S) as vmd:
-        assert vmd.call("peek") == {"result": [1, 2]}
+        with pytest.raises(ResultUnfit, match=r"vmd's answer to peek is a list, not an object \(PeekResult\)"):
+            vmd.call("peek")
+
+
+def test_nested_answers_are_models_too(serve):
+    outcome = {"command": "pytest -q", "cwd": None, "expect_exit": 0, "exit_code": 0, "passed": True,
+               "proven": True, "timed_out": False, "duration": 1.0, "output_tail": "ok",
+               "baseline": {"exit_code": 1, "passed": False}, "attempts": 1}
+    push = {"state": "pending", "attempts": 2, "sha": "abc", "web_url": None, "error": "Gitea is down",
+            "pushed_at": None, "next_try": "2026-01-01T00:00:10+00:00", "retry_until": "2026-01-01T01:00:00+00:00"}
+    server = serve(session_status=answer({**STATUS, "state": "closed", "outcome": outcome, "push": push}),
+                   peek=answer({"available": False, "text": "no screen"}))
+    with Vmd(server.path, timeout=WAIT_S) as vmd:
+        status = vmd.call("session_status")
+        seen = vmd.call("peek")
+    assert status.outcome.baseline.exit_code == 1 and status.outcome.proven is True
+    assert status.push.state == "pending" and status.push.error == "Gitea is down"
+    assert isinstance(seen, PeekResult) and seen.available is False and seen.png_base64 is None
 
 
 def test_opening_a_session_binds_the_connection_to_it(serve):
@@ -190,7 +242,7 @@ def test_an_error_becomes_vmderror_with_code_message_and_data(serve):
             vmd.call("run", command="ls")
         assert failed.value.code == FAILED and failed.value.data is None
         # an error leaves the connection usable
-        assert vmd.call("session_status") == {"text": "ok"}
+        assert vmd.call("session_status").status_line == "ready"
     assert server.connections == 1
 
 
@@ -201,7 +253,7 @@ def streams(*lines: tuple[str, str]) -> Handler:
     def handle(wire: Wire, request: dict) -> None:
         for stream, line in lines:
             wire.send({"method": "output", "params": {"stream": stream, "line": line}})
-        wire.send({"id": request["id"], "result": {"exit_code": 0}})
+        wire.send({"id": request["id"], "result": ran()})
     return handle
 
 
@@ -212,7 +264,7 @@ def test_output_lines_reach_the_callback_in_order_before_the_result(serve):
     server = serve(run=streams(*LINES))
     seen: list[tuple[str, dict]] = []
     with Vmd(server.path, timeout=WAIT_S, on_notify=lambda method, params: seen.append((method, params))) as vmd:
-        assert vmd.call("run", command="make") == {"exit_code": 0}
+        assert vmd.call("run", command="make").exit_code == 0
     assert seen == [("output", {"stream": s, "line": line}) for s, line in LINES]
 
 
@@ -225,7 +277,7 @@ def test_a_callback_that_raises_never_breaks_the_call(serve):
         raise RuntimeError("the terminal went away")
 
     with Vmd(server.path, timeout=WAIT_S, on_notify=broken) as vmd:
-        assert vmd.call("run", command="make") == {"exit_code": 0}
+        assert vmd.call("run", command="make").exit_code == 0
     assert seen == ["building", "warning: x", "done"]
 
 
@@ -251,15 +303,15 @@ def test_a_link_waits_through_busy_until_it_can_re_attach(serve, monkeypatch):
             busy_left[0] -= 1
             refuse(BUSY, "retry later")(wire, request)
         else:
-            answer({"session_id": "s1", "state": "ready"})(wire, request)
+            answer({"session_id": "s1", "state": "ready", "text": "attached"})(wire, request)
 
-    server = serve(session_attach=attach, session_status=answer({"state": "ready"}))
+    server = serve(session_attach=attach, session_status=answer(STATUS))
     vmd = Vmd(server.path, timeout=WAIT_S)
     vmd.call("session_open")
     link = SessionLink(vmd, wait_s=WAIT_S)
     server.close_connections()  # vmd restarted: the idle connection is gone
     time.sleep(0.05)
-    assert within(WAIT_S, link.call, "session_status") == {"state": "ready"}
+    assert within(WAIT_S, link.call, "session_status").state == "ready"
     assert server.methods().count("session_attach") == 3 and server.methods()[-1] == "session_status"
     link.close()
 
@@ -312,23 +364,23 @@ def test_no_server_is_unavailable_and_nothing_was_sent(tmp_path):
 
 
 def test_after_a_lost_connection_the_next_call_re_attaches_first(serve):
-    server = serve(run=vanish, session_status=answer({"state": "ready"}))
+    server = serve(run=vanish, session_status=answer(STATUS))
     vmd = Vmd(server.path, timeout=WAIT_S)
     vmd.call("session_open")
     with pytest.raises(VmdUnavailable):
         vmd.call("run", command="make")
-    assert vmd.call("session_status") == {"state": "ready"}
+    assert vmd.call("session_status").state == "ready"
     assert server.requests[-2:] == [(2, "session_attach", {"session_id": "s1"}), (2, "session_status", {})]
     vmd.close()
 
 
 def test_an_idle_connection_vmd_closed_is_replaced_before_the_verb_goes_out(serve):
-    server = serve(session_status=answer({"state": "ready"}))
+    server = serve(session_status=answer(STATUS))
     vmd = Vmd(server.path, timeout=WAIT_S)
     vmd.call("session_open")
     server.close_connections()
     time.sleep(0.05)
-    assert vmd.call("session_status") == {"state": "ready"}
+    assert vmd.call("session_status").state == "ready"
     assert [(n, m) for n, m, _ in server.requests] == [(1, "session_open"), (2, "session_attach"),
                                                        (2, "session_status")]
     vmd.close()

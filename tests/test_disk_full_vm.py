@@ -32,7 +32,8 @@ import pytest
 
 from tests.guests import clean_up_domains, domains_of, wait_for
 from tests.test_vmd_faults_vm import libvirt_conn, vmd_process  # noqa: F401 (fixtures)
-from vmagent.client import Vmd, VmdError
+from vmagent.client import VmdError
+from tests.vmd_wire import WireVmd
 
 pytestmark = pytest.mark.vm
 
@@ -117,7 +118,7 @@ def test_a_full_state_dir_ends_the_session_keeps_the_checkpoint_and_says_so(tmpf
     filler = state / "filler"
     with vmd_process(work, debian_image, libvirt_conn) as vmd:
         assert vmd.state == state
-        with Vmd(vmd.socket, timeout=1200) as c:
+        with WireVmd(vmd.socket, timeout=1200) as c:
             sid = c.call("session_open", os="debian", project=PROJECT,
                          task="keep the work when the host's disk fills up")["session_id"]
             c.call("plan_tasks", tasks=["write the file", "more work"])
@@ -191,7 +192,7 @@ def test_a_full_state_dir_ends_the_session_keeps_the_checkpoint_and_says_so(tmpf
         assert fsck.returncode == 0, fsck.stderr.decode()
 
         # A person reads the report later, from a new connection.
-        with Vmd(vmd.socket, timeout=120) as c:
+        with WireVmd(vmd.socket, timeout=120) as c:
             assert c.call("session_attach", session_id=sid)["state"] == "closed"
             report = c.call("report")["markdown"]
         assert "vmd closed the session: the host's disk is full" in report, report

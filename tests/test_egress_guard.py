@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.vmd_fakes import LocalMachines, local_vmd
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 from vmd.config import VmdConfig, VmdConfigError
 from vmd.machines.egress_guard import TABLE, Allowed, EgressGuard, EgressGuardError, Ruleset, host_dns_servers
 
@@ -74,7 +74,7 @@ def test_an_approval_on_a_host_without_the_guard_leaves_the_machine_offline(tmp_
     machines = LocalMachines()
     machines.egress_refusal = "nftables is not installed: install it (apt-get install nftables)"
     with local_vmd(tmp_path, machines) as (server, machines, config):
-        c = Vmd(config.socket, timeout=60).connect()
+        c = WireVmd(config.socket, timeout=60).connect()
         c.call("session_open", os="debian", project="offline", task="t")
         c.call("plan_tasks", tasks=["one"])
         c.call("session_ready", timeout=30)

@@ -74,10 +74,10 @@ def test_status_says_destroyed_only_while_the_machine_is_dead(tmp_path):
         with Vmd(vmd.socket, timeout=30) as c:
             c.call("session_open", os="debian", project="p", task="t", wait=True)
             c.call("plan_tasks", tasks=["one"])
-            assert c.call("session_status")["machine"] == "ready"
+            assert c.call("session_status").machine == "ready"
             [machine] = vmd.machines.machines.values()
             machine.gone = True
-            assert c.call("session_status")["machine"] == "destroyed"
+            assert c.call("session_status").machine == "destroyed"
             from vmagent.client import VmdError
 
             with pytest.raises(VmdError) as failed:
@@ -86,7 +86,7 @@ def test_status_says_destroyed_only_while_the_machine_is_dead(tmp_path):
             # a verb that is not the machine's still works
             assert c.call("update_task", id=1, status="blocked", note="the machine is gone")
             closed = c.call("session_close")
-            assert closed["closed"] is True
+            assert closed.closed is True
 
 
 # --- on a real guest -------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tests.loop_harness import agent_config, running_vmd
 from tests.ollama_server import start_ollama, unused_port
+from vmagent.client import typed_result
 from vmagent.config import AgentConfig
 from vmagent.job import Events, Job, JobSpec
 from vmagent.loop import _call_tool, run_job
@@ -38,7 +39,8 @@ def test_an_unreachable_model_ends_the_job_before_a_session_opens(tmp_path):
 
 
 class ScreenOnly:
-    """A vmd that answers only a screenshot; with `reads_text`, the screen as text when asked."""
+    """A vmd that answers only a screenshot, as the result model `Vmd.call` gives; with
+    `reads_text`, the screen as text when asked."""
 
     def __init__(self, reads_text: bool = False):
         self.reads_text = reads_text
@@ -47,10 +49,11 @@ class ScreenOnly:
     def call(self, verb, **params):
         assert verb == "screenshot"
         self.asked.append(params)
-        result = {"png_base64": PNG_B64, "width": 1024, "height": 768}
+        result = {"png_base64": PNG_B64, "width": 1024, "height": 768, "scale": 1.0, "path": "shot.png",
+                  "text": "screenshot"}
         if self.reads_text and params.get("text"):
             result["screen_text"] = 'Window "Save" at (300, 200) 400x200:\n- "OK" at (420, 360)'
-        return result
+        return typed_result("screenshot", result)
 
 
 def screenshot_message(tmp_path, sees_images: bool, vmd: ScreenOnly | None = None) -> dict:

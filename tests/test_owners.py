@@ -144,12 +144,13 @@ def test_the_session_check_refuses_a_reserved_owner_only_where_it_names_a_gitea_
 
 def test_a_session_for_a_name_gitea_reserves_is_refused_when_it_opens(tmp_path):
     from tests.vmd_fakes import LocalMachines, make_config
-    from vmagent.client import Vmd, VmdError
+    from vmagent.client import VmdError
+    from tests.vmd_wire import WireVmd
     from vmd.server.rpc import VmdServer
 
     config = make_config(tmp_path, gitea_url="http://127.0.0.1:9", gitea_token="t")
     server = VmdServer(config, LocalMachines()).start()
-    c = Vmd(config.socket, timeout=30).connect()
+    c = WireVmd(config.socket, timeout=30).connect()
     try:
         with pytest.raises(VmdError) as refused:
             c.call("session_open", project="notes.wiki", task="notes")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conftest import make_traversable
 from tests.vmd_fakes import LocalMachines, make_config
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 from vmd.server.rpc import VmdServer
 
 NOBODY = 65534
@@ -33,7 +33,7 @@ def whole_session(config) -> str:
     """Open a project, plan, write, run, look at the screen, check in, close."""
     server = VmdServer(config, LocalMachines()).start()
     try:
-        with Vmd(config.socket, timeout=60) as c:
+        with WireVmd(config.socket, timeout=60) as c:
             sid = c.call("session_open", project="calc", task="private state", wait=True)["session_id"]
             c.call("plan_tasks", tasks=["write it"])
             c.call("write_file", path="calc.py", content="print(1 + 1)\n")

@@ -167,13 +167,13 @@ def test_a_fresh_connection_is_re_attached_before_any_session_verb(tmp_path):
     """The client never sends a session verb on a connection vmd does not know bound."""
     with running_vmd(tmp_path) as vmd:
         client = Vmd(vmd.socket, timeout=30)
-        sid = client.call("session_open", project="p", task="t")["session_id"]
+        sid = client.call("session_open", project="p", task="t").session_id
         client.call("plan_tasks", tasks=["one"])
         vmd.server.stop()
         restarted = VmdServer(vmd.config, vmd.machines).start()
         try:
             # the old connection is dead: the call goes out on a fresh one, attached first
-            assert client.call("session_status")["session_id"] == sid
+            assert client.call("session_status").session_id == sid
             status = [e for e in vmd.record(sid) if e["kind"] == "verb" and e.get("verb") == "session_status"]
             assert status and "error" not in status[-1], "answered on a bound connection, not NO_SESSION"
         finally:

@@ -7,7 +7,7 @@ import json
 import shutil
 import subprocess
 
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 from vmd.session.record import Record, Redactor, read_record
 from vmd.session.report import build_report
 from vmd.server.rpc import VmdServer
@@ -41,7 +41,7 @@ def test_session_to_gitea_record_and_report_hold_no_token_and_link_the_commit(tm
         config = make_config(tmp_path, gitea_url=gitea.url, gitea_token=TOKEN, gitea_owner_mode="user")
         server = VmdServer(config, LocalMachines()).start()
         try:
-            c = Vmd(config.socket, timeout=60).connect()
+            c = WireVmd(config.socket, timeout=60).connect()
             sid = c.call("session_open", project="reported", owner="alice", task="Write hello.py\nwith a test")["session_id"]
             c.call("plan_tasks", tasks=["write hello.py", "test it"])
             c.call("note", turn=2, text="starting with the file")
@@ -93,7 +93,7 @@ def test_report_of_a_session_that_never_finished_says_unverified(tmp_path):
     config = make_config(tmp_path)
     server = VmdServer(config, LocalMachines()).start()
     try:
-        with Vmd(config.socket, timeout=60).connect() as c:
+        with WireVmd(config.socket, timeout=60).connect() as c:
             c.call("session_open", task="abandoned")
             c.call("plan_tasks", tasks=["start"])
             c.call("session_cancel")

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from vmagent.client import Vmd, VmdError
+from vmagent.client import VmdError
+from tests.vmd_wire import WireVmd
 from vmd.server import rpc
 from vmd.errors import PARSE_ERROR, REFUSED
 from vmd.server.rpc import VmdServer
@@ -380,7 +381,7 @@ def test_fuzzed_input_never_loses_a_connection_or_an_id(vmd, monkeypatch):
 def test_a_lone_surrogate_in_a_note_a_question_or_a_summary_leaves_the_session_usable(vmd):
     server, config = vmd
     # vmagent's client writes a lone surrogate as the escape "\ud800", as any JSON writer may.
-    c = Vmd(config.socket, timeout=30).connect()
+    c = WireVmd(config.socket, timeout=30).connect()
     sid = c.call("session_open", project="surrogates", task="odd text \ud800")["session_id"]
     c.call("note", turn=1, text="half a pair: \ud83d.")
     c.call("plan_tasks", tasks=["check \udfff"])
@@ -500,14 +501,14 @@ def test_a_reply_vmd_cannot_write_as_json_is_an_error_under_the_id(vmd, monkeypa
 
 def test_a_closed_session_leaves_memory_and_can_still_be_attached(vmd):
     server, config = vmd
-    c = Vmd(config.socket, timeout=30).connect()
+    c = WireVmd(config.socket, timeout=30).connect()
     sid = c.call("session_open", task="short")["session_id"]
     assert sid in server.sessions._live
     c.call("session_close")
     assert server.sessions._live == {}
     assert c.call("session_status")["state"] == "closed"  # this connection keeps it
     c.close()
-    other = Vmd(config.socket, timeout=30).connect()
+    other = WireVmd(config.socket, timeout=30).connect()
     assert other.call("session_attach", session_id=sid)["state"] == "closed"
     assert other.call("session_status")["state"] == "closed"
     assert server.sessions._live == {}

@@ -16,7 +16,7 @@ import pytest
 
 from tests.gitea_server import start_gitea
 from tests.vmd_fakes import make_config
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 from vmd import verbs as V
 from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
 from vmd.projects.repository import repository_path
@@ -63,7 +63,7 @@ def test_a_hostile_guest_cannot_run_anything_on_the_host_or_reach_another_tenant
     alice_url = f"{gitea.url}/alice/secret.git"
 
     server = VmdServer(config, LibvirtMachines(config)).start()
-    c = Vmd(config.socket, timeout=1200).connect()
+    c = WireVmd(config.socket, timeout=1200).connect()
     try:
         c.call("session_open", os="debian", project="app", owner="mallory", task="write app.py")
         c.call("plan_tasks", tasks=["write the app"])

@@ -19,7 +19,7 @@ from tests.loop_harness import running_vmd
 from tests.test_screen_numbers import X11Guest, parse_windows
 from tests.vmd_fakes import LocalGuest, LocalScreen
 from vmagent import tools
-from vmagent.client import Vmd
+from vmagent.client import Vmd, typed_result
 from vmd.machines import screen_text as st
 from vmd.guests.guest import CommandResult, GuestError
 from vmd.guests.x11_windows import WINDOWS_COMMAND
@@ -303,18 +303,19 @@ def test_the_screenshot_verb_reads_the_screen_only_when_asked(tmp_path, monkeypa
         client.call("plan_tasks", tasks=["look"])
         client.call("session_ready", timeout=30)
         plain = client.call("screenshot")
-        assert "screen_text" not in plain and not ran  # no OCR, no guest command
+        assert "screen_text" not in plain.model_fields_set and not ran  # no OCR, no guest command
         shot = client.call("screenshot", text=True)
         client.close()
     assert ran == [WINDOWS_COMMAND]
-    assert 'Window "terminal" at (31, 50)' in shot["screen_text"] and "screen_text" in shot["text"]
-    point = shot["screen_text"].split('"Approve" at (')[1].split(")")[0]
+    assert 'Window "terminal" at (31, 50)' in shot.screen_text and "screen_text" in shot.text
+    point = shot.screen_text.split('"Approve" at (')[1].split(")")[0]
     assert inside(tuple(int(v) for v in point.split(", ")), boxes["Approve"])
-    assert base64.b64decode(shot["png_base64"]) == png
+    assert base64.b64decode(shot.png_base64) == png
 
 
 class ScreenVmd:
-    """A vmd that answers screenshots, with the screen as text when asked."""
+    """A vmd that answers screenshots, with the screen as text when asked, as the result
+    model `Vmd.call` gives (vmagent/client.py)."""
 
     def __init__(self, screen_text: bool = True):
         self.calls: list[dict] = []
@@ -323,10 +324,11 @@ class ScreenVmd:
     def call(self, verb, **params):
         assert verb == "screenshot"
         self.calls.append(params)
-        result = {"png_base64": "iVBORw0KGgo=", "width": 1280, "height": 800, "text": "screenshot"}
+        result = {"png_base64": "iVBORw0KGgo=", "width": 1280, "height": 800, "scale": 1.0, "path": "shot.png",
+                  "text": "screenshot"}
         if params.get("text") and self.screen_text:
             result["screen_text"] = 'The screen (1280x800) read as text\n- "Approve" at (640, 412)'
-        return result
+        return typed_result("screenshot", result)
 
 
 def test_a_model_that_cannot_see_gets_the_screen_as_text():

@@ -20,7 +20,8 @@ from tests import guests
 from tests.gitea_server import FakeGitea, _Handler
 from tests.vmd_fakes import LocalMachines, make_config
 from tests.http_stand_in import StandInHTTPServer
-from vmagent.client import Vmd, VmdError
+from vmagent.client import VmdError
+from tests.vmd_wire import WireVmd
 from vmd.session import disk
 from vmd.session import boot as session_boot
 from vmd.session.registry import Sessions
@@ -75,12 +76,12 @@ def vmd(config, machines):
         server.stop()
 
 
-def client(config) -> Vmd:
+def client(config) -> WireVmd:
     """A client of vmd; it connects on its first call (or `with`)."""
-    return Vmd(config.socket, timeout=60)
+    return WireVmd(config.socket, timeout=60)
 
 
-def open_with_work(config, project: str = "kept", **open_args) -> tuple[Vmd, str]:
+def open_with_work(config, project: str = "kept", **open_args) -> tuple[WireVmd, str]:
     c = client(config)
     sid = c.call("session_open", project=project, task="keep this work", wait=True, **open_args)["session_id"]
     c.call("plan_tasks", tasks=["write it"])

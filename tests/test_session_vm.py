@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 from tests.gitea_server import start_gitea
@@ -31,7 +31,7 @@ def test_one_whole_session_on_a_real_guest(tmp_path, debian_image, gitea):
                          gitea_url=gitea.url, gitea_token=TOKEN)
     server = VmdServer(config, LibvirtMachines(config)).start()
     lines: list[str] = []
-    c = Vmd(config.socket, timeout=1200, on_notify=lambda m, p: lines.append(p.get("line", ""))).connect()
+    c = WireVmd(config.socket, timeout=1200, on_notify=lambda m, p: lines.append(p.get("line", ""))).connect()
     try:
         opened = c.call("session_open", os="debian", project="whole", owner="alice",
                         task="Add greet.py that prints hello")

@@ -1,15 +1,14 @@
 """One tool call from the loop to vmd and back (vmagent/tool_results.py): what reaches
 vmd, and what the model reads of vmd's answer, against a stand-in for vmd (a plain
-object with a `.call(method, **params)` like vmagent.client.Vmd)."""
+object with a `.call(method, **params)` like vmagent.client.Vmd, answering the verb's
+result model as it does)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from vmagent import tools
-from vmagent.client import VmdError, VmdUnavailable
+from vmagent.client import VmdError, VmdUnavailable, typed_result
 from vmagent.config import AgentConfig
 from vmagent.job import Events, Job, JobSpec
 from vmd import verbs
@@ -27,8 +26,15 @@ class FakeVmd:
         self.calls.append((method, params))
         if self.raises is not None:
             raise self.raises
-        answer = self.answers.get(method, {"text": f"{method} ok"})
-        return answer(params) if callable(answer) else answer
+        answer = self.answers.get(method, RAN)
+        return typed_result(method, answer(params) if callable(answer) else answer)
+
+
+RAN = {"exit_code": 0, "stdout": "", "stderr": "", "duration": 0.1, "truncated": False, "timed_out": False,
+       "text": "exit code 0 (0.1 s)"}
+OUTCOME = {"command": "true", "cwd": None, "expect_exit": 0, "exit_code": 0, "passed": True, "proven": True,
+           "timed_out": False, "duration": 0.1, "output_tail": "", "baseline": {"exit_code": 1, "passed": False},
+           "attempts": 1}
 
 
 def test_a_vmd_error_becomes_an_error_text():
@@ -136,10 +142,12 @@ def test_list_dir_shows_vmds_text():
     assert outcome.text == "src/  0\na.py  10"
 
 
-def test_a_result_without_text_is_shown_as_it_came():
+def test_an_answer_that_does_not_fit_its_model_reaches_the_model_as_an_error_naming_the_field():
     vmd = FakeVmd({"read_file": {"content": "", "size": 0, "offset": 0, "truncated": False}})
     outcome = tools.call(vmd, "read_file", "empty.txt")
-    assert json.loads(outcome.text) == {"content": "", "size": 0, "offset": 0, "truncated": False}
+    assert not outcome.ok and outcome.state is None
+    assert outcome.text.startswith("ERROR: vmd's answer to read_file does not fit its contract (ReadFileResult): "
+                                   "text: Field required")
 
 
 def test_ask_user_and_request_unfreeze_stop_the_loop():
@@ -156,7 +164,7 @@ def test_finish_refused_and_accepted_pass_vmds_text_through():
     assert not outcome.ok and outcome.state is None
     assert refused.calls == [("finish", {"summary": "x", "verification": {"command": "true"}})]
 
-    accepted = FakeVmd({"finish": {"accepted": True, "outcome": {"exit_code": 0},
+    accepted = FakeVmd({"finish": {"accepted": True, "outcome": OUTCOME,
                                    "text": "Accepted: verification `true` exited 0."}})
     outcome = tools.call(accepted, "finish", {"summary": "x", "verification": {"command": "true"}})
     assert outcome.ok and outcome.state == "finished" and "exited 0" in outcome.text
@@ -174,11 +182,12 @@ def test_a_refused_verification_reaches_the_model_with_its_attempt():
     assert outcome.result == {"attempt": ATTEMPT}
 
 
-def test_a_finish_refused_in_its_result_is_still_read_as_refused():
-    # How vmd refused a finish before every refusal became a REFUSED error.
+def test_a_finish_refused_in_its_result_is_never_read_as_finished():
+    # How vmd refused a finish before every refusal became a REFUSED error: no longer its
+    # contract (FinishResult is only an accepted finish), so the client refuses the answer.
     vmd = FakeVmd({"finish": {"accepted": False, "outcome": None, "text": REFUSED_CHECK, "attempt": ATTEMPT}})
     outcome = tools.call(vmd, "finish", {"summary": "x", "verification": "pytest -q"})
-    assert outcome.text == REFUSED_CHECK and not outcome.ok and outcome.state is None
+    assert not outcome.ok and outcome.state is None and "(FinishResult): accepted:" in outcome.text
 
 
 def test_task_verbs_show_the_task_list():
@@ -187,11 +196,13 @@ def test_task_verbs_show_the_task_list():
     assert "Planned 2 tasks." in outcome.text and "2. [ ] test" in outcome.text
 
 
-def test_a_result_in_an_unexpected_shape_still_gives_text():
+def test_a_result_in_an_unexpected_shape_is_an_error_the_model_reads():
     vmd = FakeVmd({"run": {"text": "weird but readable"}, "read_file": ["not", "a", "dict"]})
-    assert tools.call(vmd, "run", "ls").text == "weird but readable"
+    ran = tools.call(vmd, "run", "ls")
+    assert not ran.ok and "vmd's answer to run does not fit its contract (RunResult): exit_code: Field required" in ran.text
     outcome = tools.call(vmd, "read_file", "a")
-    assert outcome.text and outcome.verb == "read_file"
+    assert not outcome.ok and outcome.verb == "read_file"
+    assert "vmd's answer to read_file is a list, not an object (ReadFileResult)" in outcome.text
 
 
 def test_a_namespaced_or_capitalised_tool_name_is_understood():
@@ -211,8 +222,7 @@ def test_a_tool_call_is_read_once_and_that_reading_is_what_vmd_gets(tmp_path, mo
     reads = []
     read = tool_parsing._parse
     monkeypatch.setattr(tool_parsing, "_parse", lambda tool, raw: reads.append(tool.name) or read(tool, raw))
-    vmd = FakeVmd({"run": {"exit_code": 0, "text": "exit code 0 (0.1 s)"},
-                   "finish": {"accepted": True, "text": "Finished.", "outcome": {}}})
+    vmd = FakeVmd({"run": RAN, "finish": {"accepted": True, "text": "Finished.", "outcome": OUTCOME}})
     job, events = Job(spec=JobSpec(task="t"), transcript_path=tmp_path / "t.json"), []
     _call_tool(job, vmd, "run", '{"cmd": "make", "timeout": "30"}', ["run", "finish"], AgentConfig(),
                Events(events.append))

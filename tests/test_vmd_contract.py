@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from vmagent.client import Vmd, VmdError
+from vmagent.client import VmdError
+from tests.vmd_wire import WireVmd
 from vmd import verbs as V
 from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
 from vmd.projects.repository import repository_path
@@ -25,8 +26,8 @@ def vmd(tmp_path):
         yield running
 
 
-def client(config, **kw) -> Vmd:
-    return Vmd(config.socket, timeout=60, **kw).connect()
+def client(config, **kw) -> WireVmd:
+    return WireVmd(config.socket, timeout=60, **kw).connect()
 
 
 def test_unknown_verb_is_named_with_the_list_of_verbs(vmd):

@@ -26,7 +26,7 @@ import pytest
 from tests.guests import clean_up_domains, domains_of, wait_for
 from tests.test_session_lifecycle import TOKEN, free_port, gitea_head, gitea_on
 from tests.vmd_process import VmdProcess
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 
 pytestmark = pytest.mark.vm
 
@@ -71,7 +71,7 @@ def test_a_close_in_the_first_second_of_a_boot_leaves_no_guest(work, debian_imag
         closes = []
         for attempt in range(20):
             started = time.monotonic()
-            with Vmd(vmd.socket, timeout=300) as c:
+            with WireVmd(vmd.socket, timeout=300) as c:
                 sid = c.call("session_open", os="debian", task=f"closed early, {attempt}")["session_id"]
                 time.sleep(attempt * 0.05)  # 0 to 0.95 s into the boot
                 closed = c.call("session_close")
@@ -94,7 +94,7 @@ CLIENT = textwrap.dedent("""
     import sys, time
     from vmagent.client import Vmd
     c = Vmd(sys.argv[1], timeout=1200).connect()
-    sid = c.call("session_open", os="debian", project="killed", task="a client that dies")["session_id"]
+    sid = c.call("session_open", os="debian", project="killed", task="a client that dies").session_id
     print(sid, flush=True)
     c.call("plan_tasks", tasks=["write the file"])
     c.call("session_ready", timeout=1200)
@@ -127,7 +127,7 @@ def test_a_client_killed_mid_session_is_closed_by_vmd(work, debian_image, libvir
         assert close["machine_destroyed"] is True and close["ended_by"] == "vmd"
         assert "its client went away" in close["reason"] and "did not come back" in close["reason"]
         assert "from-the-client.txt" in vmd.repo_files("killed")
-        with Vmd(vmd.socket, timeout=60) as c:
+        with WireVmd(vmd.socket, timeout=60) as c:
             c.call("session_attach", session_id=sid)
             report = c.call("report")["markdown"]
         assert "vmd closed the session: its client went away" in report
@@ -139,7 +139,7 @@ def test_a_client_killed_mid_session_is_closed_by_vmd(work, debian_image, libvir
 def test_a_killed_vmd_adopts_its_session_on_restart_and_closes_it_when_nobody_returns(
         work, debian_image, libvirt_conn):
     with vmd_process(work, debian_image, libvirt_conn, VMD_ORPHAN_GRACE_S="15") as vmd:
-        with Vmd(vmd.socket, timeout=1200) as c:
+        with WireVmd(vmd.socket, timeout=1200) as c:
             sid = c.call("session_open", os="debian", project="survives", task="outlive vmd")["session_id"]
             c.call("plan_tasks", tasks=["check the guest stays the same"])
             c.call("session_ready", timeout=1200)
@@ -149,7 +149,7 @@ def test_a_killed_vmd_adopts_its_session_on_restart_and_closes_it_when_nobody_re
         assert domains_of(libvirt_conn, str(work)) == [f"vmagent-{sid}"], "the guest outlives vmd"
 
         vmd.start()  # the same state dir and socket
-        with Vmd(vmd.socket, timeout=600) as c:
+        with WireVmd(vmd.socket, timeout=600) as c:
             assert c.call("session_attach", session_id=sid)["state"] == "ready"
             assert c.call("run", command=BOOT_ID)["stdout"].strip() == boot_before  # the same guest
             assert c.call("run", command="cat /mnt/project/before.txt")["stdout"] == "before\n"
@@ -171,7 +171,7 @@ def test_gitea_down_at_close_is_pushed_later_with_the_same_commit(work, tmp_path
     env = dict(GITEA_URL=f"http://127.0.0.1:{port}", GITEA_TOKEN=TOKEN, GITEA_OWNER_MODE="user",
                VMD_PUSH_RETRY_BACKOFF_S="1", VMD_PUSH_RETRY_BACKOFF_MAX_S="3")
     with vmd_process(work, debian_image, libvirt_conn, **env) as vmd:
-        with Vmd(vmd.socket, timeout=1200) as c:
+        with WireVmd(vmd.socket, timeout=1200) as c:
             sid = c.call("session_open", os="debian", project="later", owner="alice",
                          task="pushed when Gitea is back")["session_id"]
             c.call("plan_tasks", tasks=["write it"])

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tests.vmd_fakes import LocalMachine, LocalMachines, local_vmd, make_config
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 from vmd.machines.host import local_host
 from vmd.machines.warm_pool import SlotInfo, WarmPool, _restore_xml
 
@@ -112,7 +112,7 @@ class WarmMachines(LocalMachines):
 def test_a_session_whose_machine_came_warm_says_so_and_keeps_the_slots_name(tmp_path):
     assert not hasattr(LocalMachine, "came")  # the plain stand-ins come cold, by default
     with local_vmd(tmp_path, machines=WarmMachines()) as (_, machines, config):
-        with Vmd(config.socket, timeout=60) as c:
+        with WireVmd(config.socket, timeout=60) as c:
             sid = c.call("session_open", task="warm", wait=True)["session_id"]
             ready = c.call("session_ready", timeout=60)
             status = c.call("session_status")

@@ -20,7 +20,7 @@ import pytest
 
 from tests.guests import wait_for
 from tests.test_vmd_faults_vm import libvirt_conn, vmd_process, work  # noqa: F401 (fixtures)
-from vmagent.client import Vmd
+from tests.vmd_wire import WireVmd
 
 pytestmark = pytest.mark.vm
 
@@ -42,7 +42,7 @@ def a_slot(state: Path) -> Path:
     return slots(state)[0]
 
 
-def open_session(c: Vmd, project: str) -> tuple[str, dict, dict]:
+def open_session(c: WireVmd, project: str) -> tuple[str, dict, dict]:
     started = time.monotonic()
     sid = c.call("session_open", os="debian", project=project, task="warm")["session_id"]
     c.call("plan_tasks", tasks=["look"])
@@ -53,7 +53,7 @@ def open_session(c: Vmd, project: str) -> tuple[str, dict, dict]:
     return sid, ready, status
 
 
-def identity(c: Vmd) -> list[str]:
+def identity(c: WireVmd) -> list[str]:
     out = c.call("run", command=IDENTITY, timeout=60)["stdout"].split()
     assert len(out) == 5, out
     return out
@@ -63,7 +63,7 @@ def test_warm_hand_outs_are_fast_separate_machines_and_a_corrupt_slot_boots_cold
                                                                                   libvirt_conn):  # noqa: F811
     with vmd_process(work, debian_image, libvirt_conn, VMD_WARM_POOL_SIZE="1") as vmd:
         state = vmd.state
-        with Vmd(vmd.socket, timeout=1200) as a:
+        with WireVmd(vmd.socket, timeout=1200) as a:
             a_slot(state)
             sid_a, ready_a, status_a = open_session(a, "warm-a")
             assert status_a["machine_came"] == "warm", status_a
@@ -77,7 +77,7 @@ def test_warm_hand_outs_are_fast_separate_machines_and_a_corrupt_slot_boots_cold
             on_host = state / "projects" / "local" / "warm-a" / "a.txt"
             assert on_host.read_text() == "from-a\n", "the share written after the hand-out is not on the host"
 
-            with Vmd(vmd.socket, timeout=1200) as b:
+            with WireVmd(vmd.socket, timeout=1200) as b:
                 a_slot(state)  # the refill
                 sid_b, _, status_b = open_session(b, "warm-b")
                 assert status_b["machine_came"] == "warm", status_b
@@ -96,7 +96,7 @@ def test_warm_hand_outs_are_fast_separate_machines_and_a_corrupt_slot_boots_cold
         with open(saved, "r+b") as fh:
             fh.seek(0)
             fh.write(b"\0" * 4096)
-        with Vmd(vmd.socket, timeout=1200) as c:
+        with WireVmd(vmd.socket, timeout=1200) as c:
             sid_c, ready_c, status_c = open_session(c, "warm-c")
             assert status_c["machine_came"] == "cold", status_c
             assert "could not be handed out" in (status_c["came_note"] or ""), status_c

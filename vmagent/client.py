@@ -6,6 +6,10 @@ vmagent holds no privileges; everything it does to a machine goes through here.
 a fresh connection is re-attached to that session before any other verb goes out on it:
 vmd would answer a session verb on an unbound connection with NO_SESSION at best.
 
+`Vmd.call` answers the verb's result model (vmd/verb_results.py `RESULTS`): vmagent reads
+attributes, and an answer that does not fit its model is refused here as `ResultUnfit`,
+naming the fields, instead of failing later as a missing key somewhere in the loop.
+
 `SessionLink` is what the turn loop talks through: it rides out a vmd restart (waits
 for vmd, bounded, with backoff, and re-attaches), asks again the calls that are safe to
 repeat, and says which call's result was lost, so that no verb is ever run twice
@@ -25,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from vmd.verbs import BUSY, FAILED
+from pydantic import ValidationError
+
+from vmd.verbs import BUSY, FAILED, INTERNAL_ERROR, RESULTS, Result, result_problem
 
 DEFAULT_SOCKET = "/run/vmd/vmd.sock"
 # The verbs that bind a connection to a session; every other verb needs a bound one.
@@ -88,6 +94,24 @@ class VmdError(RuntimeError):
         self.data = data
 
 
+class ResultUnfit(VmdError):
+    """vmd answered, but not in the shape of the verb's result model: a vmd of another
+    version than this vmagent, or a bug in vmd. The message names the fields."""
+
+
+def typed_result(method: str, result: Any) -> Result:
+    """`result` as `method`'s result model (RESULTS), or ResultUnfit saying which field."""
+    model = RESULTS.get(method)
+    if model is not None and isinstance(result, dict):
+        try:
+            return model.model_validate(result)
+        except ValidationError:
+            pass
+    problem = result_problem(method, result) or f"vmd's answer to {method} does not fit its contract"
+    raise ResultUnfit(INTERNAL_ERROR, f"{problem}. vmd and vmagent must come from one version: update the "
+                                      "older of the two.", method)
+
+
 def default_socket() -> str:
     return os.environ.get("VMD_SOCKET") or DEFAULT_SOCKET
 
@@ -132,19 +156,21 @@ class Vmd:
         self._reader = sock.makefile("rb")
         return self
 
-    def call(self, method: str, **params: Any) -> dict:
+    def call(self, method: str, **params: Any) -> Result:
+        """vmd's answer to `method`, as its result model (RESULTS[method]). Raises VmdError
+        (vmd said no; ResultUnfit: its answer does not fit the model) or VmdUnavailable."""
         with self._lock:
             self._ensure_connection(method)
-            return self._request(method, params)
+            return typed_result(method, self._request(method, params))
 
-    def reattach(self) -> dict:
+    def reattach(self) -> Result:
         """A fresh connection, bound to this connection's session (after vmd went away)."""
         if not self.session_id:
             raise VmdUnavailable("there is no session to re-attach: this connection never opened or attached one.")
         with self._lock:
             self._drop()
             self.connect()
-            return self._attach()
+            return typed_result("session_attach", self._attach())
 
     def abort(self) -> None:
         """Break off the call in flight, from another thread (a cancelled job): its read
@@ -176,14 +202,14 @@ class Vmd:
         if self.session_id and method not in BINDING_VERBS:
             self._attach()
 
-    def _attach(self) -> dict:
+    def _attach(self) -> Any:
         try:
             return self._request("session_attach", {"session_id": self.session_id})
         except BaseException:
             self._drop()  # never leave a connection that is not bound to the session
             raise
 
-    def _request(self, method: str, params: dict) -> dict:
+    def _request(self, method: str, params: dict) -> Any:
         sock, reader = self._sock, self._reader
         assert sock is not None and reader is not None
         request_id = next(self._ids)
@@ -209,7 +235,7 @@ class Vmd:
         result = reply.get("result")
         if method in BINDING_VERBS and isinstance(result, dict):
             self.session_id = result.get("session_id", self.session_id)
-        return result if isinstance(result, dict) else {"result": result}
+        return result  # checked against the verb's model by the caller (typed_result)
 
     def _read_reply(self, reader, request_id: int, method: str) -> dict:
         while True:
@@ -301,7 +327,7 @@ class SessionLink:
     def socket_path(self) -> str:
         return self.vmd.socket_path
 
-    def call(self, method: str, **params: Any) -> dict:
+    def call(self, method: str, **params: Any) -> Result:
         lost_at: float | None = None
         while True:
             try:

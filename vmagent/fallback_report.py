@@ -23,10 +23,7 @@ def vmd_report(vmd: Vmd | SessionLink) -> tuple[str | None, Verification]:
     except (VmdUnavailable, VmdError) as exc:
         log.warning("vmd could not build the report: %s", exc)
         return None, Verification()
-    outcome = result.get("outcome")
-    markdown = result.get("markdown")
-    return ((markdown if isinstance(markdown, str) and markdown.strip() else None),
-            verification_of(outcome if isinstance(outcome, dict) else {}))
+    return (result.markdown if result.markdown.strip() else None), result.outcome.verdict()
 
 
 def verification_of(outcome: dict) -> Verification:

@@ -31,7 +31,7 @@ def hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: E
             ready = vmd.call("session_ready", timeout=max(1.0, min(READY_SLICE_S, left)), desktop=False)
             break
         except VmdError as exc:
-            still_booting = exc.code == NOT_READY and vmd.call("session_status").get("machine") == "booting"
+            still_booting = exc.code == NOT_READY and vmd.call("session_status").machine == "booting"
             if not still_booting:
                 return Ending("failed", f"The machine could not be used: {exc.message}")
             if cancel.is_set():
@@ -39,10 +39,10 @@ def hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: E
             if left <= READY_SLICE_S:
                 return Ending("failed", f"The machine was still booting {time.monotonic() - waited:.0f} s "
                                         f"after the plan was made; stopped waiting. ({exc.message})")
-    facts = ready.get("facts") or {}
-    job.boot_seconds = ready.get("seconds")
-    job.machine_came = ready.get("came")
-    job.desktop = facts.get("desktop") is True or job.os_family == "windows"
+    facts = ready.facts.model_dump()  # shown to the model as they are (vmagent/loop_words.py)
+    job.boot_seconds = ready.seconds
+    job.machine_came = ready.came
+    job.desktop = ready.facts.desktop or job.os_family == "windows"
     # The screen's rules come with the hand-over when the desktop was not known at the
     # start; the system prompt is never written again (the head of every request).
     screen_rules = None

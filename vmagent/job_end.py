@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 
-from vmd.verbs import WAITING_STATES
+from vmd.verbs import WAITING_STATES, Result
 from vmagent.client import SessionLink, VmdError, VmdUnavailable
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, Outcome, Verification, save_quietly
@@ -32,7 +32,7 @@ def end_job(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Mod
     try:
         if reachable and ending.state in WAITING_STATES:
             status = vmd.call("session_status")
-            question = status.get("question") if ending.state == "question" else status.get("unfreeze_request")
+            question = status.question if ending.state == "question" else status.unfreeze_request
         elif reachable:
             if ending.state == "cancelled":
                 _quietly(vmd, "session_cancel")
@@ -40,8 +40,8 @@ def end_job(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Mod
             closed = _quietly(vmd, "session_close")
             if closed is None:
                 job.notes.append("vmd could not close the session (commit and push); see its log.")
-            elif isinstance(closed.get("push"), dict):
-                push = closed["push"]
+            elif closed.push is not None:
+                push = closed.push.model_dump()
     except VmdUnavailable as exc:
         reachable, vmd_error = False, str(exc)
     except VmdError as exc:
@@ -90,12 +90,12 @@ def _hidden_check(job: Job, vmd: SessionLink) -> dict | None:
     if check is None:
         return None
     try:
-        return vmd.call("hidden_check", **check.model_dump())
+        return vmd.call("hidden_check", **check.model_dump()).model_dump()
     except VmdError as exc:
         return {"error": str(exc)}
 
 
-def _quietly(vmd: SessionLink, verb: str) -> dict | None:
+def _quietly(vmd: SessionLink, verb: str) -> Result | None:
     """One of `end_job`'s calls; vmd's refusal is logged, vmd gone (VmdUnavailable) is raised."""
     try:
         return vmd.call(verb)

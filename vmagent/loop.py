@@ -37,7 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from vmd.verbs import WAITING_STATES
+from vmd.verbs import WAITING_STATES, ResumeResult, SessionStatusResult
 from vmagent import tools
 from vmagent.break_off import BreakOff
 from vmagent.client import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
@@ -95,8 +95,8 @@ def run_job(
                           task=spec.task, wait=False, chat_id=spec.chat_id)
     except (VmdUnavailable, VmdError) as exc:
         return end_without_session(job, events, f"vmd could not open a session: {exc}")
-    job.session_id = opened.get("session_id") or vmd.session_id
-    job.answered_os_family = opened.get("os_family")  # None from an older vmd: the name is read
+    job.session_id = opened.session_id
+    job.answered_os_family = opened.os_family  # None from an older vmd: the name is read
     web = WebTools.from_config(config) if spec.web else WebTools(None, None, 0)
     job.web_tools = list(web.names)  # decided once: the tool list stays the same all job long
     link = _link(vmd, config, events, cancel)
@@ -154,7 +154,7 @@ def resume_job(
         return end_job(job, link, Ending("failed", f"vmd could not resume session {job.session_id}: {exc}"), events)
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": "resumed with the person's answer"})
-    job.messages.append({"role": "user", "content": resumed.get("text") or answer_text(answer, approved)})
+    job.messages.append({"role": "user", "content": (resumed.text if resumed else "") or answer_text(answer, approved)})
     job.save()
     web = WebTools.from_config(config)
     web.names = tuple(name for name in web.names if name in job.web_tools)  # as the job started
@@ -168,15 +168,15 @@ def _link(vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event
                        on_status=lambda text: events.emit({"type": "status", "text": text}))
 
 
-def _resume(link: SessionLink, answer: str | None, approved: bool | None) -> dict:
+def _resume(link: SessionLink, answer: str | None, approved: bool | None) -> ResumeResult | None:
     """session_resume; when vmd restarted while it was in flight, the session's state says
     whether it took effect (a second one would be refused: nothing waits any more)."""
     try:
         return link.call("session_resume", answer=answer or "", approved=approved)
     except ResultLost:
-        if link.call("session_status").get("state") in WAITING_STATES:
+        if link.call("session_status").state in WAITING_STATES:
             return link.call("session_resume", answer=answer or "", approved=approved)
-        return {}
+        return None
 
 
 # --- the loop -------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
     ending = machine_gone(status)
     if ending:
         return ending
-    if job.phase == "planning" and status.get("planned"):
+    if job.phase == "planning" and status.planned:
         ending = hand_over_machine(job, vmd, config, events, cancel)
         if ending:
             return ending
@@ -345,8 +345,8 @@ def _prompts(job: Job, config: AgentConfig, desktop: bool) -> Prompts:
     return prompts
 
 
-def _show_status(job: Job, status: dict, events: Events) -> None:
-    tasks_text = str(status.get("tasks") or "")
+def _show_status(job: Job, status: SessionStatusResult, events: Events) -> None:
+    tasks_text = status.tasks
     if tasks_text != job.guards.last_tasks:
         job.guards.last_tasks = tasks_text
         job.guards.steps_since_tasks_moved = 0
@@ -355,7 +355,7 @@ def _show_status(job: Job, status: dict, events: Events) -> None:
     elif job.steps:
         job.guards.steps_since_tasks_moved += 1
     job.tasks_text = tasks_text
-    line = str(status.get("status_line") or "")
+    line = status.status_line
     if line and line != job.status_line:
         job.status_line = line
         events.emit({"type": "status", "text": line})

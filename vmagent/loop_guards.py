@@ -17,6 +17,7 @@ from vmagent.llm import ModelError, Reply
 from vmagent.model import Model
 from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
 from vmagent.tool_results import ToolOutcome
+from vmd.verbs import SessionStatusResult
 
 
 def cancelled(cancel: threading.Event) -> Ending | None:
@@ -40,11 +41,11 @@ def at_step_cap(job: Job, config: AgentConfig) -> Ending | None:
     return None
 
 
-def machine_gone(status: dict) -> Ending | None:
+def machine_gone(status: SessionStatusResult) -> Ending | None:
     # A failed or destroyed guest will not come back in this session; every further
     # turn would only collect errors. The project folder is on the host and is kept.
-    machine = str(status.get("machine") or "")
-    if machine.startswith("failed") or (machine == "destroyed" and status.get("state") != "closed"):
+    machine = status.machine
+    if machine.startswith("failed") or (machine == "destroyed" and status.state != "closed"):
         return Ending("failed", f"The machine is gone ({machine}); the project folder was kept.")
     return None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from vmagent import tools
 from vmagent.client import VmdGone
 from vmagent.job import Job, JobSpec
+from vmd.verbs import SessionOpenResult
 
 # What the model reads for a tool call whose result vmd lost when it restarted. It is not
 # run again: a command may have run in part, in full or not at all, and only a look at
@@ -26,9 +27,10 @@ def waiting_tools() -> list[str]:
     return [name for name in tools.OFFERED_TOOLS if name not in tools.PLANNING_TOOLS]
 
 
-def opening_message(spec: JobSpec, opened: dict, web_tools: "list[str] | tuple[str, ...]" = ()) -> str:
-    where = tools.OS_WORDS[tools.os_family_of(spec.os, opened.get("os_family"))]
-    storage = opened.get("storage") or ""
+def opening_message(spec: JobSpec, opened: SessionOpenResult,
+                    web_tools: "list[str] | tuple[str, ...]" = ()) -> str:
+    where = tools.OS_WORDS[tools.os_family_of(spec.os, opened.os_family)]
+    storage = opened.storage
     web = (f" {' and '.join(web_tools)} run outside the machine and work now: look up what you are "
            "not sure of (an API, an error message) instead of guessing." if web_tools else "")
     return (

@@ -86,7 +86,7 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
             result = vmd.call(verb, **params)
         except VmdError as exc:
             return ToolOutcome(_join([_error_text(exc), *parsed.notes]), verb=verb, ok=False, result=exc.data)
-        outcome = _outcome(verb, result)
+        outcome = _outcome(verb, result.model_dump())  # shown to the model and kept as a dict
         if not sees_images and outcome.image_b64:
             outcome.text = _screen_unseen(outcome)
         if parsed.notes:

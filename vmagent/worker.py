@@ -84,12 +84,12 @@ class ScreenWatcher:
                         # vmd restarts: the next look opens a fresh connection and re-attaches
                         # it first (vmagent/client.py); the loop waits for vmd in the meantime.
                         continue
-                    picture = seen.get("png_base64")
-                    if not seen.get("available") or not picture or picture == last:
+                    picture = seen.png_base64
+                    if not seen.available or not picture or picture == last:
                         continue
                     last = picture
-                    self.emit({"type": "screenshot", "png_base64": picture, "width": seen.get("width"),
-                               "height": seen.get("height"), "watch": True})
+                    self.emit({"type": "screenshot", "png_base64": picture, "width": seen.width,
+                               "height": seen.height, "watch": True})
         except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
             print(f"screen watching stopped: {exc}", file=sys.stderr)
 

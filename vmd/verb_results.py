@@ -3,7 +3,10 @@
 vmd/verbs.py re-exports everything here (the agent imports only vmd/verbs.py). vmd checks
 every handler's answer against its model before it sends it (`result_problem`): a key
 missing or of the wrong type is a bug in vmd and answers INTERNAL_ERROR, never a reply
-that only looks right. The answer on the wire is the handler's own dict, unchanged.
+that only looks right. The answer on the wire is the handler's own dict, unchanged; the
+agent's client reads it into the same model (vmagent/client.py `typed_result`), nested
+parts too (`Facts`, `FinishOutcome`, `PushView`, `ReportOutcome`), and refuses one that
+does not fit with `result_problem`'s sentence.
 
 Extra keys are allowed (`extra="allow"`), so that adding a key to a result is not a
 breaking change; the keys named here are the ones a client may rely on.

@@ -366,7 +366,7 @@ def close_session(vmd_socket: str | None, session_id: str) -> str | None:
         with Vmd(vmd_socket, timeout=300) as vmd:
             vmd.call("session_attach", session_id=session_id)
             vmd.call("session_close")
-            return vmd.call("report").get("markdown")
+            return vmd.call("report").markdown
     except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
         log.warning("could not close vmd session %s after its worker died: %s", session_id, exc)
         return None
@@ -381,8 +381,8 @@ def push_status(vmd_socket: str | None, session_id: str) -> dict | None:
     try:
         with Vmd(vmd_socket, timeout=10) as vmd:
             vmd.call("session_attach", session_id=session_id)
-            push = vmd.call("session_status").get("push")
-            return push if isinstance(push, dict) else None
+            push = vmd.call("session_status").push
+            return push.model_dump() if push is not None else None
     except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
         log.info("could not ask vmd about the push of session %s: %s", session_id, exc)
         return None
