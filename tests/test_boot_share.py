@@ -166,8 +166,9 @@ def test_a_machine_of_a_windows_manifest_gets_ovmf_a_tpm_and_the_smb_forward(tmp
     folder.mkdir()
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(folder / "disk.qcow2"), "64M"], check=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "id_ed25519")], check=True)
+    # Built without virtio-win: a SATA disk and e1000e NICs, which Windows drives itself.
     image = _image(folder, os_family="windows", user="agent", project_path="Z:\\", desktop=True, boot="disk",
-                   uefi=True, tpm=True, share="smb", kernel=None, initrd=None)
+                   uefi=True, tpm=True, share="smb", kernel=None, initrd=None, disk_bus="sata", nic="e1000e")
     project = tmp_path / "project"
     project.mkdir()
     machine = Machine.create(image, name="win-wiring", workdir=tmp_path / "w", project_dir=project,
@@ -180,6 +181,10 @@ def test_a_machine_of_a_windows_manifest_gets_ovmf_a_tpm_and_the_smb_forward(tmp
         assert root.find("devices/filesystem") is None
         assert any("guestfwd=tcp:10.0.2.4:445-chardev:vmdsmb" in arg for arg in _args(root))
         assert machine.guest.share == "smb"
+        target = root.find("devices/disk[@device='disk']/target")
+        assert (target.get("bus"), target.get("dev")) == ("sata", "sda")
+        nics = [a for a in _args(root) if "netdev=vmdnet0" in a]
+        assert nics and all(a.startswith("e1000e,") for a in nics), nics
     finally:
         machine.destroy()
     assert "win-wiring" not in [d.name() for d in libvirt.open("test:///default").listAllDomains()]

@@ -106,6 +106,8 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     assert manifest["build"] == 22631 and manifest["resolution"] == [1920, 1080]
     assert manifest["iso_sha256"] == hashlib.sha256(iso.read_bytes()).hexdigest()
     assert (manifest["boot"], manifest["uefi"], manifest["tpm"], manifest["share"]) == ("disk", True, True, "smb")
+    # No virtio-win: the sessions' guests get the devices Windows drives itself, as the install had.
+    assert (manifest["disk_bus"], manifest["nic"]) == ("sata", "e1000e")
     assert folder.name == f"windows-{manifest['recipe']}"
     password = folder / manifest["admin_password_file"]
     assert stat.S_IMODE(password.stat().st_mode) == 0o600 and len(password.read_text().strip()) >= 24

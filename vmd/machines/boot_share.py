@@ -14,7 +14,7 @@ import grp
 import pwd
 from pathlib import Path
 
-from vmd.machines.domain_xml import DirectKernel, DiskBoot, NinePShare, SmbShare
+from vmd.machines.domain_xml import NIC_DRIVERS, DirectKernel, Disk, DiskBoot, NinePShare, SmbShare
 from vmd.machines.images import Image
 from vmd.machines.port import MachineError
 from vmd.machines.smb_share import prepare_smb_share
@@ -31,6 +31,16 @@ def boot_for(image: Image, workdir: Path) -> DirectKernel | DiskBoot:
         raise MachineError(f"the image '{image.name}' boots its kernel from the host but its manifest names "
                            f"no kernel or initrd; rebuild it with `vmd images build {image.name}`.")
     return DirectKernel(str(image.path("kernel")), str(image.path("initrd")), image.kernel_args)
+
+
+def disk_for(image: Image, overlay: Path) -> Disk:
+    """The guest's disk on the bus its manifest names (`sda` on SATA, `vda` on virtio)."""
+    return Disk(str(overlay), target="sda" if image.disk_bus == "sata" else "vda", bus=image.disk_bus)
+
+
+def nic_driver(image: Image) -> str:
+    """QEMU's device for the guest's NICs, the SSH one and the egress one hot-plugged later."""
+    return NIC_DRIVERS[image.nic]
 
 
 def share_for(image: Image, project_dir: Path | None, workdir: Path, owner: tuple[int, int] | None,

@@ -225,11 +225,15 @@ def nic_macs(name: str) -> tuple[str, str]:
     return ssh, egress
 
 
-def egress_netdev_args(mac: str) -> tuple[str, str]:
+# QEMU's device for each NIC model an image's manifest may name (images.py `Image.nic`).
+NIC_DRIVERS = {"virtio": "virtio-net-pci", "e1000e": "e1000e"}
+
+
+def egress_netdev_args(mac: str, driver: str = NIC_DRIVERS["virtio"]) -> tuple[str, str]:
     """(netdev, device) for the egress NIC: unrestricted user networking on its own
     subnet, so its route never competes with the SSH NIC's."""
     return (f"user,id=vmdegress,net={EGRESS_NET}",
-            f"virtio-net-pci,netdev=vmdegress,mac={mac},id=vmdegressnic")
+            f"{driver},netdev=vmdegress,mac={mac},id=vmdegressnic")
 
 
 @dataclass
@@ -245,6 +249,7 @@ class UserNetwork:
     ssh_mac: str  # the machine's own: nic_macs(name)
     egress_mac: str
     egress: bool = False
+    nic_driver: str = NIC_DRIVERS["virtio"]  # QEMU's device for both NICs (NIC_DRIVERS)
     # Fixed PCI slots far from libvirt's own allocations, which do not know about them. The
     # guest finds its SSH NIC by this slot (pci-0000:00:1e.0).
     pci_addr: str = "0x1e"
@@ -255,9 +260,9 @@ class UserNetwork:
         netdev = ",".join(["user,id=vmdnet0,restrict=on", f"hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
                            *(options or [])])
         args = ["-netdev", netdev,
-                "-device", f"virtio-net-pci,netdev=vmdnet0,mac={self.ssh_mac},bus=pcie.0,addr={self.pci_addr}"]
+                "-device", f"{self.nic_driver},netdev=vmdnet0,mac={self.ssh_mac},bus=pcie.0,addr={self.pci_addr}"]
         if self.egress:
-            netdev, device = egress_netdev_args(self.egress_mac)
+            netdev, device = egress_netdev_args(self.egress_mac, self.nic_driver)
             args += ["-netdev", netdev, "-device", f"{device},bus=pcie.0,addr={self.egress_pci_addr}"]
         return args
 

@@ -63,6 +63,11 @@ class Image(BaseModel):
     uefi: bool = False  # disk boot with OVMF instead of SeaBIOS
     tpm: bool = False  # a TPM 2.0 (swtpm): Windows 11's setup checks for one
     share: Literal["9p", "smb"] = "9p"  # smb: for guests with no 9p driver (Windows)
+    # The disk's bus and the NICs' model: virtio where the guest has the drivers (Linux; a
+    # Windows image built with virtio-win), else what Windows drives itself (AHCI, e1000e):
+    # a Windows guest on a virtio disk it has no driver for stops at boot.
+    disk_bus: Literal["virtio", "sata"] = "virtio"
+    nic: Literal["virtio", "e1000e"] = "virtio"
     dir: Path = Path(".")
 
     def path(self, field: str) -> Path:

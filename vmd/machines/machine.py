@@ -31,9 +31,9 @@ from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
 from vmd.machines.accel import config_accel
 from vmd.machines.accel import timeout_scale as scale_for
-from vmd.machines.boot_share import boot_for, share_for
-from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, Disk, Domain, RunAs, SerialLog, UserNetwork, Video,
-                                     VmdOwner, nic_macs, smb_socket_of, ssh_port_of)
+from vmd.machines.boot_share import boot_for, disk_for, nic_driver, share_for
+from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, Domain, RunAs, SerialLog, UserNetwork, Video,
+                                     VmdOwner, nic_macs, ssh_port_of)
 from vmd.machines.host import DEFAULT_URI, Host, local_host
 from vmd.machines.images import Image
 from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
@@ -173,8 +173,9 @@ class Machine:
         spec = Domain(
             name=name, memory_mib=config.guest_memory_mib, vcpus=config.guest_vcpus, accel=acc,
             boot=boot_for(image, workdir),
-            disk=Disk(str(overlay)),
-            network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac),
+            disk=disk_for(image, overlay),
+            network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac,
+                                nic_driver=nic_driver(image)),
             video=Video(*image.resolution) if image.desktop else None,
             shared=shared,
             serial=SerialLog(str(workdir / "console.log")),
@@ -352,7 +353,7 @@ class Machine:
             return
         if open_:
             self._qmp("netdev_add", type="user", id="vmdegress", net=EGRESS_NET)
-            self._qmp("device_add", driver="virtio-net-pci", netdev="vmdegress", mac=nic_macs(self.name)[1],
+            self._qmp("device_add", driver=nic_driver(self.image), netdev="vmdegress", mac=nic_macs(self.name)[1],
                       id="vmdegressnic", bus=HOTPLUG_PORT)
         else:
             self._qmp("device_del", id="vmdegressnic")

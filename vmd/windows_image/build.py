@@ -197,7 +197,11 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
         # The Image fields of vmd/machines/images.py: boot from its own disk with OVMF, a TPM
         # for Windows 11, the project over SMB (no 9p driver on Windows).
         "boot": "disk", "uefi": True, "tpm": edition.is_windows11, "share": "smb",
-        "uefi_vars": "OVMF_VARS.fd",  # the install's variable store; the ESP's fallback loader boots without it "disk_bus": "virtio" if options.virtio_win else "sata",
+        "uefi_vars": "OVMF_VARS.fd",  # the install's variable store; the ESP's fallback loader boots without it
+        # The devices the installed Windows has drivers for: virtio with virtio-win's, else
+        # AHCI and e1000e, which Windows drives itself (images.py `Image.disk_bus`, `nic`).
+        "disk_bus": "virtio" if options.virtio_win else "sata",
+        "nic": "virtio" if options.virtio_win else "e1000e",
         "admin_password_file": PASSWORD_FILE,
     }
     (partial / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
