@@ -4,6 +4,7 @@ came warm. The hand-out itself, on real guests: tests/test_warm_pool_vm.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -12,7 +13,8 @@ from types import SimpleNamespace
 from tests.vmd_fakes import LocalMachine, LocalMachines, local_vmd, make_config
 from tests.vmd_wire import WireVmd
 from vmd.machines.host import local_host
-from vmd.machines.warm_pool import SlotInfo, WarmPool, _restore_xml
+from vmd.machines.images import Image
+from vmd.machines.warm_pool import SlotInfo, WarmPool, _restore_xml, unpoolable
 
 SAVED_XML = """<domain type='qemu'>
   <name>vmagent-w-0123456789ab</name>
@@ -222,3 +224,26 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
     started = time.monotonic()
     assert quick._wait_for_the_slot_being_made(img) is None
     assert 0.8 < time.monotonic() - started < 1.8
+
+
+def test_a_windows_default_image_gets_no_slots_and_a_sentence_why(tmp_path, monkeypatch, caplog):
+    """A Windows slot could not be restored with a new identity (disk boot with its own UEFI
+    store, SMB share): the pool must not boot and throw away Windows guests for ever."""
+    common = dict(user="agent", resolution=(1280, 800), desktop=True)
+    debian = Image(name="debian", os_family="linux", project_path="/mnt/project", kernel="vmlinuz",
+                   initrd="initrd.img", dir=tmp_path / "images" / "debian-1", **common)
+    windows = Image(name="windows", os_family="windows", project_path="Z:\\", boot="disk", uefi=True,
+                    share="smb", dir=tmp_path / "images" / "windows-1", **common)
+    assert unpoolable(debian) is None
+    assert "serves no 'windows' guests yet" in unpoolable(windows)
+    pool = new_pool(tmp_path, size=1)
+    made = []
+    monkeypatch.setattr(pool, "make_slot", lambda image: made.append(image))
+    # Room to spare: without the gate the pool would make a slot at once.
+    pool.host = dataclasses.replace(pool.host, room=SimpleNamespace(no_room=lambda *a: None, pool_size=lambda *a: 1))
+    with caplog.at_level("WARNING", logger="vmd.machines.warm_pool"):
+        pool.start(lambda: windows)
+        threading.Event().wait(1.5)
+        pool.stop()
+    assert made == []
+    assert "serves no 'windows' guests yet" in caplog.text

@@ -355,6 +355,12 @@ class WarmPool:
                 if image is None or current.dir != image.dir:
                     image = current
                     self.discard_stale(image)
+                    why_none = unpoolable(image)
+                    if why_none is not None:
+                        log.warning("%s", why_none)
+                if unpoolable(image) is not None:
+                    self._stop.wait(30)  # until the default image changes
+                    continue
                 if len(self.ready_slots(image)) < self.size and time.monotonic() >= self._quiet_until:
                     why_not = self.host.room.no_room(self.dir, self.config.guest_memory_mib)
                     if why_not != self._waiting_because and why_not is not None:
@@ -370,6 +376,19 @@ class WarmPool:
                 self._stop.wait(30)
                 continue
             self._stop.wait(2)
+
+
+def unpoolable(image) -> str | None:
+    """Why slots of `image` cannot be made, or None. A slot is saved and restored into a
+    session's folder with a new identity: that is written for a guest that boots the host's
+    kernel, gets its folder over 9p and can forget its identity in place (Linux). A Windows
+    guest (disk boot with its own UEFI store, SMB share, no in-place new identity) is not
+    yet: its slots would be made and thrown away for ever, so the pool makes none."""
+    if image.boot != "kernel" or image.share != "9p":
+        return (f"the warm pool serves no '{image.name}' guests yet (a {image.boot} boot with a {image.share} "
+                f"share); its sessions boot cold. Set VMD_WARM_POOL_SIZE=0 to say so, or make a Linux "
+                f"image the default.")
+    return None
 
 
 def _renice(name: str, niceness: int = 10) -> None:
