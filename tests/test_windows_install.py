@@ -12,7 +12,7 @@ import pytest
 
 from vmd.windows_image import guest_contract as contract
 from vmd.windows_image.install import InstallFailed, run_install
-from vmd.windows_image.install_domain import InstallDomain, SystemDisk, Uefi
+from vmd.windows_image.install_domain import InstallDomain, SystemDisk, install_firmware
 
 libvirt = pytest.importorskip("libvirt")
 # test:///default keeps one state per process for this URI (a fresh open sees earlier domains).
@@ -20,7 +20,7 @@ URI = "test:///default"
 
 
 def domain_xml(tmp_path, name: str) -> str:
-    return InstallDomain(name, Uefi(str(tmp_path / "vars.fd"), True), SystemDisk(str(tmp_path / "d.qcow2"), False),
+    return InstallDomain(name, install_firmware(str(tmp_path / "vars.fd"), True), SystemDisk(str(tmp_path / "d.qcow2"), False),
                          str(tmp_path / "win.iso"), str(tmp_path / "seed.iso"), str(tmp_path / "serial.log"),
                          False).to_xml()
 

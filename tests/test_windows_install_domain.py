@@ -8,13 +8,13 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from vmd.windows_image.install_domain import InstallDomain, SystemDisk, Uefi
+from vmd.windows_image.install_domain import InstallDomain, SystemDisk, install_firmware
 
 libvirt = pytest.importorskip("libvirt")
 
 
 def domain(tpm: bool, virtio: bool) -> InstallDomain:
-    return InstallDomain(f"vmd-windows-build-{int(tpm)}{int(virtio)}", Uefi("/images/w.partial/OVMF_VARS.fd", tpm),
+    return InstallDomain(f"vmd-windows-build-{int(tpm)}{int(virtio)}", install_firmware("/images/w.partial/OVMF_VARS.fd", tpm),
                          SystemDisk("/images/w.partial/install.qcow2", virtio), "/media/Win11.iso",
                          "/images/w.partial/seed.iso", "/images/w.partial/serial.log", virtio, run_as=(64055, 64055))
 

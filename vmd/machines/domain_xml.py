@@ -59,6 +59,9 @@ class DiskBoot:
     nvram: str | None = None  # where the domain's variable store lives (its workdir)
     loader: str = OVMF_CODE
     vars_template: str = OVMF_VARS
+    # None: the devices' own boot order decides (the Windows install boots its ISO first);
+    # libvirt refuses <os><boot> beside per-device <boot order>.
+    boot_dev: str | None = "hd"
 
     def write(self, os_el: ET.Element) -> None:
         if self.uefi:
@@ -66,7 +69,8 @@ class DiskBoot:
                 raise ValueError("a UEFI boot needs the path of the domain's own variable store (nvram)")
             _sub(os_el, "loader", self.loader, readonly="yes", type="pflash")
             _sub(os_el, "nvram", self.nvram, template=self.vars_template)
-        _sub(os_el, "boot", dev="hd")
+        if self.boot_dev:
+            _sub(os_el, "boot", dev=self.boot_dev)
 
     def write_devices(self, devices: ET.Element) -> None:
         if self.tpm:

@@ -32,7 +32,7 @@ from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, 
 from vmd.windows_image.editions import SUPPLY_HINT, MediaError, pick_edition, read_editions
 from vmd.windows_image.install import (InstallFailed, compress_base, host_problems, make_disk,
                                        run_install, unreachable)
-from vmd.windows_image.install_domain import DISK_GB, InstallDomain, SystemDisk, Uefi
+from vmd.windows_image.install_domain import DISK_GB, InstallDomain, SystemDisk, install_firmware
 from vmd.windows_image.seed import seed_files, write_seed
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -175,7 +175,7 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     serial_log = partial / "serial.log"
     domain = InstallDomain(
         name=f"vmd-windows-build-{target.name[-16:]}",
-        firmware=Uefi(nvram=str(partial / "OVMF_VARS.fd"), tpm=edition.is_windows11),
+        firmware=install_firmware(nvram=str(partial / "OVMF_VARS.fd"), tpm=edition.is_windows11),
         disk=SystemDisk(str(work_disk), virtio=options.virtio_win is not None),
         install_iso=str(options.iso.resolve()), seed_iso=str(seed), serial_log=str(serial_log),
         virtio_net=options.virtio_win is not None)

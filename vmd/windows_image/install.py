@@ -13,7 +13,7 @@ from typing import Callable
 from vmd.errors import WordedError
 from vmd.host_env import clean_env
 from vmd.windows_image import guest_contract as contract
-from vmd.windows_image.install_domain import OVMF_CODE, OVMF_VARS
+from vmd.machines.domain_xml import OVMF_CODE, OVMF_VARS
 
 # Setup takes 20-40 min under KVM on an SSD, plus the OpenSSH download at the first logon;
 # past this the install is stuck (a prompt nobody answers, a driver missing), not slow.
@@ -36,7 +36,7 @@ def host_problems(kvm_usable: Callable[[], bool], tpm: bool = True) -> list[str]
     problems = []
     if not kvm_usable():
         problems.append(KVM_REFUSAL)
-    if not (OVMF_CODE.is_file() and OVMF_VARS.is_file()):
+    if not (Path(OVMF_CODE).is_file() and Path(OVMF_VARS).is_file()):
         problems.append(f"the UEFI firmware is missing ({OVMF_CODE}, {OVMF_VARS}): install Debian's ovmf package.")
     if tpm and not shutil.which("swtpm"):
         problems.append("swtpm is not installed, and Windows 11 needs a TPM 2.0: install Debian's swtpm and "

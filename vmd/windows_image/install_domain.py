@@ -1,21 +1,17 @@
 """The libvirt domain that installs Windows: q35, UEFI (OVMF), a TPM 2.0 (swtpm) for
 Windows 11, the user's ISO and the seed as CD-ROMs, COM1 logged to a file.
 
-Built here from small typed pieces rather than with vmd/machines/domain_xml.py's DiskBoot,
-which was not committed when this was written; the shapes are the same (OVMF's 4M images,
-tpm-crb with libvirt's emulator backend), so the two can merge once it is.
+Built from small typed pieces; the firmware is the sessions' own `DiskBoot`
+(vmd/machines/domain_xml.py: OVMF's 4M images, tpm-crb with libvirt's emulator backend), so
+the install and the guests it makes boot alike.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from pathlib import Path
+from vmd.machines.domain_xml import DiskBoot
 
-# Debian's ovmf package; the 4M builds, since the 2M ones cannot hold Windows' Secure Boot
-# and TPM variables (the package's README.Debian recommends 4M for new machines).
-OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
-OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 # Windows 11's minimum is 4 GiB and 2 cores (Setup checks both unless bypassed); Setup
 # itself runs in ~2 GiB, more only shortens the install.
 INSTALL_MEMORY_MIB = 4096
@@ -61,28 +57,16 @@ class SystemDisk:
         _sub(disk, "boot", order="2")
 
 
-@dataclass
-class Uefi:
-    nvram: str
-    tpm: bool
-    loader: str = str(OVMF_CODE)
-    vars_template: str = str(OVMF_VARS)
-
-    def write(self, os_el: ET.Element) -> None:
-        _sub(os_el, "loader", self.loader, readonly="yes", type="pflash")
-        _sub(os_el, "nvram", self.nvram, template=self.vars_template)
-
-    def write_devices(self, devices: ET.Element) -> None:
-        if self.tpm:
-            # CRB: the interface Windows 11 expects of a TPM 2.0 on q35; libvirt runs swtpm.
-            tpm = _sub(devices, "tpm", model="tpm-crb")
-            _sub(tpm, "backend", type="emulator", version="2.0")
+def install_firmware(nvram: str, tpm: bool) -> DiskBoot:
+    """UEFI with the install's own variable store and, for Windows 11, a TPM; the boot
+    order is the devices' (the user's ISO first, then the disk Setup writes)."""
+    return DiskBoot(uefi=True, tpm=tpm, nvram=nvram, boot_dev=None)
 
 
 @dataclass
 class InstallDomain:
     name: str
-    firmware: Uefi
+    firmware: DiskBoot  # install_firmware()
     disk: SystemDisk
     install_iso: str
     seed_iso: str
