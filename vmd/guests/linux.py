@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import select
 import shlex
 import stat
 import threading
@@ -21,7 +20,7 @@ from vmd.guests.os_verbs import LinuxVerbs
 from vmd.guests.output import DEFAULT_BOUNDS, _CappedStream, _LineSplitter
 from vmd.guests.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
                                     SshRunnerLauncher)
-from vmd.guests.ssh import LIST_TIME_S, NAME_MAX_BYTES, SshConnection
+from vmd.guests.ssh import LIST_TIME_S, NAME_MAX_BYTES, SshConnection, drain
 from vmd.verbs import READ_LIMIT, one_line  # READ_LIMIT: the contract's bound on one read
 
 log = logging.getLogger("vmd.guests.linux")
@@ -183,26 +182,7 @@ class LinuxGuest(LinuxVerbs, Guest):
         channel = self.ssh.open_channel(command=wrapped)
         with self._count_lock:
             self.exec_runs += 1
-        timed_out = False
-        try:
-            while True:
-                # Checked on every turn: checked only when nothing came, a guest printing
-                # without end kept run(timeout=1) going for 40 s and got exit 0.
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
-                if channel.recv_ready():
-                    sink("stdout", channel.recv(65536))
-                    continue
-                if channel.recv_stderr_ready():
-                    sink("stderr", channel.recv_stderr(65536))
-                    continue
-                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                    break
-                select.select([channel], [], [], 0.2)
-            return (channel.recv_exit_status() if not timed_out else 124), timed_out
-        finally:
-            channel.close()
+        return drain(channel, sink, deadline)
 
     def _kill_marked(self, marker: str) -> None:
         # One grep over every process environment: a loop forking a grep per process

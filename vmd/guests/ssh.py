@@ -3,6 +3,7 @@ one SFTP client; every request bounded in time, and close() never waiting on the
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import threading
@@ -314,3 +315,25 @@ class SshConnection:
                     part.close()
                 except Exception:
                     pass
+
+
+def drain(channel: paramiko.Channel, sink, deadline: float) -> tuple[int, bool]:
+    """(exit code, whether vmd gave up at `deadline`) of an exec channel, its output handed
+    to `sink(stream, bytes)` as it comes; the channel is closed after. 124 when vmd gave up."""
+    try:
+        while True:
+            # Checked on every turn: checked only when nothing came, a guest printing
+            # without end kept run(timeout=1) going for 40 s and got exit 0.
+            if time.monotonic() > deadline:
+                return 124, True
+            if channel.recv_ready():
+                sink("stdout", channel.recv(65536))
+                continue
+            if channel.recv_stderr_ready():
+                sink("stderr", channel.recv_stderr(65536))
+                continue
+            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                return channel.recv_exit_status(), False
+            select.select([channel], [], [], 0.2)
+    finally:
+        channel.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import secrets
-import select
 import stat
 import time
 
@@ -22,7 +21,7 @@ import paramiko
 from vmd.guests.guest import (CommandResult, DirEntry, DirListing, FileChunk, Guest, GuestError, OutputCallback)
 from vmd.guests.output import _CappedStream, _LineSplitter
 from vmd.guests.powershell import b64_utf8, encoded_command, plain_lines, quoted, strip_clixml
-from vmd.guests.ssh import LIST_TIME_S, SshConnection
+from vmd.guests.ssh import LIST_TIME_S, SshConnection, drain
 from vmd.guests.windows_paths import parent, sftp_path, windows_path
 from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
 from vmd.guests.windows_verbs import WindowsVerbs
@@ -115,7 +114,7 @@ class WindowsGuest(WindowsVerbs, Guest):
             # End of input at once, as Linux's </dev/null: powershell.exe with its stdin a pipe
             # left open can wait on it, and nothing vmd runs reads from vmd.
             channel.shutdown_write()
-            exit_code, host_gave_up = self._drain(channel, sink, deadline)
+            exit_code, host_gave_up = drain(channel, sink, deadline)
         finally:
             for splitter in splitters.values():
                 splitter.flush()
@@ -127,25 +126,6 @@ class WindowsGuest(WindowsVerbs, Guest):
         return CommandResult(exit_code=exit_code, stdout=plain_lines(caps["stdout"].text()), stderr=stderr,
                              duration=round(time.monotonic() - started, 3),
                              truncated=bool(caps["stdout"].dropped or caps["stderr"].dropped), timed_out=timed_out)
-
-    @staticmethod
-    def _drain(channel: paramiko.Channel, sink, deadline: float) -> tuple[int, bool]:
-        """(exit code, whether vmd gave up waiting) of an exec channel, its output to `sink`."""
-        try:
-            while True:
-                if time.monotonic() > deadline:  # checked every turn: a guest that never stops printing
-                    return 124, True
-                if channel.recv_ready():
-                    sink("stdout", channel.recv(65536))
-                    continue
-                if channel.recv_stderr_ready():
-                    sink("stderr", channel.recv_stderr(65536))
-                    continue
-                if channel.exit_status_ready():
-                    return channel.recv_exit_status(), False
-                select.select([channel], [], [], 0.2)
-        finally:
-            channel.close()
 
     # --- files ---------------------------------------------------------------------
 
