@@ -26,26 +26,13 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE, EXIT_NOT_PROVEN = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT
+# The exit codes and show() live in vmagent/terminal.py, which `vmagent eval` shares.
+from vmagent.terminal import (EXIT_DONE, EXIT_INTERRUPTED, EXIT_NOT_DONE, EXIT_NOT_PROVEN,  # noqa: F401
+                              EXIT_USAGE, show)
 
 
 class LeftToVmd(Exception):
     """A second Ctrl-C: stop waiting for the job; vmd is left to close its session."""
-
-
-def show(text: str, out: TextIO) -> None:
-    """Writes `text` and a newline to the person's terminal, as data: the guest's output,
-    the model's words and the reports built from them may carry escape sequences (OSC 52
-    writes the clipboard, OSC 0 the window title, CSI moves the cursor and rewrites what
-    was shown), and here they are removed (`printable`). Everything `vmagent run` shows
-    goes through this one function. Never raises (it may write to a closed pipe)."""
-    from vmd.verbs import printable
-
-    try:
-        print(printable(str(text)), file=out, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 class TerminalView:
@@ -219,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         return _serve(argv[1:])
     if argv[:1] == ["eval"]:
-        # Imported here: vmagent.eval.command imports this module (show, the exit codes).
+        # Imported when asked for: `vmagent run` need not load the eval's modules.
         from vmagent.eval.command import main as eval_main
         return eval_main(argv[1:])
     args = parser().parse_args(argv)  # exits 2 on a usage error

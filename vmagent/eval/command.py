@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from vmagent.cli import EXIT_INTERRUPTED, EXIT_USAGE, show
+from vmagent.terminal import EXIT_INTERRUPTED, EXIT_USAGE, show
 from vmagent.client import Vmd, VmdUnavailable, default_socket
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.eval.pages import write_results
