@@ -37,7 +37,7 @@ def test_two_tasks_of_the_set_are_solved_and_proven_on_a_real_guest(tmp_path, de
         rows = {row.task: row for row in (row_of(run, out) for run in runs)}
         for name in TASKS:
             row = rows[name]
-            assert (row.outcome, row.hidden, row.check) == ("done", "passed", "proven"), (name, row)
+            assert (row.outcome, row.hidden, row.check) == ("done", "passed", "verified and proven"), (name, row)
         requests = "\n".join(str(body) for body in server.chat_requests)
         assert "CHECK_DIR" not in requests and "click.sh" not in requests, "the model never sees the check"
     finally:
