@@ -10,6 +10,7 @@ per OS mixed into that OS's guest. Every error a person or the model will read i
 
 from __future__ import annotations
 
+import stat
 from abc import ABC, abstractmethod
 from typing import Callable
 
@@ -93,6 +94,35 @@ class DirListing(list):
     """A folder's entries (a list of DirEntry), with `note`: a sentence when the listing
     was cut (vmd/guests/ssh.py LIST_MAX_ENTRIES, LIST_TIME_S), else ""."""
     note: str = ""
+
+
+def entry_kind(mode: int) -> str:
+    """An SFTP entry's kind from its mode bits, as the agent sees it."""
+    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "link" if stat.S_ISLNK(mode) else "other")
+
+
+def listing_of(folder, *, list_time_s: float, fold_case: bool, narrower: str, long_names: str) -> DirListing:
+    """A folder as SFTP listed it (vmd/guests/ssh.py `list_folder`: entries, more,
+    timed_out, long_names) as the agent's DirListing: folders first, then by name (case
+    folded where the OS ignores case), with a note that says what was left out and how to
+    see it (`narrower`: the OS's own way; `long_names`: what the OS calls a name too long)."""
+    def key(e: DirEntry):
+        return (e.type != "dir", e.name.casefold() if fold_case else e.name)
+
+    entries = DirListing(sorted((DirEntry(name=e.name, type=entry_kind(e.mode), size=e.size)
+                                 for e in folder.entries), key=key))
+    notes = []
+    if folder.more:
+        notes.append(f"the first {len(entries)} entries are listed and more entries were not listed; "
+                     f"list a narrower folder or use {narrower}")
+    elif folder.timed_out:
+        notes.append(f"the guest took longer than {list_time_s:g} s to list the folder, so only the "
+                     f"{len(entries)} entries read by then are listed; list a narrower folder or use {narrower}")
+    if folder.long_names:
+        notes.append(f"{folder.long_names} entries with names over {long_names} were left out")
+    entries.note = "; ".join(notes)
+    return entries
 
 
 class Guest(ABC):

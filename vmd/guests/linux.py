@@ -14,8 +14,8 @@ import uuid
 
 import paramiko
 
-from vmd.guests.guest import (CommandResult, DirEntry, DirListing, FileChunk, Guest, GuestError, GuestFacts,
-                              OutputCallback)
+from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, GuestFacts,
+                              OutputCallback, listing_of)
 from vmd.guests.os_verbs import LinuxVerbs
 from vmd.guests.output import DEFAULT_BOUNDS, _CappedStream, _LineSplitter
 from vmd.guests.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
@@ -27,11 +27,6 @@ log = logging.getLogger("vmd.guests.linux")
 
 # Characters of the guest's own words (an SFTP server's status text) in an error message.
 GUEST_TEXT_CHARS = 500
-
-
-def _kind(mode: int) -> str:
-    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
-            else "link" if stat.S_ISLNK(mode) else "other")
 
 
 class LinuxGuest(LinuxVerbs, Guest):
@@ -286,21 +281,8 @@ class LinuxGuest(LinuxVerbs, Guest):
             folder = sftp.list_folder(full)
             if folder.out_of_step:  # a reply was cut off by the time bound
                 self.ssh.drop_sftp()
-            entries = DirListing(sorted((DirEntry(name=e.name, type=_kind(e.mode), size=e.size)
-                                         for e in folder.entries), key=lambda e: (e.type != "dir", e.name)))
-            notes = []
-            if folder.more:
-                notes.append(f"the first {len(entries)} entries are listed and more entries were not listed; "
-                             "list a narrower folder or use run('ls | head')")
-            elif folder.timed_out:
-                notes.append(f"the guest took longer than {LIST_TIME_S:g} s to list the folder, so only the "
-                             f"{len(entries)} entries read by then are listed; list a narrower folder or use "
-                             "run('ls | head')")
-            if folder.long_names:
-                notes.append(f"{folder.long_names} entries with names over {NAME_MAX_BYTES} bytes (longer than "
-                             "any Linux file name) were left out")
-            entries.note = "; ".join(notes)
-            return entries
+            return listing_of(folder, list_time_s=LIST_TIME_S, fold_case=False, narrower="run('ls | head')",
+                              long_names=f"{NAME_MAX_BYTES} bytes (longer than any Linux file name)")
 
         return self._sftp_call("list_dir", full, listing)
 

@@ -18,7 +18,8 @@ import time
 
 import paramiko
 
-from vmd.guests.guest import (CommandResult, DirEntry, DirListing, FileChunk, Guest, GuestError, OutputCallback)
+from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, OutputCallback,
+                             listing_of)
 from vmd.guests.output import _CappedStream, _LineSplitter
 from vmd.guests.powershell import b64_utf8, encoded_command, plain_lines, quoted, strip_clixml
 from vmd.guests.ssh import LIST_TIME_S, SshConnection, drain
@@ -35,11 +36,6 @@ HOST_GRACE_S = 10
 GUEST_TEXT_CHARS = 500  # characters of an SFTP server's own words in an error message
 TIMED_OUT = ("\n[vmd: the command ran past its {timeout:g} s timeout and was killed with everything it "
              "started; give a longer timeout or run it in smaller steps]")
-
-
-def _kind(mode: int) -> str:
-    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
-            else "link" if stat.S_ISLNK(mode) else "other")
 
 
 def _clixml_filter(on_output: OutputCallback | None) -> OutputCallback | None:
@@ -211,20 +207,9 @@ class WindowsGuest(WindowsVerbs, Guest):
             folder = sftp.list_folder(sftp_path(full))
             if folder.out_of_step:
                 self.ssh.drop_sftp()
-            entries = DirListing(sorted((DirEntry(name=e.name, type=_kind(e.mode), size=e.size)
-                                         for e in folder.entries),
-                                        key=lambda e: (e.type != "dir", e.name.casefold())))
-            notes = []
-            if folder.more:
-                notes.append(f"the first {len(entries)} entries are listed and more were not; list a narrower "
-                             "folder or use run('Get-ChildItem | Select-Object -First 50')")
-            elif folder.timed_out:
-                notes.append(f"the guest took longer than {LIST_TIME_S:g} s to list the folder, so only the "
-                             f"{len(entries)} entries read by then are listed; list a narrower folder")
-            if folder.long_names:
-                notes.append(f"{folder.long_names} entries with names over 255 bytes of UTF-8 were left out")
-            entries.note = "; ".join(notes)
-            return entries
+            return listing_of(folder, list_time_s=LIST_TIME_S, fold_case=True,
+                              narrower="run('Get-ChildItem | Select-Object -First 50')",
+                              long_names="255 bytes of UTF-8")
 
         return self._sftp_call("list_dir", full, listing)
 
