@@ -19,11 +19,16 @@ ET.register_namespace("qemu", QEMU_NS)
 ET.register_namespace("vmd", VMD_NS)
 
 
-def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+def sub_element(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    """A child element; attributes given as keywords (a trailing _ for Python's words, such
+    as type_), None ones left out. The Windows install's domain is written with it too."""
     el = ET.SubElement(parent, tag, {k.rstrip("_"): v for k, v in attrs.items() if v is not None})
     if text is not None:
         el.text = text
     return el
+
+
+_sub = sub_element
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from vmd.machines.domain_xml import DiskBoot
+from vmd.machines.domain_xml import sub_element as _sub
 
 # Windows 11's minimum is 4 GiB and 2 cores (Setup checks both unless bypassed); Setup
 # itself runs in ~2 GiB, more only shortens the install.
@@ -18,13 +19,6 @@ INSTALL_MEMORY_MIB = 4096
 INSTALL_VCPUS = 2
 # 64 GB is Windows 11's minimum disk; the qcow2 only holds what Windows writes (~12-20 GB).
 DISK_GB = 64
-
-
-def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
-    el = ET.SubElement(parent, tag, {k.rstrip("_"): v for k, v in attrs.items() if v is not None})
-    if text is not None:
-        el.text = text
-    return el
 
 
 @dataclass
