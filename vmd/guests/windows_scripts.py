@@ -57,6 +57,31 @@ try { [Console]::OutputEncoding = [Text.Encoding]::UTF8 } catch { $null = $_ }
 $OutputEncoding = [Text.Encoding]::UTF8
 """
 
+def type_loader(type_name: str, field: str, indent: str = "") -> str:
+    """PowerShell that makes [type_name] usable, compiled once per guest: the DLL named by
+    {{<field>_DLL}} under ProgramData is compiled from {{<field>_SOURCE}} by the first
+    command that needs it (into a temporary name, then moved: two at once do not meet) and
+    loaded by every later one. Whether -OutputAssembly also loads the type is not said in
+    5.1's help: it is loaded if not. The here-string's lines start at column 0, as
+    PowerShell demands of its closing '@."""
+    body = f"""if (-not ('{type_name}' -as [type])) {{
+    $vmdDll = Join-Path $env:ProgramData {{{{{field}_DLL}}}}
+    if (-not (Test-Path -LiteralPath $vmdDll)) {{
+        $null = New-Item -ItemType Directory -Force -Path (Split-Path -Parent $vmdDll)
+        $vmdTemp = Join-Path (Split-Path -Parent $vmdDll) ("$PID-" + (Split-Path -Leaf $vmdDll))
+        Add-Type -TypeDefinition @'
+@@SOURCE@@
+'@ -OutputAssembly $vmdTemp -OutputType Library
+        try {{ Move-Item -LiteralPath $vmdTemp -Destination $vmdDll }} catch {{ Remove-Item -LiteralPath $vmdTemp -Force -ErrorAction SilentlyContinue }}
+    }}
+    if (-not ('{type_name}' -as [type])) {{ Add-Type -Path $vmdDll }}
+}}
+"""
+    lines = [line if line.startswith(("@@SOURCE@@", "'@")) or not line else indent + line
+             for line in body.split("\n")]
+    return "\n".join(lines).replace("@@SOURCE@@", "{{" + field + "_SOURCE}}")
+
+
 # The -EncodedCommand sshd's PowerShell runs for one `run`: maps the project share in this
 # logon session when it is not (each SSH logon is a session of its own, where the desktop's
 # Z: does not exist), starts the command's own powershell.exe (RUN_INNER) in a job object,
@@ -68,20 +93,7 @@ if ({{MAP_SHARE}} -and -not (Test-Path -LiteralPath {{DRIVE_ROOT}})) {
     $null = & net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no 2>&1
 }
 $ErrorActionPreference = 'Stop'
-if (-not ('VmdJob' -as [type])) {
-    $vmdDll = Join-Path $env:ProgramData {{JOB_DLL}}
-    if (-not (Test-Path -LiteralPath $vmdDll)) {
-        $null = New-Item -ItemType Directory -Force -Path (Split-Path -Parent $vmdDll)
-        $vmdTemp = Join-Path (Split-Path -Parent $vmdDll) ("$PID-" + (Split-Path -Leaf $vmdDll))
-        Add-Type -TypeDefinition @'
-{{JOB_SOURCE}}
-'@ -OutputAssembly $vmdTemp -OutputType Library
-        try { Move-Item -LiteralPath $vmdTemp -Destination $vmdDll } catch { Remove-Item -LiteralPath $vmdTemp -Force -ErrorAction SilentlyContinue }
-    }
-    # Whether -OutputAssembly also loaded the type is not said in 5.1's help: load it if not.
-    if (-not ('VmdJob' -as [type])) { Add-Type -Path $vmdDll }
-}
-$vmdJob = [VmdJob]::Create()
+""" + type_loader("VmdJob", "JOB") + """$vmdJob = [VmdJob]::Create()
 $vmdStart = New-Object System.Diagnostics.ProcessStartInfo
 $vmdStart.FileName = Join-Path $PSHOME 'powershell.exe'
 $vmdStart.Arguments = '-NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand ' + {{INNER}}
@@ -261,19 +273,7 @@ WINDOWS_DLL = f"VmdWindows-{hashlib.sha256(WINDOWS_SOURCE.encode()).hexdigest()[
 LIST_WINDOWS = """param([string]$Out)
 $ErrorActionPreference = 'Stop'
 try {
-    if (-not ('VmdWindows' -as [type])) {
-        $dll = Join-Path $env:ProgramData {{WINDOWS_DLL}}
-        if (-not (Test-Path -LiteralPath $dll)) {
-            $null = New-Item -ItemType Directory -Force -Path (Split-Path -Parent $dll)
-            $temp = Join-Path (Split-Path -Parent $dll) ("$PID-" + (Split-Path -Leaf $dll))
-            Add-Type -TypeDefinition @'
-{{WINDOWS_SOURCE}}
-'@ -OutputAssembly $temp -OutputType Library
-            try { Move-Item -LiteralPath $temp -Destination $dll } catch { Remove-Item -LiteralPath $temp -Force -ErrorAction SilentlyContinue }
-        }
-        if (-not ('VmdWindows' -as [type])) { Add-Type -Path $dll }
-    }
-    $null = [VmdWindows]::SetProcessDPIAware()
+""" + type_loader("VmdWindows", "WINDOWS", indent="    ") + """    $null = [VmdWindows]::SetProcessDPIAware()
     $lines = @('@@active ' + [VmdWindows]::GetForegroundWindow().ToInt64()) + [VmdWindows]::List()
 } catch {
     $lines = @('@@error ' + ($_.Exception.Message -replace '\\s+', ' '))
