@@ -11,6 +11,9 @@ from vmd.projects.publish import changed_files, commit_project, prepare_project,
 from vmd.projects.tree import Limits, share_owner
 from vmd.verbs import Verdict
 
+# Gitea's commit status of a checkpoint: pushed before any check ran.
+CHECKPOINT_STATUS = "checkpoint: not yet verified by vmd"
+
 
 class ProjectStore:
     """Restores, commits and pushes a session's project through vmd/projects/publish.py: the
@@ -56,6 +59,19 @@ class ProjectStore:
             status = {"passed": "success", "passed_not_proven": "warning"}.get(verdict.status, "failure")
             text = (f"vmd: {verdict.label()}: `{outcome['command']}` exited {outcome['exit_code']} "
                     f"(expected {outcome['expect_exit']})")
+        return self._push(owner, project, description, branch, status, text)
+
+    def uses_gitea(self, owner: str, project: str) -> bool:
+        return self.remote(owner, project).uses_gitea
+
+    def push_checkpoint(self, owner: str, project: str, description: str, branch: str) -> dict:
+        """A task's checkpoint pushed as soon as it is made, so that another host's vmd can
+        open the project at it when this one is lost; its status stays pending: nothing
+        has been verified yet."""
+        return self._push(owner, project, description, branch, "pending", CHECKPOINT_STATUS)
+
+    def _push(self, owner: str, project: str, description: str, branch: str, status: str,
+              text: str) -> dict:
         result = push_project(self.remote(owner, project, description), branch=branch or "main",
                               status=status, status_description=text[:140]).model_dump()
         web = self.config.gitea_web_url.rstrip("/")

@@ -61,19 +61,49 @@ def update_task(session: Session, p: V.UpdateTask, notify) -> dict:
 
 def _checkpoint(session: Session, task) -> str:
     """A commit in vmd's repository per closed task, so the history shows the work task
-    by task. A failure costs a note, never the task update."""
+    by task; with Gitea, pushed at once (`_push_checkpoint`). A failure costs a note,
+    never the task update."""
     if not session.s.project_dir or session.machine is None or not session.boot_done.is_set():
         return ""
+    # The session's id in the body: a job run again elsewhere after its host was lost tells
+    # its own checkpoints from an older job's commits (vmagent/rerun.py).
+    message = f"Task {task.id} done: {task.title}"[:200] + f"\n\nvmagent session {session.s.id}"
     try:
         with session.frozen():
             committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
-                                             f"Task {task.id} done: {task.title}"[:200], allow_empty=True)
+                                             message, allow_empty=True)
     except Exception as exc:
         session.record.append("checkpoint", task=task.id, title=task.title,
                               error=sentence(exc, "the checkpoint commit failed"))
         return " (The checkpoint commit failed; the work stays in the folder.)"
     session.record.append("checkpoint", task=task.id, title=task.title, commit=committed["sha"])
-    return f" Checkpoint {committed['sha'][:10]} committed." if committed["sha"] else ""
+    if not committed["sha"]:
+        return ""
+    return f" Checkpoint {committed['sha'][:10]} committed." + _push_checkpoint(session, task, committed["sha"])
+
+
+def _push_checkpoint(session: Session, task, sha: str) -> str:
+    """The checkpoint on Gitea as soon as it is made (after the freeze: the guest runs on
+    while git talks to Gitea), so that when this host is lost another host's vmd opens the
+    project at it. Its commit status is pending until the close's push says what the check
+    found; the close pushes again, a fast-forward from here. A push that fails is a line in
+    the record and a sentence in the answer: the commit stays in vmd's repository, and the
+    close pushes it with the rest."""
+    owner, project = session.s.owner, session.s.project or ""
+    try:
+        if not session.store.uses_gitea(owner, project):
+            return ""  # vmd's own repository is where the project lives
+        pushed = session.store.push_checkpoint(owner, project, session.s.task, session.s.branch)
+        error = None if pushed.get("pushed") else (pushed.get("error") or "the push did not land")
+    except Exception as exc:
+        pushed, error = {}, sentence(exc, "the push failed")
+    if error:
+        session.record.append("checkpoint", event="not_pushed", task=task.id, sha=sha,
+                              text=f"checkpoint {sha[:10]} of task {task.id} not pushed: {error}")
+        return " It was not pushed now (the close pushes it with the rest)."
+    session.record.append("checkpoint", event="pushed", task=task.id, sha=pushed.get("sha") or sha,
+                          branch=pushed.get("branch"), web_url=pushed.get("web_url"))
+    return " Pushed."
 
 
 HANDLERS = {
