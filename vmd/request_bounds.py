@@ -16,9 +16,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from vmd.verb_results import NAME_RULE
+from vmd.verb_results import NAME_CHARS, NAME_RULE
 
-__all__ = ["NAME_PATTERN", "LOCAL_OWNER", "name_problem", "REV_PATTERN",
+__all__ = ["NAME_PATTERN", "NAME_CHARS", "LOCAL_OWNER", "name_problem", "REV_PATTERN",
            "READ_LIMIT", "MAX_OFFSET", "CONTENT_CHARS", "PATH_CHARS", "ARGS", "TEXT_CHARS", "TITLE_CHARS",
            "TASKS", "KEYS_CHARS", "ID_CHARS", "TYPE_CHARS", "COORD", "SCROLL", "MAX_COUNT", "Title", "Arg",
            "HISTORY_COMMITS", "HISTORY_BYTES", "REV_CHARS"]
@@ -36,7 +36,7 @@ def name_problem(what: str, value: str) -> str | None:
     """None when `value` is a usable owner or project name, else a sentence saying why
     not and what to use instead."""
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or value.lower().endswith(".git"):
-        return (f"{what} {value!r} is not a usable name: use up to 100 letters, digits, '-', '_' "
+        return (f"{what} {value!r} is not a usable name: use up to {NAME_CHARS} letters, digits, '-', '_' "
                 "and '.', start with a letter, digit or '_', and do not end in .git.")
     return None
 

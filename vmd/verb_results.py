@@ -36,8 +36,9 @@ __all__ = [
 
 # Bounds shared with the verbs' params (vmd/verbs.py), defined here for the hidden check's
 # params below, which live in this module because verbs.py is at its size bound.
-# A name is one path component (vmd/verbs.py NAME_PATTERN).
-NAME_RULE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$"
+# A name is one path component (vmd/verbs.py NAME_PATTERN), of at most NAME_CHARS.
+NAME_CHARS = 100
+NAME_RULE = rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{NAME_CHARS - 1}}}$"
 # A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
 # (MAX_ARG_STRLEN); longer scripts belong in a file.
 COMMAND_CHARS = 128 * 1024
@@ -349,7 +350,7 @@ class HiddenCheck(BaseModel):
     command: str = Field(min_length=1, max_length=COMMAND_CHARS)
     # Plain names; a few KiB each in evals/, and the request line's own bound (64 MiB)
     # bounds them all together.
-    files: dict[Annotated[str, Field(pattern=NAME_RULE, max_length=100)],
+    files: dict[Annotated[str, Field(pattern=NAME_RULE, max_length=NAME_CHARS)],
                 Annotated[str, Field(max_length=4 * 1024 * 1024)]] = Field(default={}, max_length=64)
     expect_exit: int = Field(default=0, ge=0, le=255)
     timeout: float = Field(default=300, gt=0, le=MAX_TIMEOUT_S)
