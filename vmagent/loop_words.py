@@ -84,3 +84,27 @@ def answer_text(answer: str | None, approved: bool | None) -> str:
 def vmd_gone(exc: VmdGone) -> str:
     return (f"{str(exc).rstrip('.')}; the loop stopped waiting. vmd closes the session itself (commit and "
             "push) once it is back; the session's record stays in vmd's state dir.")
+
+
+# A job run again after its host was lost (vmagent/rerun.py): what the model reads first on
+# the new machine, and what a tool call in flight when the host went is answered with.
+RESULT_LOST_WITH_HOST = ("INTERRUPTED: the machine was lost with its host before this call's result came back; "
+                         "it may or may not have taken effect there. The new machine has the project as the "
+                         "next message says.")
+
+
+def host_lost(lost: str, checkpoint: str | None) -> str:
+    """`checkpoint`: the subject of this job's last checkpoint the new machine has
+    ("Task 2 done: write greet.py"), None when it has none of this job's."""
+    where = (f"as of '{checkpoint}'" if checkpoint
+             else "as of its start (no checkpoint of this job had reached it)")
+    return (f"The machine was lost with its host ({lost.strip().rstrip('.') or 'no reason given'}); a new "
+            f"machine has the project {where}. Its task list went with the old machine: write it again with "
+            "plan_tasks (tasks already done may be marked done at once) and carry on. The machine's tools wait "
+            "for that plan; a message says when the new machine is up.")
+
+
+def rerun_status(checkpoint: str | None, lost: str) -> str:
+    """The event feed's line when the job starts again elsewhere."""
+    start = f"from the checkpoint '{checkpoint}'" if checkpoint else "from its start"
+    return f"the job runs again on a new machine: {start} (the host was lost: {lost.strip().rstrip('.')})"

@@ -1,8 +1,9 @@
 """One job's process: `python -m vmagent.worker --job-dir DIR`.
 
-Reads DIR/job.json ({"spec": {...}, "mode": "run" | "resume", "answer", "approved",
-"cancel", "vmd_socket"}), runs the turn loop (a fresh job, or the resume of one that asked
-a question), and writes every event as one NDJSON frame on stdout, flushed at once. The
+Reads DIR/job.json ({"spec": {...}, "mode": "run" | "resume" | "rerun", "answer",
+"approved", "cancel", "vmd_socket", "lost"}), runs the turn loop (a fresh job, the resume of
+one that asked a question, or a job whose host was lost, run again from its last checkpoint:
+vmagent/rerun.py), and writes every event as one NDJSON frame on stdout, flushed at once. The
 transcript lives at DIR/transcript.json. SIGTERM sets the cancel event: the loop breaks
 off what is in flight after cancel_grace_s and ends with a report. A vmd restart is
 ridden out by the loop (and by the screen watcher). Whatever happens, the last frame is
@@ -141,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         # the service must be able to start workers (and its tests run) without them.
         from vmagent import loop
 
-        if job.get("mode") == "resume":
+        if job.get("mode") == "rerun":
+            # The job's host was lost (the Ray shim says how, vmagent/service/ray_worker.py): a
+            # new session from the last pushed checkpoint, with the transcript it had.
+            from vmagent.rerun import rerun_job
+
+            outcome = rerun_job(transcript, lost=str(job.get("lost") or ""), on_event=on_event, cancel=cancel,
+                                vmd_socket=vmd_socket)
+        elif job.get("mode") == "resume":
             outcome = loop.resume_job(transcript, answer=job.get("answer"), approved=job.get("approved"),
                                       on_event=on_event, cancel=cancel, vmd_socket=vmd_socket)
         else:
