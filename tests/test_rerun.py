@@ -207,6 +207,23 @@ def test_a_call_in_flight_when_the_host_went_is_answered_and_a_bad_transcript_is
     assert events[-1]["type"] == "done"
 
 
+def test_an_answer_meant_for_the_lost_host_reaches_the_model_with_the_news(tmp_path):
+    with host(tmp_path / "b") as b, start_ollama() as server:
+        job = Job(spec=SPEC, transcript_path=tmp_path / "kept" / "transcript.json")
+        job.session_id, job.state, job.question = "gone-session", "question", "Which colour?"
+        job.messages = [{"role": "system", "content": "be good"}, {"role": "user", "content": "the task"},
+                        {"role": "assistant", "content": "",
+                         "tool_calls": [{"function": {"name": "ask_user", "arguments": {"question": "Which colour?"}}}]},
+                        {"role": "tool", "tool_name": "ask_user", "content": "asked; waiting"}]
+        job.save()
+        server.add(Turn(status=500, error="stop here"))
+        rerun_job(job.transcript_path, lost=LOST, on_event=lambda e: None, config=agent_config(server),
+                  vmd_socket=b.socket, answer="blue")
+        last = server.chat_requests[0]["messages"][-1]
+    assert last["role"] == "user" and last["content"].startswith("The machine was lost with its host")
+    assert last["content"].endswith("The person answered: blue")
+
+
 def test_the_last_commit_is_read_from_the_history_verbs_log():
     text = ("commit " + "a" * 40 + "\nAuthor: vmd <vmd@localhost>\nDate:   2026-01-01 00:00:00 +0000\n\n"
             "    Task 2 done: write greet.py\n    \n    vmagent session s-1\n\n greet.py | 1 +\n"

@@ -29,7 +29,7 @@ from vmagent.job import Event, Events, Guards, Job, JobSpec, Outcome
 from vmagent.job_end import end_without_session
 from vmagent.loop import _config_for, _link, _work
 from vmagent.loop_guards import model_unfit
-from vmagent.loop_words import RESULT_LOST_WITH_HOST, host_lost, rerun_status
+from vmagent.loop_words import RESULT_LOST_WITH_HOST, answer_text, host_lost, rerun_status
 from vmagent.model_backends import open_model
 from vmagent.web.agent_tools import WebTools
 
@@ -47,8 +47,13 @@ def rerun_job(
     cancel: threading.Event | None = None,
     config: AgentConfig | None = None,
     vmd_socket: str | None = None,
+    answer: str | None = None,
+    approved: bool | None = None,
 ) -> Outcome:
-    """Run a job again, in a new session, from its last pushed checkpoint. Never raises."""
+    """Run a job again, in a new session, from its last pushed checkpoint. Never raises.
+    `answer`, `approved`: a person's answer to the question the job waited on when its
+    host went (a resume whose host is gone becomes a rerun); the model reads it with the
+    news of the new machine."""
     events = Events(on_event)
     cancel = cancel or threading.Event()
     lost = (lost or "").strip() or "the host stopped answering"
@@ -86,7 +91,10 @@ def rerun_job(
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": rerun_status(checkpoint, lost)})
     _answer_calls_in_flight(job)
-    job.messages.append({"role": "user", "content": host_lost(lost, checkpoint)})
+    told = host_lost(lost, checkpoint)
+    if answer or approved is not None:
+        told += "\n\n" + answer_text(answer, approved)
+    job.messages.append({"role": "user", "content": told})
     # The report's notes say it too (vmagent/fallback_report.py loop_notes).
     job.notes.append(f"The host of session {lost_session or '(none)'} was lost ({lost}); the job ran again in "
                      f"session {job.session_id} " + (f"from the checkpoint '{checkpoint}'." if checkpoint

@@ -144,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if job.get("mode") == "rerun":
             # The job's host was lost (the Ray shim says how, vmagent/service/ray_worker.py): a
-            # new session from the last pushed checkpoint, with the transcript it had.
+            # new session from the last pushed checkpoint, with the transcript it had; a
+            # person's answer that was to resume it on that host comes along.
             from vmagent.rerun import rerun_job
 
             outcome = rerun_job(transcript, lost=str(job.get("lost") or ""), on_event=on_event, cancel=cancel,
-                                vmd_socket=vmd_socket)
+                                vmd_socket=vmd_socket, answer=job.get("answer"), approved=job.get("approved"))
         elif job.get("mode") == "resume":
             outcome = loop.resume_job(transcript, answer=job.get("answer"), approved=job.get("approved"),
                                       on_event=on_event, cancel=cancel, vmd_socket=vmd_socket)
