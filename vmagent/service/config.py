@@ -5,12 +5,20 @@ Secrets (tokens) come from the environment in deployments, never from a file in 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+# With the "ray" executor the hosts' guest slots (Ray's `vm_slot`) are the limit, and a job
+# beyond them waits in Ray, saying so in its events. max_concurrent then bounds only the
+# shims on this machine (one small process each, a Ray driver), so its default is large.
+RAY_MAX_CONCURRENT = 64
 
 
 class ServiceConfig(BaseModel):
@@ -27,7 +35,14 @@ class ServiceConfig(BaseModel):
     # Each job holds a guest; more than this at once starves the host, so the rest queue.
     max_concurrent: int = Field(default=2, ge=1)
     # The job process. Default: the real worker with the interpreter running the service.
+    # With the "ray" executor it is the worker the host runs (default: the host's own Python).
     worker_command: list[str] | None = None
+    # "local": each job's worker runs here, against vmd_socket. "ray": each job runs on a vmd
+    # host of the Ray cluster at ray_address (docs/scale-out.md), through a local shim
+    # (vmagent/service/ray_worker.py). Needs `pip install 'vmagent[ray]'`.
+    executor: Literal["local", "ray"] = "local"
+    # The Ray cluster's head (host:port); empty: RAY_ADDRESS, or the cluster `ray start` made here.
+    ray_address: str = ""
     # A worker gets this long after SIGTERM to write its report before SIGKILL.
     cancel_grace_s: float = 3.0
     # Preview links live this long: a job runs up to two hours and people look later.
@@ -58,7 +73,27 @@ class ServiceConfig(BaseModel):
     # Where `vmagent eval --out` keeps its runs (one folder each): GET /evals lists them.
     eval_runs_dir: Path = Path("eval-runs")
 
+    @model_validator(mode="after")
+    def _executor_ready(self) -> "ServiceConfig":
+        if self.executor == "ray":
+            if importlib.util.find_spec("ray") is None:
+                raise ValueError("executor \"ray\" needs Ray in the job service's Python: "
+                                 "pip install 'vmagent[ray]' (or set executor: local)")
+            if "max_concurrent" not in self.model_fields_set:
+                self.max_concurrent = RAY_MAX_CONCURRENT
+        return self
+
     def resolved_worker_command(self) -> list[str]:
+        """The job process the service starts: the worker itself, or for "ray" the shim,
+        which passes the worker command on to the host (only when one is configured: the
+        host's own Python is not this one's path)."""
+        if self.executor == "ray":
+            command = [sys.executable, "-m", "vmagent.service.ray_worker"]
+            if self.ray_address:
+                command += ["--ray-address", self.ray_address]
+            if self.worker_command:
+                command += ["--worker-command", json.dumps(self.worker_command)]
+            return command
         return list(self.worker_command or [sys.executable, "-m", "vmagent.worker"])
 
 
@@ -85,7 +120,8 @@ def load_config(path: str | os.PathLike | None = None, **overrides) -> ServiceCo
         data["tokens"] = tokens
     for key, name in (("public_url", "VMAGENT_PUBLIC_URL"), ("data_dir", "VMAGENT_DATA_DIR"),
                       ("ollama_url", "OLLAMA_URL"), ("ask_model", "VMAGENT_ASK_MODEL"),
-                      ("vmd_socket", "VMD_SOCKET")):
+                      ("vmd_socket", "VMD_SOCKET"), ("executor", "VMAGENT_EXECUTOR"),
+                      ("ray_address", "RAY_ADDRESS")):
         if env.get(name):
             data[key] = env[name]
     if env.get("VMAGENT_MAX_CONCURRENT"):

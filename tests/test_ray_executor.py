@@ -1,0 +1,269 @@
+"""The job service's "ray" executor: jobs placed across vmd hosts by a real Ray cluster.
+
+One cluster for the module (tests/ray_harness.py): a head without guest slots and hosts
+"a" and "b", one `vm_slot` each, each naming its own real vmd (stand-in machines,
+tests/vmd_fakes.py) on its own socket and state folder. The job service is a real process
+with VMAGENT_EXECUTOR=ray and RAY_ADDRESS; each job's shim places a JobHost actor, which
+runs the real worker (vmagent.worker and the loop) against its host's vmd. The model is
+one scripted Ollama server for every job: each job's turns are keyed on its task's words.
+Where a job ran is read from the vmds' own state folders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.loop_harness import call, calls, running_vmd, user_texts
+from tests.ollama_server import Turn, start_ollama
+from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, stop_workers, wait_for_state
+from tests.test_service_api import start, wait_for_event
+
+ray = pytest.importorskip("ray")
+from tests.ray_harness import ray_cluster  # noqa: E402  (needs ray)
+
+PLAN = call("plan_tasks", {"tasks": ["write hello.py", "check it prints hello"]}, content="Planning.")
+WORK = calls(("write_file", {"path": "hello.py", "content": "print('hello')\n"}),
+             ("run", {"command": "python3 hello.py"}),
+             ("update_task", {"id": 1, "status": "done", "note": "written"}),
+             ("update_task", {"id": 2, "status": "done", "note": "prints hello"}))
+FINISH = call("finish", {"summary": "hello.py prints hello",
+                         "verification": {"command": "python3 hello.py | grep -q hello"}})
+LOST_WORDS = "The machine was lost with its host"
+
+
+def _assistant_turns_since(body: dict, marker: str | None) -> int:
+    """How many turns the model gave, counted from the last user message holding `marker`
+    (from the start when None or not there)."""
+    messages = body.get("messages") or []
+    start_at = 0
+    if marker:
+        for i, m in enumerate(messages):
+            if m.get("role") == "user" and marker in str(m.get("content", "")):
+                start_at = i
+    return sum(1 for m in messages[start_at:] if m.get("role") == "assistant")
+
+
+def busy(body: dict) -> Turn:
+    """A job that keeps working (a command a step) until it is cancelled or its host dies;
+    on a new machine it plans again and goes on."""
+    n = _assistant_turns_since(body, None)
+    if n == 0 or (any(LOST_WORDS in t for t in user_texts(body)) and _assistant_turns_since(body, LOST_WORDS) == 0):
+        return PLAN
+    return call("run", {"command": f"sleep 0.3; echo working {n}"})
+
+
+def asks_then_finishes(body: dict) -> Turn:
+    """Plan, ask a question; after the answer (on its own machine) work and finish; on a
+    new machine (its host was lost) plan again first."""
+    if any(LOST_WORDS in t for t in user_texts(body)):
+        return [PLAN, WORK, FINISH][min(_assistant_turns_since(body, LOST_WORDS), 2)]
+    return [PLAN, call("ask_user", {"question": "Python 2 or 3?"}), WORK, FINISH][
+        min(_assistant_turns_since(body, None), 3)]
+
+
+class Scripts:
+    """One model for several jobs at once: the job's first user message holds its task."""
+
+    def __init__(self, scripts: dict[str, Callable[[dict], Turn]]):
+        self.scripts = scripts
+
+    def __call__(self, body: dict) -> Turn:
+        first = next((str(m.get("content", "")) for m in body.get("messages") or []
+                      if m.get("role") == "user"), "")
+        for words, script in self.scripts.items():
+            if words in first:
+                return script(body)
+        return Turn(status=400, error="no script for this task")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """(cluster, {host: vmd}, scripted Ollama server)."""
+    root = tmp_path_factory.mktemp("fleet")
+    scripts = Scripts({"keep working": busy, "ask first": asks_then_finishes})
+    with running_vmd(root / "a") as vmd_a, running_vmd(root / "b") as vmd_b, \
+            start_ollama(default=scripts) as server, \
+            ray_cluster({"a": vmd_a.socket, "b": vmd_b.socket}) as cluster:
+        yield cluster, {"a": vmd_a, "b": vmd_b}, server
+
+
+@contextlib.contextmanager
+def ray_service(tmp_path: Path, fleet):
+    cluster, _, server = fleet
+    # VMAGENT_MAX_STEPS: a busy job works until the test ends it, not into the step cap.
+    env = {**real_worker_env(server.url), "VMAGENT_EXECUTOR": "ray", "RAY_ADDRESS": cluster.address,
+           "VMAGENT_MAX_STEPS": "2000"}
+    # A cancelled job's report comes back through Ray: more grace than a local worker's 3 s.
+    svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, env=env, cancel_grace_s=20,
+                         max_concurrent=8).start()  # the harness sets 2; Ray's slots are the limit here
+    try:
+        yield svc, svc.client()
+    finally:
+        svc.stop()
+        stop_workers(svc)
+
+
+def events_of(client, job_id: str) -> list[dict]:
+    body = client.get(f"/jobs/{job_id}/events", params={"follow": "false"}).text
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith('data: {"type')]
+
+
+def host_of(fleet, session_id: str) -> str:
+    """The host whose vmd holds the session (its state folder is the proof)."""
+    _, vmds, _ = fleet
+    found = [name for name, vmd in vmds.items() if (vmd.config.sessions_dir / session_id).is_dir()]
+    assert len(found) == 1, (session_id, found)
+    return found[0]
+
+
+def running_session(client, job_id: str, timeout: float = 90) -> str:
+    """Waits until the job works on its machine; its session id."""
+    wait_for_event(client, job_id, lambda e: str(e.get("line", "")).startswith("working"), timeout=timeout)
+    return client.get(f"/jobs/{job_id}").json()["session_id"]
+
+
+def machine_destroyed(fleet, host: str, session_id: str) -> bool:
+    _, vmds, _ = fleet
+    machine = vmds[host].machines.machines.get(f"vmagent-{session_id}")
+    return machine is not None and machine.destroyed
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_jobs_spread_over_hosts_a_third_waits_for_a_slot_and_cancel_reaches_the_host(tmp_path, fleet):
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        first = start(alice, "keep working one", project="one")
+        second = start(alice, "keep working two", project="two")
+        one, two = running_session(alice, first["id"]), running_session(alice, second["id"])
+        # Two jobs at once, one per host: each host's vmd holds one of the sessions.
+        hosts = {host_of(fleet, one), host_of(fleet, two)}
+        assert hosts == {"a", "b"}
+        host_one = host_of(fleet, one)
+        assert any(e.get("text") == f"running on host {host_one}" for e in events_of(alice, first["id"]))
+
+        # Both slots taken: the third waits in Ray and says so, with no machine anywhere.
+        third = start(alice, "keep working three", project="three")
+        wait_for_event(alice, third["id"], lambda e: e.get("text") == "waiting for a free host", timeout=60)
+        assert alice.get(f"/jobs/{third['id']}").json()["session_id"] is None
+
+        # Cancel reaches the remote worker: the loop closes its vmd session on that host.
+        alice.post(f"/jobs/{first['id']}/cancel")
+        cancelled = wait_for_state(alice, first["id"], {"cancelled", "failed"}, timeout=60)
+        assert cancelled["state"] == "cancelled", cancelled["report"]
+        assert cancelled["session_id"] == one and "killed by signal" not in cancelled["report"]
+        assert machine_destroyed(fleet, host_one, one)
+
+        # The freed slot goes to the waiting job, on the host the cancelled one left.
+        three = running_session(alice, third["id"])
+        assert host_of(fleet, three) == host_one
+        for job in (second, third):
+            alice.post(f"/jobs/{job['id']}/cancel")
+        for job in (second, third):
+            assert wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=60)["state"] == "cancelled"
+
+
+def host_record(svc: ServiceProcess, job_id: str) -> dict:
+    return json.loads((svc.data_dir / "jobs" / job_id / "host.json").read_text())
+
+
+def test_an_answered_question_resumes_on_the_host_whose_guest_waits(tmp_path, fleet):
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        job = start(alice, "ask first, then write hello.py", project="asked")
+        waiting = wait_for_state(alice, job["id"], {"needs_input", "failed"}, timeout=90)
+        assert waiting["state"] == "needs_input", waiting["report"]
+        where = host_record(svc, job["id"])
+        alice.post(f"/jobs/{job['id']}/answer", json={"answer": "3, please"})
+        done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=90)
+        assert done["state"] == "done" and done["verification_passed"] is True, done["report"]
+        # The same guest: the same session, on the same host and Ray node.
+        assert done["session_id"] == waiting["session_id"]
+        assert host_of(fleet, done["session_id"]) == where["host"]
+        runs = host_record(svc, job["id"])["runs"]
+        assert [r["node_id"] for r in runs] == [where["node_id"]] * 2
+        assert [r["why"] for r in runs] == ["question", "done"]
+
+
+def test_a_resume_whose_host_is_gone_runs_again_on_another_host(tmp_path, fleet):
+    cluster, vmds, server = fleet
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        job = start(alice, "ask first, then write hello.py (gone)", project="gone")
+        waiting = wait_for_state(alice, job["id"], {"needs_input", "failed"}, timeout=90)
+        assert waiting["state"] == "needs_input", waiting["report"]
+        lost_host = host_record(svc, job["id"])["host"]
+        other = "b" if lost_host == "a" else "a"
+        cluster.remove_host(lost_host)
+        try:
+            alice.post(f"/jobs/{job['id']}/answer", json={"answer": "3, please"})
+            done = wait_for_state(alice, job["id"], {"done", "failed"}, timeout=120)
+            assert done["state"] == "done", done["report"]
+            # A new machine on the other host, told why, with the person's answer.
+            assert done["session_id"] != waiting["session_id"]
+            assert host_of(fleet, done["session_id"]) == other
+            texts = [t for body in server.chat_requests if "(gone)" in json.dumps(body)
+                     for t in user_texts(body)]
+            assert any(LOST_WORDS in t and "3, please" in t for t in texts) or (
+                any(LOST_WORDS in t for t in texts) and any("3, please" in t for t in texts))
+            events = events_of(alice, job["id"])
+            assert any(e.get("text", "").startswith(f"host {lost_host} lost") for e in events)
+            runs = host_record(svc, job["id"])["runs"]
+            assert [r["host"] for r in runs] == [lost_host, other]
+            assert runs[0]["why"].startswith("question, then lost: host ")
+        finally:
+            cluster.add_host(lost_host, vmds[lost_host].socket)
+
+
+def test_a_job_whose_host_dies_runs_again_elsewhere_and_after_two_losses_fails_naming_the_hosts(tmp_path, fleet):
+    cluster, vmds, _ = fleet
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        job = start(alice, "keep working through losses", project="losses")
+        first_host = host_of(fleet, running_session(alice, job["id"]))
+        lost = [first_host]
+        cluster.remove_host(first_host)
+        # Run again on the other host: a new session there, still working.
+        wait_for_event(alice, job["id"], lambda e: e.get("text", "").startswith(f"host {first_host} lost"),
+                       timeout=60)
+        second_host = "b" if first_host == "a" else "a"
+        wait_for_event(alice, job["id"], lambda e: e.get("text") == f"running on host {second_host}", timeout=60)
+        wait_until(lambda: host_record(svc, job["id"])["host"] == second_host, 30, "the second run")
+        second_session = None
+
+        def working_on_second() -> bool:
+            nonlocal second_session
+            sid = alice.get(f"/jobs/{job['id']}").json()["session_id"]
+            if sid and (vmds[second_host].config.sessions_dir / sid).is_dir():
+                second_session = sid
+                return True
+            return False
+
+        wait_until(working_on_second, 90, f"a session on host {second_host}")
+        assert alice.get(f"/jobs/{job['id']}").json()["state"] == "running"
+        # A third host joins (with a's vmd), the second dies: the last re-run goes there.
+        cluster.add_host("c", vmds[first_host].socket)
+        cluster.remove_host(second_host)
+        lost.append(second_host)
+        wait_for_event(alice, job["id"], lambda e: e.get("text") == "running on host c", timeout=60)
+        cluster.remove_host("c")
+        lost.append("c")
+        failed = wait_for_state(alice, job["id"], {"failed", "done", "cancelled"}, timeout=90)
+        assert failed["state"] == "failed", failed["report"]
+        report = failed["report"]
+        assert "lost its host 3 times" in report
+        for name in lost:
+            assert f"host {name} lost" in report
+        assert [r["host"] for r in host_record(svc, job["id"])["runs"]] == lost
+    for name, vmd in vmds.items():  # later tests (if any) get their hosts back
+        if name not in cluster.hosts:
+            cluster.add_host(name, vmd.socket)

@@ -1,0 +1,363 @@
+"""The shim: `python -m vmagent.service.ray_worker --job-dir DIR`, the job process of the
+"ray" executor.
+
+To the job service it is a worker like vmagent.worker: it reads DIR/job.json, writes NDJSON
+frames on stdout (the last one `done`), keeps DIR/transcript.json, and SIGTERM cancels. So
+the service's queue, restart re-attach, salvage and cancel work unchanged. The job itself
+runs on a vmd host Ray chooses: the shim creates a JobHost actor (vmagent/fleet/job_host.py)
+holding one `vm_slot` of the job's OS family there, starts the real worker through it and
+relays its frames and transcript snapshots. DIR/host.json says where the job ran.
+
+A host lost while the job runs (its actor or node died in Ray) costs the job its guest: the
+shim runs it again on another host in mode "rerun" (vmagent/rerun.py: a new machine with the
+project as of its last pushed checkpoint and the transcript so far), at most MAX_RERUNS
+times; then it ends failed with a report naming each host and why. A resume goes back to
+the host whose suspended guest waits (hard node affinity), or reruns when that host is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from vmagent.fleet import placement
+from vmagent.worker import FrameWriter, failed_outcome
+
+from .config import ServiceConfig
+from .private_files import write_private
+from .worker_process import worker_environment
+
+MAX_RERUNS = 2
+# How long one `read` waits on the host for a frame; a get that takes far longer than this
+# means the host stopped answering, and the shim asks Ray whether its node still lives.
+READ_WAIT_S = 1.0
+READ_GRACE_S = 30.0
+# A job's actor not placed after this long is said to be waiting for a host.
+WAITING_AFTER_S = 1.0
+# An actor can die before it ever ran (its queue was on a node that died): placed again.
+MAX_PLACEMENT_TRIES = 5
+
+
+class HostRun(BaseModel):
+    host: str | None = None
+    node_id: str | None = None
+    started: str = ""
+    ended: str = ""
+    why: str = ""
+
+
+class HostRecord(BaseModel):
+    """DIR/host.json: where the job runs (or last ran) and each run before."""
+    node_id: str | None = None
+    host: str | None = None
+    runs: list[HostRun] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, job_dir: Path) -> "HostRecord":
+        try:
+            return cls.model_validate_json((job_dir / "host.json").read_text())
+        except (OSError, ValueError):
+            return cls()
+
+    def save(self, job_dir: Path) -> None:
+        write_private(job_dir / "host.json", self.model_dump_json(indent=2).encode())
+
+
+class Lost(Exception):
+    """The job's host went away while the job was on it."""
+
+
+class Unplaced(Exception):
+    """The actor died before it was placed: nothing ran, place it again."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def shipped_environment() -> dict[str, str]:
+    """What the worker on the host starts with: what the service gave this shim (its
+    worker_environment), less VMD_SOCKET, which is this machine's vmd, not the host's."""
+    env = worker_environment(ServiceConfig(), environ=dict(os.environ))
+    env.pop("VMD_SOCKET", None)
+    return env
+
+
+class Shim:
+    def __init__(self, job_dir: Path, job: dict, frames: FrameWriter, cancel: threading.Event,
+                 worker_command: list[str] | None, ray_address: str | None):
+        self.job_dir, self.job, self.frames, self.cancel = job_dir, job, frames, cancel
+        self.worker_command = worker_command
+        self.ray_address = ray_address
+        self.record = HostRecord.load(job_dir)
+        self.os_name = str((job.get("spec") or {}).get("os") or "debian")
+        self.ray = None
+
+    def emit_status(self, text: str) -> None:
+        self.frames.write({"type": "status", "text": text})
+
+    # --- the job's runs --------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Runs the job to its end on the hosts Ray gives it; the outcome of the done frame."""
+        self.ray = placement.connect(self.ray_address)
+        # ray.init puts its own SIGTERM handler in (sys.exit): SIGTERM is the job's cancel.
+        _cancel_on_signals(self.cancel)
+        resources = placement.job_resources(self.os_name)
+        if not placement.offered_by_any(resources):
+            return failed_outcome(
+                f"# Job failed\n\nNo host in the Ray cluster offers {', '.join(resources)} (a "
+                f"guest slot for {self.os_name!r}), so the job could never start. Start a vmd host "
+                "with those resources (docs/scale-out.md) and run the job again.")
+        job = dict(self.job)
+        affinity = None
+        if job.get("mode") == "resume":
+            job, affinity, ended = self._resume_target(job)
+            if ended is not None:
+                return ended
+        losses: list[str] = []
+        while True:
+            try:
+                return self._one_run(job, affinity)
+            except Lost as exc:
+                losses.append(str(exc))
+                self.emit_status(str(exc))
+                if self.cancel.is_set():
+                    return self._cancelled_outcome(f"it was cancelled when {exc}")
+                if len(losses) > MAX_RERUNS:
+                    return self._lost_too_often(losses)
+                job = self._rerun_job(job, str(exc))
+                affinity = None
+
+    def _resume_target(self, job: dict) -> tuple[dict, str | None, dict | None]:
+        """A resume goes to the node whose guest waits; that node gone: a rerun (or, for a
+        cancel, the end: there is no guest left to close)."""
+        node_id, host = self.record.node_id, self.record.host
+        if node_id and placement.node_alive(node_id):
+            return job, node_id, None
+        if not node_id:  # no record (a job from before the ray executor): any host
+            return job, None, None
+        lost = f"host {host} is gone from the cluster with the machine that waited for an answer"
+        self.emit_status(f"host {host} lost: it is gone from the cluster")
+        if self.record.runs:  # that run ended waiting; its host went after
+            last = self.record.runs[-1]
+            last.why = f"{last.why or 'ended'}, then lost: {lost}"
+            self.record.save(self.job_dir)
+        if job.get("cancel"):
+            return job, None, self._cancelled_outcome(f"its host {host} was gone, and its machine with it")
+        return self._rerun_job(job, lost), None, None
+
+    def _rerun_job(self, job: dict, lost: str) -> dict:
+        """The job again on a new machine, from its last transcript; with none, from scratch."""
+        if not (self.job_dir / "transcript.json").exists():
+            return {**job, "mode": "run"}
+        return {**job, "mode": "rerun", "lost": lost}
+
+    def _one_run(self, job: dict, affinity: str | None) -> dict:
+        for _ in range(MAX_PLACEMENT_TRIES):
+            try:
+                actor, where = self._place(affinity)
+                break
+            except Unplaced:
+                if affinity and not placement.node_alive(affinity):
+                    raise Lost(f"host {self.record.host} lost: it died before the job resumed there")
+                continue
+        else:
+            return failed_outcome("# Job failed\n\nRay could not place the job on any host "
+                                  f"({MAX_PLACEMENT_TRIES} tries); see the job's worker.log.")
+        if actor is None:
+            return where  # cancelled while waiting, or a host without labels
+        try:
+            return self._follow(actor, where, job)
+        finally:
+            try:
+                self.ray.get(actor.cleanup.remote(), timeout=10)
+            except Exception:  # a lost host cleans nothing up; Ray's kill below is enough
+                pass
+            self.ray.kill(actor, no_restart=True)
+
+    def _place(self, affinity: str | None):
+        """(actor, where) once Ray placed it; (None, outcome) when the job ended meanwhile."""
+        actor = placement.job_host_class().options(**placement.actor_options(self.os_name, affinity)).remote()
+        ref = actor.where.remote()
+        began, said_waiting, checked = time.monotonic(), False, time.monotonic()
+        while True:
+            ready, _ = self.ray.wait([ref], timeout=0.25)
+            if ready:
+                break
+            if self.cancel.is_set() and not self.job.get("cancel"):
+                # (A job sent to close its waiting guest has cancel set from the start: it waits.)
+                self.ray.kill(actor, no_restart=True)
+                return None, self._cancelled_outcome("it was cancelled while it waited for a free host")
+            if not said_waiting and time.monotonic() - began > WAITING_AFTER_S:
+                self.emit_status("waiting for a free host" if not affinity
+                                 else f"waiting for host {self.record.host} to have a free slot")
+                said_waiting = True
+            if affinity and time.monotonic() - checked > 2:
+                checked = time.monotonic()
+                if not placement.node_alive(affinity):
+                    self.ray.kill(actor, no_restart=True)
+                    raise Unplaced()
+        try:
+            where = self.ray.get(ref)
+        except placement.lost_errors():
+            raise Unplaced() from None
+        if where.get("problem"):
+            self.ray.kill(actor, no_restart=True)
+            return None, failed_outcome(f"# Job failed\n\nThe Ray node chosen for the job is no "
+                                        f"vmd host vmagent knows: {where['problem']}")
+        return actor, where
+
+    def _follow(self, actor, where: dict, job: dict) -> dict:
+        host, node_id = where["host"], where["node_id"]
+        self.record.node_id, self.record.host = node_id, host
+        self.record.runs.append(HostRun(host=host, node_id=node_id, started=_now()))
+        self.record.save(self.job_dir)
+        self.emit_status(f"running on host {host}")
+        transcript = self._local_transcript() if job.get("mode") != "run" else None
+        lost = (placement.lost_errors())
+        try:
+            started = self.ray.get(actor.start.remote(job, transcript, self.worker_command,
+                                                      shipped_environment()), timeout=120)
+        except lost as exc:
+            self._end_run(why=f"lost: {placement.why_lost(exc)}")
+            raise Lost(f"host {host} lost: {placement.why_lost(exc)}") from None
+        if started.get("problem"):
+            self._end_run(why="the worker did not start")
+            return failed_outcome(f"# Job failed\n\nOn host {host}, {started['problem']}.")
+        cursor, done, cancel_sent = 0, None, False
+        while True:
+            if self.cancel.is_set() and not cancel_sent:
+                actor.cancel.remote()
+                cancel_sent = True
+            try:
+                answer = self.ray.get(actor.read.remote(cursor, READ_WAIT_S),
+                                      timeout=READ_WAIT_S + READ_GRACE_S)
+            except self.ray.exceptions.GetTimeoutError:
+                if placement.node_alive(node_id):
+                    continue
+                why = "its node is no longer alive in Ray"
+                self._end_run(why=f"lost: {why}")
+                raise Lost(f"host {host} lost: {why}") from None
+            except lost as exc:
+                self._end_run(why=f"lost: {placement.why_lost(exc)}")
+                raise Lost(f"host {host} lost: {placement.why_lost(exc)}") from None
+            for line in answer["frames"]:
+                if _is_done(line):
+                    done = line  # written last, after the final transcript
+                else:
+                    self.frames.write_line(line)
+            if answer.get("transcript") is not None:
+                write_private(self.job_dir / "transcript.json", answer["transcript"].encode("utf-8"))
+            cursor = answer["cursor"]
+            if answer["ended"]:
+                break
+        if done is None:
+            outcome = failed_outcome(
+                f"# Job failed\n\nThe worker on host {host} ended without a report (exit code "
+                f"{answer.get('exit_code')}).\n\nThe end of its log:\n\n```\n"
+                f"{answer.get('log_tail') or ''}\n```")
+        else:
+            outcome = json.loads(done).get("outcome") or {}
+        self._end_run(why=str(outcome.get("state") or "ended"))
+        return outcome
+
+    # --- records and outcomes --------------------------------------------------------
+
+    def _end_run(self, why: str) -> None:
+        if self.record.runs and not self.record.runs[-1].ended:
+            self.record.runs[-1].ended, self.record.runs[-1].why = _now(), why
+            self.record.save(self.job_dir)
+
+    def _local_transcript(self) -> str | None:
+        try:
+            return (self.job_dir / "transcript.json").read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+    def _cancelled_outcome(self, why: str) -> dict:
+        task = (self.job.get("spec") or {}).get("task", "")
+        return {**failed_outcome(f"# Job cancelled\n\nTask: {task}\n\nThe job ended here: {why}."),
+                "state": "cancelled"}
+
+    def _lost_too_often(self, losses: list[str]) -> dict:
+        lines = "\n".join(f"- {loss}" for loss in losses)
+        return failed_outcome(
+            f"# Job failed\n\nThe job lost its host {len(losses)} times, so it is not run again "
+            f"(at most {MAX_RERUNS} re-runs):\n\n{lines}\n\nWhat it did before is in the "
+            "project's pushed checkpoints and in its transcript; start it again when the hosts "
+            "are steady.")
+
+
+def _is_done(line: str) -> bool:
+    if '"done"' not in line:
+        return False
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(frame, dict) and frame.get("type") == "done"
+
+
+class LineFrameWriter(FrameWriter):
+    """FrameWriter that also passes a worker's frame line on as it came."""
+
+    def write_line(self, line: str) -> None:
+        with self._lock:
+            try:
+                self._out.write(line + "\n")
+                self._out.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _cancel_on_signals(cancel: threading.Event) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    signal.signal(signal.SIGINT, lambda *_: cancel.set())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vmagent.service.ray_worker")
+    parser.add_argument("--job-dir", required=True, type=Path)
+    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None)
+    parser.add_argument("--worker-command", default=None,
+                        help="the job's worker command on the host, a JSON list")
+    args = parser.parse_args(argv)
+    frames = LineFrameWriter()
+    cancel = threading.Event()
+    _cancel_on_signals(cancel)
+    try:
+        job = json.loads((args.job_dir / "job.json").read_text())
+        worker_command = json.loads(args.worker_command) if args.worker_command else None
+    except (OSError, ValueError) as exc:
+        frames.write({"type": "done", "outcome": failed_outcome(
+            f"# Job failed\n\nThe job's shim could not read its job or its worker command: {exc}.")})
+        return 2
+    if job.get("cancel"):
+        cancel.set()
+    try:
+        shim = Shim(args.job_dir, job, frames, cancel, worker_command, args.ray_address)
+        outcome = shim.run()
+    except placement.RayMissing as exc:
+        outcome = failed_outcome(f"# Job failed\n\n{exc}.")
+    except BaseException as exc:  # every exit produces a result
+        print("".join(traceback.format_exception(exc)), file=sys.stderr)
+        outcome = failed_outcome(
+            "# Job failed\n\nThe job's Ray shim stopped on an error: "
+            f"{type(exc).__name__}: {exc}\n\nThe full traceback is in the job's worker.log.")
+    frames.write({"type": "done", "outcome": outcome})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
