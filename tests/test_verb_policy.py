@@ -141,7 +141,7 @@ def test_a_closed_session_serves_only_its_reads_a_note_and_the_close(vmd):
 def test_which_verbs_are_steps():
     not_steps = {verb for verb, p in V.POLICY.items() if not p.counts_as_step}
     assert not_steps == {"session_open", "session_attach", "session_status", "report", "peek", "hidden_check",
-                         "history"}
+                         "history", "host_info"}
 
 
 def test_a_refusal_always_starts_with_the_prefix_and_carries_data_only_when_given():
@@ -194,6 +194,7 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
     call("git_commit", message="first files")
     call("git_commit", message="nothing new")
     call("history", project="contract", what="show")
+    call("host_info")
     call("screenshot")
     call("peek")
     call("click", x=1, y=2)

@@ -190,7 +190,7 @@ def test_every_verb_over_the_socket(vmd):
     c.close()
     verbs_seen = {line for line in (config.sessions_dir / closed_session(config) / "record.jsonl").read_text().split("\"verb\": \"")[1:]}
     served = {v.split('"')[0] for v in verbs_seen}
-    assert set(V.VERBS) - {"session_open", "session_attach", "peek", "history"} <= served
+    assert set(V.VERBS) - {"session_open", "session_attach", "peek", "history", "host_info"} <= served
     assert "peek" not in served  # a watcher's look is not something the agent did
 
 

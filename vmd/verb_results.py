@@ -31,7 +31,7 @@ __all__ = [
     "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
     "RequestUnfreezeResult", "CheckRunResult", "CheckAttempt", "FinishRefusalData", "FinishOutcome",
     "FinishResult", "HiddenCheck", "HiddenCheckResult", "Facts", "PushView", "ReportOutcome", "Verdict", "VerdictStatus",
-    "HistoryResult",
+    "HistoryResult", "HostImage", "HostInfoResult",
 ]
 
 # Bounds shared with the verbs' params (vmd/verbs.py), defined here for the hidden check's
@@ -373,6 +373,25 @@ class HistoryResult(TextResult):
     cut: bool  # stopped at max_commits or max_bytes (or git's time); the text says which
 
 
+class HostImage(Result):
+    name: str  # the image's name, as session_open's `os` takes it
+    os_family: str  # linux | windows
+    warm_slots: int  # saved guests of it ready to hand out now
+
+
+class HostInfoResult(TextResult):
+    """What this vmd's host holds and offers now (vmd/server/host_info.py), for /hosts."""
+    host: str  # vmd's name of the host its new sessions go to ("local")
+    sessions: int  # not closed, waiting for a person included
+    states: dict[str, int]  # those sessions by state (booting, ready, question, ...)
+    warm_slots: int  # every image's
+    images: list[HostImage]
+    cpus: int
+    memory_mib: int
+    guest_memory_mib: int
+    room: str | None  # why no warm guest may be made now (load, memory, disk); None: room
+
+
 RESULTS: dict[str, type[Result]] = {
     "session_open": SessionOpenResult,
     "session_attach": SessionAttachResult,
@@ -410,6 +429,7 @@ RESULTS: dict[str, type[Result]] = {
     "finish": FinishResult,
     "hidden_check": HiddenCheckResult,
     "history": HistoryResult,
+    "host_info": HostInfoResult,
 }
 
 

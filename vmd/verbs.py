@@ -92,7 +92,7 @@ class SessionReady(Params):
 
 class Empty(Params):
     """No params: session_status, session_cancel, session_close, peek, report,
-    check_internet, reboot_vm (their results: RESULTS)."""
+    check_internet, reboot_vm, host_info (their results: RESULTS)."""
 
 
 class Note(Params):
@@ -348,6 +348,8 @@ VERBS: dict[str, type[Params]] = {
     "finish": Finish,
     "hidden_check": HiddenCheck,
     "history": History,
+    # What this vmd's host holds and offers, session or none. -> HostInfoResult
+    "host_info": Empty,
 }
 
 
@@ -428,6 +430,8 @@ POLICY: dict[str, VerbPolicy] = {
     "hidden_check": VerbPolicy(counts_as_step=False, when_waiting="refuse"),
     # Reads vmd's repository of a project, for the job service's /ask (vmd/server/history.py).
     "history": VerbPolicy(session=False, counts_as_step=False, recorded=False, when_closed="serve"),
+    # Sessions, warm slots, images, capacity: the job service's /hosts (vmd/server/host_info.py).
+    "host_info": VerbPolicy(session=False, counts_as_step=False, recorded=False, when_closed="serve"),
 }
 
 # Verbs that need a live machine.

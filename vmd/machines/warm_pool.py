@@ -110,12 +110,7 @@ class WarmPool:
         return self.dir / image.dir.name
 
     def ready_slots(self, image: Image) -> list[Path]:
-        folder = self._image_dir(image)
-        if not folder.is_dir():
-            return []
-        # `.<id>.making`: still being made (its slot.json is written just before the rename).
-        return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "slot.json").is_file()
-                      and not p.name.startswith(".") and not p.name.endswith(".taken"))
+        return ready_slots_in(self._image_dir(image))
 
     def make_slot(self, image: Image) -> Path:
         """Boots one slot of `image` and saves it; returns its folder."""
@@ -376,6 +371,16 @@ class WarmPool:
                 self._stop.wait(30)
                 continue
             self._stop.wait(2)
+
+
+def ready_slots_in(folder: Path) -> list[Path]:
+    """The slots ready to hand out in one image's folder of a pool (vmd's host_info counts
+    them too, from its state dir)."""
+    if not folder.is_dir():
+        return []
+    # `.<id>.making`: still being made (its slot.json is written just before the rename).
+    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "slot.json").is_file()
+                  and not p.name.startswith(".") and not p.name.endswith(".taken"))
 
 
 def unpoolable(image) -> str | None:

@@ -5,7 +5,7 @@
 gives its attempt). Every refusal is an error with code REFUSED.
 A connection binds to one session with session_open or session_attach; every other verb
 acts on it, but those vmd answers from its own state without a session (POLICY: `session`
-False, `SESSIONLESS` below: `history`). While `run` works, vmd sends notifications without an id:
+False, `SESSIONLESS` below: `history`, `host_info`). While `run` works, vmd sends notifications without an id:
 `{"method": "output", "params": {"stream": "stdout", "line": "..."}}`.
 
 No input loses a connection: every line gets one reply, under the request's id when it
@@ -34,6 +34,7 @@ from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.machines.port import MachineFactory
 from vmd.projects.store import ProjectStore
 from vmd.server.history import answer_history
+from vmd.server.host_info import answer_host_info
 from vmd.server.lifecycle import Lifecycle
 from vmd.server.wire import (MAX_LINE, clean_request, encode, error_reply, id_of, leading_id, params_error, read_json,
                              shape)
@@ -41,8 +42,8 @@ from vmd.session.registry import Sessions
 from vmd.session.serving import serve
 from vmd.session.session import Session
 
-# The verbs served with no session (POLICY `session=False`): verb -> handler(config, params).
-SESSIONLESS = {"history": answer_history}
+# The verbs served with no session (POLICY `session=False`): verb -> handler(server, params).
+SESSIONLESS = {"history": lambda server, p: answer_history(server.config, p), "host_info": answer_host_info}
 if set(SESSIONLESS) != {verb for verb, policy in V.POLICY.items() if not policy.session}:
     raise RuntimeError("every verb with session=False in vmd/verbs.py POLICY needs one handler in SESSIONLESS")
 
@@ -170,7 +171,7 @@ class Connection:
                 "session_id": s.id, "state": s.state,
                 "text": f"Attached to session {s.id} ({s.state}).\n{self.session.tasks.render()}"})
         if not V.POLICY[verb].session:
-            return checked_result(verb, SESSIONLESS[verb](self.server.config, params))
+            return checked_result(verb, SESSIONLESS[verb](self.server, params))
         if self.session is None:
             raise VerbError(f"no session on this connection: call session_open or session_attach before "
                             f"{verb}.", NO_SESSION)
