@@ -198,6 +198,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="serve the job API (options: vmagent serve --help)", add_help=False)
     sub.add_parser("eval", help="run the eval task set and score the model (options: vmagent eval --help)",
                    add_help=False)
+    sub.add_parser("hosts", help="list the vmd hosts jobs run on (options: vmagent hosts --help)", add_help=False)
     return p
 
 
@@ -209,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         # Imported when asked for: `vmagent run` need not load the eval's modules.
         from vmagent.eval.command import main as eval_main
         return eval_main(argv[1:])
+    if argv[:1] == ["hosts"]:
+        from vmagent.fleet.hosts import hosts_main  # as eval: `vmagent run` need not load it
+        return hosts_main(argv[1:])
     args = parser().parse_args(argv)  # exits 2 on a usage error
     if not args.task.strip():
         show("vmagent run: the task is empty; say what the agent should do.", sys.stderr)

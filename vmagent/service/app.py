@@ -11,6 +11,7 @@
     POST /jobs/{id}/ask              a question about the job, answered from its record
     GET  /jobs/{id}/screen.png       the newest screenshot (bearer or preview token)
     GET  /jobs/{id}/preview?token=   the live preview page
+    GET  /hosts                      the vmd hosts jobs run on (hosts_route.py)
 Another user's job answers 404, the same as a job that does not exist. A request with a
 body is authenticated before its body is read (gate.py); every body field has a length
 limit, and a refusal says which field and what to do, without echoing what was sent.
@@ -40,6 +41,7 @@ from .auth import Caller, authenticate, preview_token_valid, redact_access_log, 
 from .config import ServiceConfig
 from .eval_pages import add_eval_routes
 from .gate import BodyGate
+from .hosts_route import add_host_routes
 from .job_api import (ID_CHARS, AnswerBody, AskBody, AskView, DecisionBody, Health, JobCreate, JobList,
                       JobView, MachineView, PushView, VerificationView)
 from .preview import render_preview
@@ -129,6 +131,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         return caller if isinstance(caller, Caller) else authenticate(request, config)
 
     add_eval_routes(app, config.eval_runs_dir, caller_of)
+    add_host_routes(app, config, caller_of)
 
     def own_job(job_id: str, caller: Caller) -> dict:
         job = store.get_job(job_id)

@@ -1,0 +1,268 @@
+"""Listing the hosts jobs run on (vmagent/fleet/hosts.py, vmd's host_info verb, GET /hosts,
+`vmagent hosts`). Real vmd servers on their sockets (stand-in machines, tests/vmd_fakes.py),
+an image and a warm slot laid out on disk as vmd makes them, a real Ray cluster of a head
+and two vmd hosts (tests/ray_harness.py), and the real job service over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service_harness import ALICE, REPO, ServiceProcess
+from tests.vmd_fakes import RpcClient, local_vmd, short_socket_dir
+from vmagent.fleet.hosts import RayHosts, local_hosts
+from vmagent.fleet.placement import keep_loopback
+from vmd import verbs as V
+
+# The driver in this process talks to a cluster on 127.0.0.1: Ray must not swap it for the
+# machine's public address (it reads this when it is first imported).
+keep_loopback("127.0.0.1:6379")
+
+MANIFEST = {"name": "debian", "os_family": "linux", "user": "agent", "project_path": "/mnt/project",
+            "resolution": [1280, 800], "desktop": True}
+
+
+def lay_out_image_and_slots(config, ready: int = 1) -> None:
+    """A built image and its warm pool as vmd leaves them: <images>/<name>-<hash>/manifest.json,
+    <state>/warm/<image dir>/<slot>/slot.json, and a slot still being made (not ready)."""
+    image = config.images_dir / "debian-0123456789abcdef"
+    image.mkdir(parents=True)
+    (image / "manifest.json").write_text(json.dumps(MANIFEST))
+    pool = config.state_dir / "warm" / image.name
+    for n in range(ready):
+        (pool / f"slot{n}").mkdir(parents=True)
+        (pool / f"slot{n}" / "slot.json").write_text("{}")
+    (pool / ".half.making").mkdir(parents=True)
+    (pool / ".half.making" / "slot.json").write_text("{}")
+
+
+@contextlib.contextmanager
+def vmd_with_session(tmp_path: Path, task: str = "list me"):
+    """A vmd with an image, one warm slot and one open session (its client connection held)."""
+    with local_vmd(tmp_path) as (_, _, config):
+        lay_out_image_and_slots(config)
+        with RpcClient(config.socket) as client:
+            client.call("session_open", project="hosts", task=task)
+            yield config
+
+
+# --- vmd's host_info ------------------------------------------------------------------
+
+def test_host_info_tells_sessions_warm_guests_images_and_capacity_on_a_connection_without_a_session(tmp_path):
+    with vmd_with_session(tmp_path) as config:
+        with RpcClient(config.socket) as fresh:  # bound to no session
+            info = fresh.call("host_info")
+            assert V.result_problem("host_info", info) is None
+            assert info["sessions"] == 1 and sum(info["states"].values()) == 1
+            assert set(info["states"]) <= {"booting", "ready"}
+            assert info["warm_slots"] == 1  # the slot being made is not ready
+            assert info["images"] == [{"name": "debian", "os_family": "linux", "warm_slots": 1}]
+            assert info["cpus"] >= 1 and info["memory_mib"] > 0 and info["guest_memory_mib"] == config.guest_memory_mib
+            assert "1 session(s) open" in info["text"] and "debian (linux)" in info["text"]
+        with RpcClient(config.socket) as closer:
+            sid = next(p.name for p in config.sessions_dir.iterdir())
+            closer.call("session_attach", session_id=sid)
+            closer.call("session_close")
+            assert closer.call("host_info")["sessions"] == 0
+
+
+def test_host_info_of_a_vmd_with_no_images_and_no_pool_says_so(tmp_path):
+    with local_vmd(tmp_path) as (_, _, config):
+        with RpcClient(config.socket) as c:
+            info = c.call("host_info")
+    assert info["images"] == [] and info["warm_slots"] == 0 and info["sessions"] == 0
+    assert "images: none built" in info["text"]
+
+
+# --- the local executor's one host -------------------------------------------------------
+
+def test_the_local_lister_shows_the_services_vmd_with_its_session_in_a_slot(tmp_path):
+    with vmd_with_session(tmp_path) as config:
+        [host] = local_hosts(str(config.socket), slots_total=2)
+    assert host.name == "local" and host.alive and host.error is None
+    assert (host.slots_total, host.slots_used, host.slots_free) == (2, 1, 1)
+    assert host.sessions == 1 and host.warm_slots == 1 and host.images == ["linux"]
+    assert host.last_seen is not None and abs(time.time() - host.last_seen) < 30
+
+
+def test_the_local_lister_names_a_vmd_that_does_not_answer_without_waiting(tmp_path):
+    missing = short_socket_dir() / "vmd.sock"
+    started = time.monotonic()
+    [host] = local_hosts(str(missing), slots_total=2)
+    assert time.monotonic() - started < 5
+    assert not host.alive and host.sessions is None and str(missing) in host.error
+    assert (host.slots_used, host.slots_free) == (0, 2)
+
+
+# --- the job service: GET /hosts and `vmagent hosts` ----------------------------------------
+
+def test_get_hosts_lists_the_local_vmd_for_a_token_holder_only(tmp_path):
+    with vmd_with_session(tmp_path / "vmd") as config:
+        svc = ServiceProcess(tmp_path / "svc", vmd_socket=str(config.socket)).start()
+        try:
+            assert httpx.get(svc.url + "/hosts", timeout=15).status_code == 401
+            reply = svc.client(ALICE).get("/hosts")
+            assert reply.status_code == 200, reply.text
+            listing = reply.json()
+            assert listing["executor"] == "local"
+            [host] = listing["hosts"]
+            assert host["name"] == "local" and host["alive"] and host["sessions"] == 1
+            assert (host["slots_total"], host["slots_used"]) == (2, 1)
+            document = httpx.get(svc.url + "/openapi.json", timeout=15).json()
+            operation = document["paths"]["/hosts"]["get"]
+            assert {"200", "401", "503"} <= set(operation["responses"]) and operation["operationId"] == "list_hosts"
+
+            cli = subprocess.run([sys.executable, "-m", "vmagent.cli", "hosts", "--config",
+                                  str(svc.data_dir / "service.json")], cwd=REPO, capture_output=True, text=True,
+                                 timeout=60, env=_env_without_settings())
+            assert cli.returncode == 0, cli.stderr
+            header, row = cli.stdout.splitlines()[1:3]
+            assert header.split()[:2] == ["HOST", "ALIVE"] and row.split()[:5] == ["local", "yes", "1/2", "1", "1"]
+        finally:
+            svc.stop()
+
+
+def test_vmagent_hosts_says_what_to_do_when_the_settings_do_not_load(tmp_path):
+    bad = tmp_path / "service.json"
+    bad.write_text(json.dumps({"max_concurrent": 0}))
+    cli = subprocess.run([sys.executable, "-m", "vmagent.cli", "hosts", "--config", str(bad)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, env=_env_without_settings())
+    assert cli.returncode == 2 and "vmagent hosts:" in cli.stderr and "max_concurrent" in cli.stderr
+
+
+def _env_without_settings() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("VMAGENT_", "VMD_", "RAY_ADDRESS"))}
+
+
+# --- the Ray executor: a head and two vmd hosts ----------------------------------------------
+
+class SilentVmd:
+    """A socket that takes connections and never answers: a stuck vmd."""
+
+    def __init__(self):
+        self.path = short_socket_dir() / "stuck.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.path))
+        self.sock.listen(8)
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.sock.accept()[0])
+
+    def close(self):
+        for s in [self.sock, *self.held]:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two vmd hosts, a and b, each a real vmd with one image; a session open on b."""
+    ray_harness = pytest.importorskip("tests.ray_harness")
+    import ray
+
+    with contextlib.ExitStack() as stack:
+        config_a = stack.enter_context(local_vmd(tmp_path_factory.mktemp("vmd-a")))[2]
+        config_b = stack.enter_context(local_vmd(tmp_path_factory.mktemp("vmd-b")))[2]
+        for config in (config_a, config_b):
+            lay_out_image_and_slots(config, ready=0)
+        client_b = stack.enter_context(RpcClient(config_b.socket))
+        client_b.call("session_open", project="on-b", task="hold a guest on b")
+        cluster = stack.enter_context(ray_harness.ray_cluster({"a": str(config_a.socket), "b": str(config_b.socket)}))
+        stack.callback(ray.shutdown)
+        yield cluster
+
+
+def by_name(hosts) -> dict:
+    return {h.name: h for h in hosts}
+
+
+def test_ray_lists_each_vmd_host_with_its_slots_and_its_own_vmds_sessions(fleet):
+    import ray
+
+    lister = RayHosts(fleet.address, wait_s=20)
+    hosts = by_name(lister.list())
+    assert set(hosts) == {"a", "b"}  # the head offers no guest slots and is no host
+    for name in ("a", "b"):
+        host = hosts[name]
+        assert host.alive and host.error is None and host.node_id == fleet.hosts[name].node_id
+        assert (host.slots_total, host.slots_used, host.slots_free) == (1, 0, 1)
+        assert host.images == ["linux"] and host.warm_slots == 0 and host.last_seen is not None
+    assert (hosts["a"].sessions, hosts["b"].sessions) == (0, 1)
+
+    # A job's hold on a slot, as the shim's JobHost actor takes it: Ray counts it on that host.
+    @ray.remote(num_cpus=0, resources={"vm_slot": 1, "os_linux": 1})
+    class Holder:
+        def where(self):
+            return ray.get_runtime_context().get_node_id()
+
+    holder = Holder.remote()
+    held_on = ray.get(holder.where.remote(), timeout=60)
+    name = next(n for n, h in fleet.hosts.items() if h.node_id == held_on)
+    deadline = time.monotonic() + 20
+    while (host := by_name(lister.list())[name]).slots_free != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)  # Ray's free counts reach the GCS a moment after the placement
+    assert (host.slots_used, host.slots_free) == (1, 0)
+    ray.kill(holder)
+
+
+def test_a_host_whose_vmd_is_stuck_or_absent_is_listed_with_its_error_in_bounded_time(fleet):
+    stuck = SilentVmd()
+    try:
+        fleet.add_host("stuck", str(stuck.path))
+        fleet.add_host("novmd", str(short_socket_dir() / "nothing.sock"))
+        lister = RayHosts(fleet.address, wait_s=20, vmd_wait_s=2)
+        started = time.monotonic()
+        hosts = by_name(lister.list())
+        took = time.monotonic() - started
+        assert took < 20, took  # the stuck vmd held nothing up past the wait
+        assert hosts["a"].alive and hosts["a"].error is None and hosts["b"].sessions == 1
+        assert hosts["stuck"].alive and hosts["stuck"].sessions is None and "timed out" in hosts["stuck"].error
+        assert hosts["novmd"].sessions is None and "nothing.sock" in hosts["novmd"].error
+    finally:
+        for name in ("stuck", "novmd"):
+            if name in fleet.hosts:
+                fleet.remove_host(name, graceful=True)
+        stuck.close()
+
+
+def test_get_hosts_through_a_ray_service_and_a_lost_host(fleet, tmp_path):
+    svc = ServiceProcess(tmp_path / "svc", executor="ray", ray_address=fleet.address).start()
+    try:
+        listing = svc.client(ALICE).get("/hosts", timeout=60).json()
+        assert listing["executor"] == "ray"
+        alive = {h["name"]: h["sessions"] for h in listing["hosts"] if h["alive"]}
+        assert alive.items() >= {"a": 0, "b": 1}.items(), listing
+
+        lister = RayHosts(fleet.address, wait_s=20)
+        assert by_name(lister.list())["b"].alive
+        node_b = fleet.hosts["b"].node_id
+        fleet.remove_host("b")  # the host dies
+        deadline = time.monotonic() + 30
+        while True:
+            started = time.monotonic()
+            hosts = by_name(lister.list())
+            assert time.monotonic() - started < 20  # a dead node never holds the listing up
+            b = hosts.get("b")
+            if b is None or not b.alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert b is None or (not b.alive and b.node_id == node_b and b.error and b.slots_free == 0)
+        assert b is None or b.last_seen is not None  # when its vmd last answered, kept
+        assert hosts["a"].alive and hosts["a"].sessions == 0
+        through_service = svc.client(ALICE).get("/hosts", timeout=60).json()["hosts"]
+        assert [h["name"] for h in through_service if h["alive"]] == ["a"]
+    finally:
+        svc.stop()

@@ -1,0 +1,260 @@
+"""The hosts a job service places jobs on, as a person reads them (`GET /hosts`, `vmagent hosts`).
+
+One `HostView` per host: its guest slots (all, used, free), its vmd's open sessions and
+ready warm guests, the OS families of its images, when its vmd last answered, and what
+went wrong when it did not. Two listers, by the service's executor:
+
+- local: the one vmd of the service (host "local"); its slots are the service's
+  max_concurrent, and those used are vmd's sessions at work (booting or ready: a job's
+  guest; one waiting for a person holds no worker).
+- ray: every Ray node that is a vmd host (vmagent/fleet/host_labels.py labels, or a
+  `vm_slot`); alive, slots and free slots as Ray counts them; sessions, warm guests and
+  images from the node's own vmd, asked by a small task pinned to that node (its socket
+  is on that machine only). All nodes are asked at once and waited for HOST_WAIT_S
+  together: a node whose vmd is slow, or whose task cannot start, is listed with its
+  error, and never holds the listing up.
+
+vmd answers through its `host_info` verb (vmd/server/host_info.py), over vmagent/client.py.
+Ray is imported only by the Ray lister.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from typing import Literal
+
+from pydantic import BaseModel
+
+from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmagent.fleet.host_labels import HOST_LABEL, SLOT_RESOURCE, VMD_SOCKET_LABEL, HostLabels, MissingHostLabels
+from vmagent.fleet.placement import RayMissing, connect
+from vmagent.service.config import load_config
+from vmagent.terminal import EXIT_USAGE, show
+from vmd.verbs import HostInfoResult
+
+# How long a listing waits for the hosts' answers, all together. A node's first task starts
+# a Ray worker process there (about 2 s measured on a 2-core test cluster, more with several
+# nodes starting at once; a warm one answers in 0.1 s).
+HOST_WAIT_S = 10.0
+# How long a host's task waits for its vmd, which answers host_info from its own state in
+# milliseconds: a vmd that takes longer is stuck, and says so before the listing's wait ends.
+VMD_WAIT_S = 3.0
+# vmd's states of a session whose guest a job works in now (a session waiting for a person
+# is suspended, and its job holds no worker until the answer comes).
+AT_WORK = ("booting", "ready")
+
+
+class HostView(BaseModel):
+    name: str
+    node_id: str | None = None  # Ray's node id; None for the local executor's one vmd
+    alive: bool  # Ray's word for a node; for the local vmd: it answered
+    slots_total: int  # guests the host runs at once (Ray's vm_slot; local: max_concurrent)
+    slots_used: int
+    slots_free: int
+    sessions: int | None = None  # open sessions in its vmd, waiting ones included; None: unknown
+    warm_slots: int | None = None  # warm guests ready to hand out; None: unknown
+    images: list[str] = []  # OS families its vmd has images of (linux, windows)
+    last_seen: float | None = None  # when its vmd last answered (Unix time)
+    error: str | None = None  # why something above is unknown
+
+
+class HostList(BaseModel):
+    executor: Literal["local", "ray"]
+    hosts: list[HostView]
+
+
+class HostsUnavailable(RuntimeError):
+    """The hosts cannot be listed at all (Ray not installed, the cluster not reachable)."""
+
+
+def host_info(vmd_socket: str | None, timeout: float = VMD_WAIT_S) -> HostInfoResult:
+    """vmd's answer to host_info, or VmdUnavailable / VmdError."""
+    with Vmd(vmd_socket, timeout=timeout) as vmd:
+        return HostInfoResult.model_validate(vmd.call("host_info").model_dump())
+
+
+def _families(info: HostInfoResult) -> list[str]:
+    return sorted({image.os_family for image in info.images})
+
+
+def local_hosts(vmd_socket: str | None, slots_total: int, timeout: float = VMD_WAIT_S) -> list[HostView]:
+    """The local executor's one host: the service's vmd."""
+    try:
+        info = host_info(vmd_socket, timeout)
+    except (VmdUnavailable, VmdError, OSError) as exc:
+        return [HostView(name="local", alive=False, slots_total=slots_total, slots_used=0, slots_free=slots_total,
+                         error=f"vmd did not answer host_info on {vmd_socket or 'its default socket'}: {exc}")]
+    used = sum(info.states.get(state, 0) for state in AT_WORK)
+    return [HostView(name="local", alive=True, slots_total=slots_total, slots_used=used,
+                     slots_free=max(0, slots_total - used), sessions=info.sessions, warm_slots=info.warm_slots,
+                     images=_families(info), last_seen=time.time())]
+
+
+def _node_host_info(vmd_socket: str, timeout: float) -> dict:
+    """Runs on a host as a Ray task: its vmd's host_info, as a plain dict."""
+    return host_info(vmd_socket, timeout).model_dump()
+
+
+class RayHosts:
+    """The Ray executor's hosts. Keeps when each node's vmd last answered, for the nodes
+    that stop answering or die; one listing at a time."""
+
+    def __init__(self, address: str | None, wait_s: float = HOST_WAIT_S, vmd_wait_s: float = VMD_WAIT_S):
+        self.address = address or None
+        self.wait_s = wait_s
+        self.vmd_wait_s = min(vmd_wait_s, wait_s)
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def list(self) -> list[HostView]:
+        with self._lock:
+            ray = self._connect()
+            from ray._private import state  # DeveloperAPI: the only per-node count of free resources
+
+            nodes = [n for n in ray.nodes() if _is_host(n)]
+            free = state.available_resources_per_node()
+            views = {n["NodeID"]: _slots_view(n, free.get(n["NodeID"])) for n in nodes}
+            asked = self._ask(ray, [n for n in nodes if n.get("Alive") and views[n["NodeID"]].error is None])
+            for node_id, view in views.items():
+                answer = asked.get(node_id)
+                if isinstance(answer, HostInfoResult):
+                    self._seen[node_id] = time.time()
+                    view.sessions, view.warm_slots, view.images = answer.sessions, answer.warm_slots, _families(answer)
+                elif isinstance(answer, str):
+                    view.error = answer
+                view.last_seen = self._seen.get(node_id)
+            return _without_replaced(list(views.values()))
+
+    def _connect(self):
+        try:
+            return connect(self.address)
+        except RayMissing as exc:
+            raise HostsUnavailable(str(exc)) from None
+        except Exception as exc:  # Ray's ConnectionError, a timeout, a bad address
+            raise HostsUnavailable(f"the Ray cluster at {self.address or 'RAY_ADDRESS'} did not answer "
+                                   f"({type(exc).__name__}: {exc}); check that its head runs and that "
+                                   "ray_address (RAY_ADDRESS) names it.") from None
+
+    def _ask(self, ray, nodes: list[dict]) -> dict[str, HostInfoResult | str]:
+        """Each node's vmd, asked at once by a task pinned to that node; waited for wait_s in all."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # Ray: only when listed
+
+        task = ray.remote(num_cpus=0, max_retries=0)(_node_host_info)
+        refs = {}
+        for node in nodes:
+            pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            socket = node["Labels"][VMD_SOCKET_LABEL]
+            refs[task.options(scheduling_strategy=pinned).remote(socket, self.vmd_wait_s)] = node["NodeID"]
+        answers: dict[str, HostInfoResult | str] = {}
+        ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=self.wait_s) if refs else ([], [])
+        for ref in ready:
+            try:
+                answers[refs[ref]] = HostInfoResult.model_validate(ray.get(ref))
+            except Exception as exc:  # the task's error (vmd away, refused), or Ray's (node gone)
+                answers[refs[ref]] = f"its vmd did not answer host_info: {_one_line(exc)}"
+        for ref in waiting:
+            answers[refs[ref]] = (f"no answer to host_info within {self.wait_s:g} s: Ray did not start the "
+                                  "task on this node in time (a busy or failing node); the listing went on "
+                                  "without it.")
+            try:
+                ray.cancel(ref)
+            except Exception:
+                pass  # it ends by itself when vmd answers or its socket times out
+        return answers
+
+
+def _is_host(node: dict) -> bool:
+    """A vmd host: labelled as one, or offering guest slots (the head runs none)."""
+    return bool((node.get("Labels") or {}).get(HOST_LABEL)) or SLOT_RESOURCE in (node.get("Resources") or {})
+
+
+def _slots_view(node: dict, available: dict | None) -> HostView:
+    labels = node.get("Labels") or {}
+    total = int((node.get("Resources") or {}).get(SLOT_RESOURCE, 0))
+    alive = bool(node.get("Alive"))
+    free = int((available or {}).get(SLOT_RESOURCE, 0)) if alive else 0
+    error = None
+    try:
+        HostLabels.from_labels(labels)
+    except MissingHostLabels as exc:
+        error = str(exc)
+    if not alive:
+        error = f"Ray lost this node: {node.get('DeathReasonMessage') or 'no reason given'}"
+    return HostView(name=labels.get(HOST_LABEL) or node.get("NodeName") or node["NodeID"][:12],
+                    node_id=node["NodeID"], alive=alive, slots_total=total,
+                    slots_used=max(0, total - free) if alive else 0, slots_free=free, error=error)
+
+
+def _without_replaced(views: list[HostView]) -> list[HostView]:
+    """A dead node is left out when a live node has its host name (the host came back as a
+    new node); live ones first, then by name."""
+    live_names = {v.name for v in views if v.alive}
+    kept = [v for v in views if v.alive or v.name not in live_names]
+    return sorted(kept, key=lambda v: (not v.alive, v.name))
+
+
+def _one_line(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError keeps the task's own error
+    shown = cause if isinstance(cause, BaseException) else exc
+    text = " ".join(str(shown).split())
+    return f"{type(shown).__name__}: {text}"[:400]
+
+
+_ray_hosts: dict[str | None, RayHosts] = {}
+
+
+def list_hosts(config) -> HostList:
+    """The hosts of a job service's config (vmagent/service/config.py ServiceConfig): by its
+    executor, local unless it says "ray"."""
+    executor = getattr(config, "executor", "local")
+    if executor == "ray":
+        address = getattr(config, "ray_address", "") or None
+        lister = _ray_hosts.setdefault(address, RayHosts(address))
+        return HostList(executor="ray", hosts=lister.list())
+    return HostList(executor="local", hosts=local_hosts(config.vmd_socket, config.max_concurrent))
+
+
+def render(listing: HostList, now: float | None = None) -> str:
+    """A table for a terminal (`vmagent hosts`), with each host's error below its row."""
+    now = time.time() if now is None else now
+    if not listing.hosts:
+        return (f"No vmd hosts in the Ray cluster (executor {listing.executor}): start one with the "
+                "`ray start ... --labels` line of docs/scale-out.md.")
+    table = [("HOST", "ALIVE", "SLOTS (USED/ALL)", "FREE", "SESSIONS", "WARM", "IMAGES", "LAST SEEN", "NODE")]
+    for h in listing.hosts:
+        table.append((h.name, "yes" if h.alive else "no", f"{h.slots_used}/{h.slots_total}", str(h.slots_free),
+                      _or_dash(h.sessions), _or_dash(h.warm_slots), ",".join(h.images) or "-",
+                      "-" if h.last_seen is None else f"{max(0, now - h.last_seen):.0f} s ago",
+                      (h.node_id or "-")[:12]))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = []
+    for row, host in zip(table, [None, *listing.hosts]):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if host is not None and host.error:
+            lines.append(f"  ! {host.name}: {host.error}")
+    return f"executor: {listing.executor}\n" + "\n".join(lines)
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def hosts_main(argv: list[str]) -> int:
+    """`vmagent hosts`: the job service's hosts, listed from its settings (its config file and
+    environment: VMAGENT_EXECUTOR, RAY_ADDRESS, VMD_SOCKET) as GET /hosts lists them; run it
+    where the service runs. Exit 0 when listed, 2 when the hosts cannot be listed at all."""
+    parser = argparse.ArgumentParser(prog="vmagent hosts", description=(
+        "List the vmd hosts the job service places jobs on: slots, sessions, warm guests, images."))
+    parser.add_argument("--config", help="the job service's settings file (as `vmagent serve --config`)")
+    parser.add_argument("--json", action="store_true", help="print the listing as GET /hosts answers it")
+    args = parser.parse_args(argv)
+    try:
+        listing = list_hosts(load_config(args.config))
+    except (HostsUnavailable, OSError, ValueError) as exc:
+        show(f"vmagent hosts: {exc}", sys.stderr)
+        return EXIT_USAGE
+    show(listing.model_dump_json(indent=2) if args.json else render(listing), sys.stdout)
+    return 0
