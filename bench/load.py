@@ -1,6 +1,7 @@
 """Load benchmark of vmd's warm-machine pool: queued jobs on a small host, pool off and on.
 
     .venv/bin/python bench/load.py [--jobs 6] [--pool 2] [--only off|on] [--max-concurrent 2] [--keep]
+                                   [--executor local|ray] [--dry-run]
 
 Each configuration runs the whole stack as processes, as tests/test_openwebui_vm.py does:
 `vmd serve` (with VMD_WARM_POOL_SIZE=0, then =--pool), the job service with the real
@@ -15,11 +16,20 @@ POST to the last job seen ended), the median and max time to the first command (
 job's `created` to the `time` vmd recorded its first `run` verb, i.e. once that command
 had run), warm/all (machines that came warm, of those that came: session.json's
 `machine_came`), jobs done, and the ratio of the totals (pool off / pool on).
+
+--executor ray runs the same jobs through the job service's Ray executor: a Ray cluster on
+127.0.0.1 (tests/ray_harness.py) of a head and one node per --max-concurrent slot, each
+labelled as a host whose vmd is the bench's one vmd, so Ray's slots are the limit and
+each job's worker runs in a JobHost actor (docs/scale-out.md). The host a job ran on is
+in its row. --dry-run starts no vmd and no guest: it prints the configurations, and with
+--executor ray starts the cluster, lists its hosts as `vmagent hosts` does and stops it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -38,6 +48,8 @@ from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, 
 from tests.vmd_process import VmdProcess  # noqa: E402
 
 FILL_WAIT_S = 900
+# How long a dry run's listing waits for each host's answer (its vmd is not running).
+DRY_LIST_WAIT_S = 20
 CHECK = "cd /mnt/project && grep -qx hello hello.txt"
 LIVE = ("queued", "running")  # any other state: the job ended (or waits for a person: stuck)
 
@@ -103,20 +115,76 @@ def session_facts(vmd, sid: str | None, created: float) -> tuple[float | None, s
     return first, came, session.get("came_note") or ""
 
 
+def bench_hosts(slots: int, vmd_socket: str) -> dict[str, str]:
+    """The Ray executor's hosts for the bench: one node per slot, all beside the one vmd."""
+    return {f"bench-{n}": vmd_socket for n in range(1, slots + 1)}
+
+
+def executor_settings(args, stack: contextlib.ExitStack, vmd_socket: str) -> dict:
+    """The job service's settings for --executor: none for local; for ray, a cluster whose
+    nodes are the bench's slots (closed with `stack`), and Ray's slots as the only limit."""
+    if args.executor == "local":
+        return {"max_concurrent": args.max_concurrent}
+    from tests.ray_harness import ray_cluster
+
+    cluster = stack.enter_context(ray_cluster(bench_hosts(args.max_concurrent, vmd_socket)))
+    print(f"  ray: head and {args.max_concurrent} host node(s) at {cluster.address}", flush=True)
+    return {"executor": "ray", "ray_address": cluster.address}
+
+
+def host_of(svc, job_id: str) -> str:
+    """The host a job ran on (the Ray shim's host.json), or '-'."""
+    try:
+        return json.loads((svc.data_dir / "jobs" / job_id / "host.json").read_text()).get("host") or "-"
+    except (OSError, ValueError):
+        return "-"
+
+
+def dry_run(args) -> None:
+    """What a run would do, without vmd or guests; the Ray cluster is started and listed."""
+    for name, pool in configs_of(args):
+        print(f"--- pool {name} (VMD_WARM_POOL_SIZE={pool}, {args.jobs} jobs, {args.max_concurrent} at a time, "
+              f"executor {args.executor}): not run (--dry-run)", flush=True)
+    if args.executor != "ray":
+        return
+    from vmagent.fleet.hosts import HostList, RayHosts, render
+
+    work = Path(tempfile.mkdtemp(prefix="vmd-load-dry-"))
+    try:
+        with contextlib.ExitStack() as stack:
+            settings = executor_settings(args, stack, str(work / "vmd.sock"))
+            hosts = RayHosts(settings["ray_address"], wait_s=DRY_LIST_WAIT_S).list()
+            print(render(HostList(executor="ray", hosts=hosts)), flush=True)
+            try:
+                import ray
+
+                ray.shutdown()
+            except ImportError:
+                pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def configs_of(args) -> list[tuple[str, int]]:
+    return [(n, p) for n, p in (("off", 0), ("on", args.pool)) if args.only in (None, n)]
+
+
 def run_config(name: str, pool: int, args, image, conn) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"vmd-load-{name}-", dir="/var/tmp"))
     os.chmod(work, 0o711)  # QEMU runs as its own user and must pass through to the guests' files
     vmd = VmdProcess(work, image.dir.parent, VMD_WARM_POOL_SIZE=str(pool))
     svc, rows, total = None, {}, None
-    print(f"--- pool {name} (VMD_WARM_POOL_SIZE={pool}, {args.jobs} jobs, {args.max_concurrent} at a time; "
-          f"work folder {work})", flush=True)
+    stack = contextlib.ExitStack()
+    print(f"--- pool {name} (VMD_WARM_POOL_SIZE={pool}, {args.jobs} jobs, {args.max_concurrent} at a time, "
+          f"executor {args.executor}; work folder {work})", flush=True)
     try:
         vmd.start()
         if pool:
             wait_for_pool(vmd.state / "warm" / image.dir.name, pool)
         with start_ollama(default=model) as ollama:
+            settings = executor_settings(args, stack, str(vmd.socket))
             svc = ServiceProcess(work / "svc", worker_command=REAL_WORKER, vmd_socket=str(vmd.socket),
-                                 env=real_worker_env(ollama.url), max_concurrent=args.max_concurrent).start()
+                                 env=real_worker_env(ollama.url), **settings).start()
             client = svc.client()
             started = time.time()
             pending = {}
@@ -147,11 +215,12 @@ def run_config(name: str, pool: int, args, image, conn) -> dict:
                     first, came, note = session_facts(vmd, job.get("session_id"), created)
                     row = {"state": job.get("state"), "first": first, "came": came, "note": note,
                            "ended": time.time() - started, "session": job.get("session_id"),
+                           "host": host_of(svc, job_id),
                            "error": "" if job.get("state") == "done" else
                            (job.get("status_line") or (job.get("report") or "")[:300]).replace("\n", " ")}
                     rows[n] = row
                     print(f"{name:<4} job {n}  {row['state']:<9} first-cmd {fmt(first)}  came {came or '-':<5} "
-                          f"ended at {row['ended']:7.1f} s  {row['error'][:160]}"
+                          f"ended at {row['ended']:7.1f} s  host {row['host']}  {row['error'][:160]}"
                           f"{'  (' + note[:100] + ')' if note and name == 'on' else ''}", flush=True)
                 time.sleep(1)
             for n, (job_id, created) in pending.items():
@@ -164,6 +233,7 @@ def run_config(name: str, pool: int, args, image, conn) -> dict:
         if svc is not None:
             svc.stop()
             stop_workers(svc)
+        stack.close()  # the Ray cluster, for --executor ray
         vmd.stop()
         clean_up_domains(conn, str(work))
         failed = any(r.get("state") != "done" for r in rows.values()) or len(rows) < args.jobs
@@ -188,7 +258,21 @@ def main() -> None:
     parser.add_argument("--max-concurrent", type=int, default=2, help="the service's concurrent jobs")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for all jobs of a run")
     parser.add_argument("--keep", action="store_true", help="keep the work folders (logs, records)")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="the job service's executor; ray: a local cluster of one node per "
+                             "--max-concurrent slot, beside the bench's vmd")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="start no vmd and no guest: print the configurations (and, with --executor "
+                             "ray, start the cluster and list its hosts)")
     args = parser.parse_args()
+    if args.executor == "ray":
+        # Before Ray is imported: its nodes and driver stay on 127.0.0.1 (tests/ray_harness.py).
+        from vmagent.fleet.placement import keep_loopback
+
+        keep_loopback("127.0.0.1:6379")
+    if args.dry_run:
+        dry_run(args)
+        return
 
     import libvirt
 
@@ -196,7 +280,7 @@ def main() -> None:
 
     image = find_image("debian")
     conn = libvirt.open("qemu:///system")
-    configs = [(n, p) for n, p in (("off", 0), ("on", args.pool)) if args.only in (None, n)]
+    configs = configs_of(args)
     results = {}
     try:
         for name, pool in configs:
