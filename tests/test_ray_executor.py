@@ -99,8 +99,7 @@ def ray_service(tmp_path: Path, fleet):
     # VMAGENT_MAX_STEPS: a busy job works until the test ends it, not into the step cap.
     env = {**real_worker_env(server.url), "VMAGENT_EXECUTOR": "ray", "RAY_ADDRESS": cluster.address,
            "VMAGENT_MAX_STEPS": "2000"}
-    # A cancelled job's report comes back through Ray: more grace than a local worker's 3 s.
-    svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, env=env, cancel_grace_s=20,
+    svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, env=env,
                          max_concurrent=8).start()  # the harness sets 2; Ray's slots are the limit here
     try:
         yield svc, svc.client()
@@ -229,7 +228,8 @@ def test_a_job_whose_host_dies_runs_again_elsewhere_and_after_two_losses_fails_n
     cluster, vmds, _ = fleet
     with ray_service(tmp_path, fleet) as (svc, alice):
         job = start(alice, "keep working through losses", project="losses")
-        first_host = host_of(fleet, running_session(alice, job["id"]))
+        first_session = running_session(alice, job["id"])
+        first_host = host_of(fleet, first_session)
         lost = [first_host]
         cluster.remove_host(first_host)
         # Run again on the other host: a new session there, still working.
@@ -250,6 +250,11 @@ def test_a_job_whose_host_dies_runs_again_elsewhere_and_after_two_losses_fails_n
 
         wait_until(working_on_second, 90, f"a session on host {second_host}")
         assert alice.get(f"/jobs/{job['id']}").json()["state"] == "running"
+        # The old worker died with its host's actor (PR_SET_PDEATHSIG): nothing drives the
+        # old session any more, so only the re-run works on the job.
+        steps = len(vmds[first_host].record(first_session))
+        time.sleep(2)
+        assert len(vmds[first_host].record(first_session)) == steps
         # A third host joins (with a's vmd), the second dies: the last re-run goes there.
         cluster.add_host("c", vmds[first_host].socket)
         cluster.remove_host(second_host)

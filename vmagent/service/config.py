@@ -19,6 +19,10 @@ from pydantic import BaseModel, Field, model_validator
 # beyond them waits in Ray, saying so in its events. max_concurrent then bounds only the
 # shims on this machine (one small process each, a Ray driver), so its default is large.
 RAY_MAX_CONCURRENT = 64
+# A cancelled job's report comes back through Ray from its host; a shim killed before that
+# takes its worker down with it (Ray ends an actor whose driver died) and leaves the guest's
+# session for the service to close without the host's vmd. So the shim gets longer.
+RAY_CANCEL_GRACE_S = 15.0
 
 
 class ServiceConfig(BaseModel):
@@ -81,6 +85,8 @@ class ServiceConfig(BaseModel):
                                  "pip install 'vmagent[ray]' (or set executor: local)")
             if "max_concurrent" not in self.model_fields_set:
                 self.max_concurrent = RAY_MAX_CONCURRENT
+            if "cancel_grace_s" not in self.model_fields_set:
+                self.cancel_grace_s = RAY_CANCEL_GRACE_S
         return self
 
     def resolved_worker_command(self) -> list[str]:
