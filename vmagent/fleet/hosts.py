@@ -108,6 +108,7 @@ class RayHosts:
         self.vmd_wait_s = min(vmd_wait_s, wait_s)
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._task = None  # the Ray task, made once: each ray.remote() exports the function anew
 
     def list(self) -> list[HostView]:
         with self._lock:
@@ -142,7 +143,9 @@ class RayHosts:
         """Each node's vmd, asked at once by a task pinned to that node; waited for wait_s in all."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # Ray: only when listed
 
-        task = ray.remote(num_cpus=0, max_retries=0)(_node_host_info)
+        if self._task is None:
+            self._task = ray.remote(num_cpus=0, max_retries=0)(_node_host_info)
+        task = self._task
         refs = {}
         for node in nodes:
             pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
