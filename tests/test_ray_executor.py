@@ -174,6 +174,29 @@ def test_jobs_spread_over_hosts_a_third_waits_for_a_slot_and_cancel_reaches_the_
             assert wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=60)["state"] == "cancelled"
 
 
+def test_a_service_restart_re_attaches_to_a_job_running_on_a_host(tmp_path, fleet):
+    """The shim outlives the service like a local worker: the new service reads on."""
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        job = start(alice, "keep working across a restart", project="restart")
+        session = running_session(alice, job["id"])
+        svc.stop(kill=True)
+        svc.start()
+        alice = svc.client()
+        seen = len(events_of(alice, job["id"]))
+        wait_until(lambda: len(events_of(alice, job["id"])) > seen + 3, 60, "new events after the restart")
+        assert alice.get(f"/jobs/{job['id']}").json()["session_id"] == session
+        alice.post(f"/jobs/{job['id']}/cancel")
+        assert wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=60)["state"] == "cancelled"
+
+
+def test_a_job_no_host_can_run_fails_at_once_saying_what_is_missing(tmp_path, fleet):
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        job = start(alice, "a windows job", project="win", os="windows")
+        failed = wait_for_state(alice, job["id"], {"failed", "done"}, timeout=60)
+        assert failed["state"] == "failed"
+        assert "No host in the Ray cluster offers vm_slot, os_windows" in failed["report"]
+
+
 def host_record(svc: ServiceProcess, job_id: str) -> dict:
     return json.loads((svc.data_dir / "jobs" / job_id / "host.json").read_text())
 
@@ -193,6 +216,18 @@ def test_an_answered_question_resumes_on_the_host_whose_guest_waits(tmp_path, fl
         runs = host_record(svc, job["id"])["runs"]
         assert [r["node_id"] for r in runs] == [where["node_id"]] * 2
         assert [r["why"] for r in runs] == ["question", "done"]
+
+
+def test_cancel_of_a_waiting_job_closes_its_guest_on_its_host(tmp_path, fleet):
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        job = start(alice, "ask first, then be cancelled", project="asked-cancel")
+        waiting = wait_for_state(alice, job["id"], {"needs_input", "failed"}, timeout=90)
+        assert waiting["state"] == "needs_input", waiting["report"]
+        host = host_record(svc, job["id"])["host"]
+        alice.post(f"/jobs/{job['id']}/cancel")
+        cancelled = wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=60)
+        assert cancelled["state"] == "cancelled", cancelled["report"]
+        assert machine_destroyed(fleet, host, waiting["session_id"])
 
 
 def test_a_resume_whose_host_is_gone_runs_again_on_another_host(tmp_path, fleet):

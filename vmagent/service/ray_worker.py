@@ -235,7 +235,9 @@ class Shim:
         if started.get("problem"):
             self._end_run(why="the worker did not start")
             return failed_outcome(f"# Job failed\n\nOn host {host}, {started['problem']}.")
-        cursor, done, cancel_sent = 0, None, False
+        # A job sent with cancel set (to close its waiting guest) is cancelled by its job.json;
+        # a SIGTERM could reach its worker before the worker's handler is in and kill it.
+        cursor, done, cancel_sent = 0, None, bool(job.get("cancel"))
         while True:
             if self.cancel.is_set() and not cancel_sent:
                 actor.cancel.remote()
@@ -355,8 +357,24 @@ def main(argv: list[str] | None = None) -> int:
         outcome = failed_outcome(
             "# Job failed\n\nThe job's Ray shim stopped on an error: "
             f"{type(exc).__name__}: {exc}\n\nThe full traceback is in the job's worker.log.")
+    _leave_ray()
     frames.write({"type": "done", "outcome": outcome})
-    return 0
+    # Gone at once after the done frame: the service takes a job whose worker still lives
+    # for a running one (an answer or a cancel waits for it), and Ray's exit hooks are done.
+    os._exit(0)
+
+
+def _leave_ray() -> None:
+    """Disconnects from Ray before the job's end is told (a driver's exit takes seconds)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    began = time.monotonic()
+    try:
+        ray.shutdown()
+    except Exception as exc:  # the job's end is told whatever Ray does
+        print(f"leaving Ray failed: {exc}", file=sys.stderr)
+    print(f"left Ray in {time.monotonic() - began:.1f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,11 @@ class WorkerPool:
             return None
         with self._lock:
             worker = self._running.get(job_id)
+        if worker is not None and worker.got_done:
+            # Its done frame is in (the job waits for an answer, say) and it is only exiting:
+            # a SIGTERM now reaches no one. Wait for the exit, then cancel by the job's state.
+            worker = self._wait_exited(job_id)
+            job = self.store.get_job(job_id) or job
         if worker is not None:
             worker.cancel_requested = True
             self.store.add_event(job_id, {"type": "status", "text": "cancelling"})
@@ -173,6 +178,16 @@ class WorkerPool:
             self.submit(job, resume=True, cancel=True)
             return self.store.get_job(job_id)
         return job
+
+    def _wait_exited(self, job_id: str, timeout: float = 10.0) -> Worker | None:
+        """The job's worker once its follower let it go (None), or still it after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                worker = self._running.get(job_id)
+            if worker is None or time.monotonic() > deadline:
+                return worker
+            time.sleep(TAIL_INTERVAL_S)
 
     def _signal(self, worker: Worker, sig: int) -> None:
         try:
