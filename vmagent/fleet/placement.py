@@ -104,6 +104,9 @@ def lost_errors() -> tuple[type[BaseException], ...]:
 def why_lost(exc: BaseException) -> str:
     """One short sentence of Ray's long message: why the actor died."""
     text = str(exc)
+    if "its node has died" in text or "node died" in text.lower():
+        # Ray adds the node's id and its raylet's last log lines: none of it helps a reader.
+        return "its Ray node died"
     for line in text.splitlines():
         line = line.strip()
         if "died because" in line or "was terminated" in line or "marked dead" in line:

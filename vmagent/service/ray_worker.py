@@ -76,6 +76,11 @@ class HostRecord(BaseModel):
 class Lost(Exception):
     """The job's host went away while the job was on it."""
 
+    def __init__(self, host: str | None, why: str):
+        super().__init__(f"host {host} lost: {why}")
+        # What the re-run tells the model (loop_words.host_lost puts it in brackets).
+        self.sentence = f"{why} on host {host}"
+
 
 class Unplaced(Exception):
     """The actor died before it was placed: nothing ran, place it again."""
@@ -136,7 +141,7 @@ class Shim:
                     return self._cancelled_outcome(f"it was cancelled when {exc}")
                 if len(losses) > MAX_RERUNS:
                     return self._lost_too_often(losses)
-                job = self._rerun_job(job, str(exc))
+                job = self._rerun_job(job, exc.sentence)
                 affinity = None
 
     def _resume_target(self, job: dict) -> tuple[dict, str | None, dict | None]:
@@ -170,7 +175,7 @@ class Shim:
                 break
             except Unplaced:
                 if affinity and not placement.node_alive(affinity):
-                    raise Lost(f"host {self.record.host} lost: it died before the job resumed there")
+                    raise Lost(self.record.host, "it died before the job resumed there")
                 continue
         else:
             return failed_outcome("# Job failed\n\nRay could not place the job on any host "
@@ -231,7 +236,7 @@ class Shim:
                                                       shipped_environment()), timeout=120)
         except lost as exc:
             self._end_run(why=f"lost: {placement.why_lost(exc)}")
-            raise Lost(f"host {host} lost: {placement.why_lost(exc)}") from None
+            raise Lost(host, placement.why_lost(exc)) from None
         if started.get("problem"):
             self._end_run(why="the worker did not start")
             return failed_outcome(f"# Job failed\n\nOn host {host}, {started['problem']}.")
@@ -250,10 +255,10 @@ class Shim:
                     continue
                 why = "its node is no longer alive in Ray"
                 self._end_run(why=f"lost: {why}")
-                raise Lost(f"host {host} lost: {why}") from None
+                raise Lost(host, why) from None
             except lost as exc:
                 self._end_run(why=f"lost: {placement.why_lost(exc)}")
-                raise Lost(f"host {host} lost: {placement.why_lost(exc)}") from None
+                raise Lost(host, placement.why_lost(exc)) from None
             for line in answer["frames"]:
                 if _is_done(line):
                     done = line  # written last, after the final transcript
