@@ -13,6 +13,10 @@ its name and its vmd's socket. Every node listens on 127.0.0.1 only; Ray otherwi
 the machine's public address. Each cluster keeps its files in its own short temp folder,
 so clusters of several test runs on one machine do not share /tmp/ray's session links.
 
+ray_cluster() tells Ray to keep a loopback address (vmagent/fleet/placement.py
+keep_loopback) before Ray is imported, so a test may also ray.init(address=cluster.address)
+itself (Ray must not have been imported earlier in that process for this to hold).
+
 Node death is noticed fast here (GCS health checks every 0.5 s, 3 misses): a test that
 removes a host waits seconds, not the default half minute.
 """
@@ -75,10 +79,12 @@ class RayCluster:
     def shutdown(self) -> None:
         import ray
 
-        if ray.is_initialized():  # a test that connected: Ray refuses to remove its node
-            ray.shutdown()
-        self.cluster.shutdown()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        try:
+            if ray.is_initialized():  # a test that connected: Ray refuses to remove its node
+                ray.shutdown()
+            self.cluster.shutdown()
+        finally:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
