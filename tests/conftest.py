@@ -87,9 +87,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- the counts CI checks: for each marker that must run there (real guests, a real Open
-# WebUI, the compose stack), how many of its tests ran and how many were skipped ---------
+# WebUI, the compose stack, a real Ray cluster), how many of its tests ran and how many were skipped ---------
 
-COUNTED_MARKERS = ("vm", "openwebui", "compose")
+COUNTED_MARKERS = ("vm", "openwebui", "compose", "ray")
 _outcomes: dict[str, dict[str, str]] = {marker: {} for marker in COUNTED_MARKERS}
 
 

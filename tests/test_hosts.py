@@ -189,6 +189,7 @@ def by_name(hosts) -> dict:
     return {h.name: h for h in hosts}
 
 
+@pytest.mark.ray
 def test_ray_lists_each_vmd_host_with_its_slots_and_its_own_vmds_sessions(fleet):
     import ray
 
@@ -218,6 +219,7 @@ def test_ray_lists_each_vmd_host_with_its_slots_and_its_own_vmds_sessions(fleet)
     ray.kill(holder)
 
 
+@pytest.mark.ray
 def test_a_host_whose_vmd_is_stuck_or_absent_is_listed_with_its_error_in_bounded_time(fleet):
     stuck = SilentVmd()
     try:
@@ -238,6 +240,7 @@ def test_a_host_whose_vmd_is_stuck_or_absent_is_listed_with_its_error_in_bounded
         stuck.close()
 
 
+@pytest.mark.ray
 def test_get_hosts_through_a_ray_service_and_a_lost_host(fleet, tmp_path):
     svc = ServiceProcess(tmp_path / "svc", executor="ray", ray_address=fleet.address).start()
     try:

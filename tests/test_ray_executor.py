@@ -25,6 +25,8 @@ from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, 
 from tests.test_service_api import start, wait_for_event
 
 ray = pytest.importorskip("ray")
+# CI requires these to run (a real Ray cluster: .ci/run, tests/conftest.py).
+pytestmark = pytest.mark.ray
 from tests.ray_harness import ray_cluster  # noqa: E402  (needs ray)
 
 PLAN = call("plan_tasks", {"tasks": ["write hello.py", "check it prints hello"]}, content="Planning.")
