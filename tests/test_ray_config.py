@@ -77,8 +77,9 @@ def test_the_service_and_the_shim_import_without_ray(tmp_path):
 def test_a_node_without_vmagents_labels_is_named_with_the_fix():
     assert HostLabels.from_labels({"vmagent-host": "a", "vmagent-vmd-socket": "/run/vmd.sock"}) == \
         HostLabels(host="a", vmd_socket="/run/vmd.sock")
-    with pytest.raises(MissingHostLabels, match="no vmagent-vmd-socket label.*--labels"):
-        HostLabels.from_labels({"vmagent-host": "a"})
+    # The socket label may be left out (tests/test_ray_reach.py); the host's name may not.
+    with pytest.raises(MissingHostLabels, match="no vmagent-host label.*--labels"):
+        HostLabels.from_labels({"vmagent-vmd-socket": "/run/vmd.sock"})
 
 
 def test_a_job_holds_a_guest_slot_of_its_os_family():

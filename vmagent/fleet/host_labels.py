@@ -7,14 +7,21 @@ each OS family its images are (docs/scale-out.md has the `ray start` line):
     ray start --address=HEAD:6379 --resources='{"vm_slot": 4, "os_linux": 4}' \
         --labels='{"vmagent-host": "rack1-a", "vmagent-vmd-socket": "/run/vmd/vmd.sock"}'
 
+The socket label may be left out (Ray 2.60 takes a path as a label value only in its
+deprecated JSON form): then the node's vmd socket is the VMD_SOCKET of the environment
+`ray start` ran in (Ray's workers inherit it), else vmd's default socket.
+
 A job's actor asks for one `vm_slot` and one slot of its guest's family, so Ray places it
 only where a guest of that family can run and never more guests on a host than it has.
 """
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, Field
 
+from vmagent.client import DEFAULT_SOCKET
 from vmagent.tool_table import os_family_of
 
 HOST_LABEL = "vmagent-host"
@@ -47,16 +54,23 @@ class HostLabels(BaseModel):
     vmd_socket: str = Field(min_length=1)
 
     @classmethod
-    def from_labels(cls, labels: dict[str, str] | None) -> "HostLabels":
+    def from_labels(cls, labels: dict[str, str] | None,
+                    environ: dict[str, str] | None = None) -> "HostLabels":
+        """The host's name from its label (required); its vmd socket from its label, else
+        VMD_SOCKET of `environ` (the node's own environment: Ray's workers inherit the one
+        `ray start` ran in), else vmd's default socket."""
         labels = labels or {}
-        missing = [name for name in (HOST_LABEL, VMD_SOCKET_LABEL) if not labels.get(name)]
-        if missing:
+        if not labels.get(HOST_LABEL):
             raise MissingHostLabels(
-                f"this Ray node has no {' and no '.join(missing)} label, so vmagent does not know "
-                "which vmd host it is: start the node with `ray start ... --labels="
-                f"'{{\"{HOST_LABEL}\": \"<host name>\", \"{VMD_SOCKET_LABEL}\": \"<vmd socket path>\"}}'` "
+                f"this Ray node has no {HOST_LABEL} label, so vmagent does not know which vmd host it "
+                "is: start the node with `ray start ... --labels="
+                f"'{{\"{HOST_LABEL}\": \"<host name>\"}}'`; its vmd socket is the "
+                f"{VMD_SOCKET_LABEL} label when given (JSON form only: Ray refuses a path in the "
+                f"key=value form), else VMD_SOCKET of `ray start`'s environment, else {DEFAULT_SOCKET} "
                 "(docs/scale-out.md)")
-        return cls(host=labels[HOST_LABEL], vmd_socket=labels[VMD_SOCKET_LABEL])
+        environ = os.environ if environ is None else environ
+        socket = labels.get(VMD_SOCKET_LABEL) or environ.get("VMD_SOCKET") or DEFAULT_SOCKET
+        return cls(host=labels[HOST_LABEL], vmd_socket=socket)
 
     @classmethod
     def of_this_node(cls) -> "HostLabels":
