@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from vmagent.client import Vmd, VmdError, VmdUnavailable
 from vmagent.fleet.host_labels import HOST_LABEL, SLOT_RESOURCE, VMD_SOCKET_LABEL, HostLabels, MissingHostLabels
+from vmagent.fleet.on_host import pinned
 from vmagent.fleet.placement import RayMissing, connect
 from vmagent.service.config import load_config
 from vmagent.terminal import EXIT_USAGE, show
@@ -94,8 +95,9 @@ def local_hosts(vmd_socket: str | None, slots_total: int, timeout: float = VMD_W
 
 
 def _node_host_info(vmd_socket: str, timeout: float) -> dict:
-    """Runs on a host as a Ray task: its vmd's host_info, as a plain dict."""
-    return host_info(vmd_socket, timeout).model_dump()
+    """Runs on a host as a Ray task: its vmd's host_info, as a plain dict. No socket label:
+    the node's own (HostLabels: VMD_SOCKET of its environment, else the default)."""
+    return host_info(vmd_socket or HostLabels.of_this_node().vmd_socket, timeout).model_dump()
 
 
 class RayHosts:
@@ -141,16 +143,14 @@ class RayHosts:
 
     def _ask(self, ray, nodes: list[dict]) -> dict[str, HostInfoResult | str]:
         """Each node's vmd, asked at once by a task pinned to that node; waited for wait_s in all."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # Ray: only when listed
-
         if self._task is None:
             self._task = ray.remote(num_cpus=0, max_retries=0)(_node_host_info)
         task = self._task
         refs = {}
         for node in nodes:
-            pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            socket = node["Labels"][VMD_SOCKET_LABEL]
-            refs[task.options(scheduling_strategy=pinned).remote(socket, self.vmd_wait_s)] = node["NodeID"]
+            socket = node["Labels"].get(VMD_SOCKET_LABEL)
+            ref = task.options(scheduling_strategy=pinned(node["NodeID"])).remote(socket, self.vmd_wait_s)
+            refs[ref] = node["NodeID"]
         answers: dict[str, HostInfoResult | str] = {}
         ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=self.wait_s) if refs else ([], [])
         for ref in ready:

@@ -44,6 +44,7 @@ from .gate import BodyGate
 from .hosts_route import add_host_routes
 from .job_api import (ID_CHARS, AnswerBody, AskBody, AskView, DecisionBody, Health, JobCreate, JobList,
                       JobView, MachineView, PushView, VerificationView)
+from .job_vmd import job_vmd
 from .preview import render_preview
 from .private_files import private_dir
 from .refusals import (AUTHENTICATED, BEARER, EVERY_ROUTE, JOB_LINKS, NOT_NOW, OWN_JOB, PREVIEW_TOKEN,
@@ -167,7 +168,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         if push.get("state") == "pending" and job.get("session_id") and \
                 now - push_checked.get(job["id"], -PUSH_CHECK_S) >= PUSH_CHECK_S:
             push_checked[job["id"]] = now
-            fresh = push_status(config.vmd_socket, job["session_id"])
+            fresh = push_status(job_vmd(config, store.job_dir(job["id"])), job["session_id"])
             if fresh is not None and fresh != push:
                 store.update_job(job["id"], push_json=json.dumps(fresh))
                 push = fresh

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 
-from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmagent.client import VmdUnavailable
+from vmagent.fleet.on_host import VmdCall
 from vmd.verbs import LOCAL_OWNER, HistoryResult, fence, name_problem
 
 from .config import ServiceConfig
+from .job_vmd import JobVmd, job_vmd, local_vmd
 from .store import Store
 
 # The model sees at most this much of the record; the report and the tail matter most.
@@ -57,17 +59,18 @@ def gather_sources(store: Store, job: dict, question: str, config: ServiceConfig
             terminal.append(f"(agent said) {event.get('text', '')}")
     if terminal:
         sources.append(("terminal", "\n".join(terminal[-600:])))
-    history = project_history(config, job, question)
+    history = project_history(config, job, question, vmd=job_vmd(config, store.job_dir(job["id"])))
     if history:
         sources.append(("git", history))
     return sources
 
 
-def project_history(config: ServiceConfig, job: dict, question: str) -> str:
+def project_history(config: ServiceConfig, job: dict, question: str, vmd: JobVmd | None = None) -> str:
     """The recent history of the job's project, as vmd's `history` verb reads it from vmd's
     repository of that owner and project (the owner the worker gave session_open: the
     job's own): the last commits with their files, and the changes of each file the
-    question names. "" when the job has no project or vmd has none of that name."""
+    question names. "" when the job has no project or vmd has none of that name. `vmd`: the
+    job's (job_vmd.py: with the Ray executor, its host's); None: the service's own."""
     if not job.get("project"):
         return ""
     owner, project = job.get("owner") or "", job["project"]
@@ -76,24 +79,24 @@ def project_history(config: ServiceConfig, job: dict, question: str) -> str:
     asks = [("log --stat -n 10", {"max_commits": 10})]
     for name in project_files_in(question):
         asks.append((f"log -p -n 3 -- {name}", {"max_commits": 3, "patch": True, "path": name}))
-    parts = []
+    vmd = vmd or local_vmd(config.vmd_socket)
+    calls = [VmdCall(verb="history", params={"owner": owner, "project": project, "what": "log",
+                                             "max_bytes": MAX_GIT_OUTPUT, **params}) for _, params in asks]
     try:
-        with Vmd(config.vmd_socket, timeout=config.ask_git_timeout_s) as vmd:
-            for i, (label, params) in enumerate(asks):
-                try:
-                    answer = vmd.call("history", owner=owner, project=project, what="log",
-                                      max_bytes=MAX_GIT_OUTPUT, **params)
-                except VmdError:
-                    if i == 0:
-                        return ""  # vmd has no such project (no session of it committed)
-                    continue
-                # The contract's model, from vmd's dict or the client's typed answer alike.
-                text = HistoryResult.model_validate(answer).text
-                if text.strip():
-                    parts.append(f"$ git {label}\n{text[:8000]}")
+        answers = vmd(calls, config.ask_git_timeout_s, False)
     except (VmdUnavailable, OSError, ValueError) as exc:
         return (f"(vmd could not be asked for this project's history ({exc}), so it is not part of "
                 "this answer.)")
+    if not answers or answers[0].error:
+        return ""  # vmd has no such project (no session of it committed)
+    parts = []
+    for (label, _), answer in zip(asks, answers):
+        if answer.error:
+            continue
+        # The contract's model, from vmd's dict.
+        text = HistoryResult.model_validate(answer.result).text
+        if text.strip():
+            parts.append(f"$ git {label}\n{text[:8000]}")
     return "\n\n".join(parts)
 
 

@@ -24,6 +24,7 @@ import time
 
 from .config import ServiceConfig
 from .frames import FrameReader, OutputCap
+from .job_vmd import JobVmd, job_vmd
 from .private_files import WORKER_UMASK, open_private_append, private_dir, write_private
 from .salvage import build_salvage_report
 from .store import Store
@@ -351,7 +352,7 @@ class WorkerPool:
         if job.get("session_id"):
             # The loop never reached its own close: do it here, so the work is committed and
             # pushed, the machine does not run on, and the report is vmd's from its record.
-            closed = close_session(self.config.vmd_socket, job["session_id"])
+            closed = close_session(job_vmd(self.config, self.store.job_dir(job["id"])), job["session_id"])
             if closed:
                 report = closed + "\n\n---\n\n" + salvage
         self.store.set_state(worker.job_id, state, report=report, status_line=state)
@@ -373,31 +374,41 @@ def verification_fields(outcome: dict) -> dict:
             "verification_attempts": attempts}
 
 
-def close_session(vmd_socket: str | None, session_id: str) -> str | None:
-    """Close a vmd session whose worker died; vmd's report, or None if vmd can't be reached."""
-    from vmagent.client import Vmd, VmdError, VmdUnavailable
+def close_session(vmd: JobVmd, session_id: str) -> str | None:
+    """Close a vmd session whose worker died, in the job's vmd (job_vmd.py: the service's,
+    or its host's); vmd's report, or None if that vmd can't be reached or refuses."""
+    from vmagent.client import VmdUnavailable
+    from vmagent.fleet.on_host import VmdCall
 
+    calls = [VmdCall(verb="session_attach", params={"session_id": session_id}),
+             VmdCall(verb="session_close"), VmdCall(verb="report")]
     try:
-        with Vmd(vmd_socket, timeout=300) as vmd:
-            vmd.call("session_attach", session_id=session_id)
-            vmd.call("session_close")
-            return vmd.call("report").markdown
-    except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
+        answers = vmd(calls, 300, True)
+    except (VmdUnavailable, OSError, ValueError) as exc:
         log.warning("could not close vmd session %s after its worker died: %s", session_id, exc)
         return None
+    if len(answers) < len(calls) or answers[-1].error:
+        log.warning("could not close vmd session %s after its worker died: %s", session_id,
+                    next((a.error for a in answers if a.error), "vmd refused"))
+        return None
+    return answers[-1].result["markdown"]
 
 
-def push_status(vmd_socket: str | None, session_id: str) -> dict | None:
+def push_status(vmd: JobVmd, session_id: str) -> dict | None:
     """Where vmd's push of a closed session stands now ({state, attempts, pushed_at, ...}),
     or None when vmd cannot say: vmd retries a push Gitea could not take after the job
-    ended, and the job's owner asks the service, not vmd."""
-    from vmagent.client import Vmd, VmdError, VmdUnavailable
+    ended, and the job's owner asks the service, not vmd. `vmd`: the job's (job_vmd.py)."""
+    from vmagent.client import VmdUnavailable
+    from vmagent.fleet.on_host import VmdCall
 
+    calls = [VmdCall(verb="session_attach", params={"session_id": session_id}), VmdCall(verb="session_status")]
     try:
-        with Vmd(vmd_socket, timeout=10) as vmd:
-            vmd.call("session_attach", session_id=session_id)
-            push = vmd.call("session_status").push
-            return push.model_dump() if push is not None else None
-    except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
+        answers = vmd(calls, 10, True)
+    except (VmdUnavailable, OSError, ValueError) as exc:
         log.info("could not ask vmd about the push of session %s: %s", session_id, exc)
         return None
+    if len(answers) < len(calls) or answers[-1].error:
+        log.info("could not ask vmd about the push of session %s: %s", session_id,
+                 next((a.error for a in answers if a.error), "vmd refused"))
+        return None
+    return answers[-1].result.get("push")
