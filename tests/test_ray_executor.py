@@ -11,23 +11,21 @@ Where a job ran is read from the vmds' own state folders.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from pathlib import Path
 from typing import Callable
 
 import pytest
 
-from tests.loop_harness import call, calls, running_vmd, user_texts
-from tests.ollama_server import Turn, start_ollama
-from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, stop_workers, wait_for_state
+from tests.loop_harness import call, calls, user_texts
+from tests.ollama_server import Turn
+from tests.service_harness import ServiceProcess, wait_for_state
 from tests.test_service_api import start, wait_for_event
 
 ray = pytest.importorskip("ray")
 # CI requires these to run (a real Ray cluster: .ci/run, tests/conftest.py).
 pytestmark = pytest.mark.ray
-from tests.ray_harness import ray_cluster  # noqa: E402  (needs ray)
+from tests.ray_fleet import host_of, ray_service, stand_in_fleet  # noqa: E402  (needs ray)
 
 PLAN = call("plan_tasks", {"tasks": ["write hello.py", "check it prints hello"]}, content="Planning.")
 WORK = calls(("write_file", {"path": "hello.py", "content": "print('hello')\n"}),
@@ -87,40 +85,14 @@ class Scripts:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """(cluster, {host: vmd}, scripted Ollama server)."""
-    root = tmp_path_factory.mktemp("fleet")
     scripts = Scripts({"keep working": busy, "ask first": asks_then_finishes})
-    with running_vmd(root / "a") as vmd_a, running_vmd(root / "b") as vmd_b, \
-            start_ollama(default=scripts) as server, \
-            ray_cluster({"a": vmd_a.socket, "b": vmd_b.socket}) as cluster:
-        yield cluster, {"a": vmd_a, "b": vmd_b}, server
-
-
-@contextlib.contextmanager
-def ray_service(tmp_path: Path, fleet):
-    cluster, _, server = fleet
-    # VMAGENT_MAX_STEPS: a busy job works until the test ends it, not into the step cap.
-    env = {**real_worker_env(server.url), "VMAGENT_EXECUTOR": "ray", "RAY_ADDRESS": cluster.address,
-           "VMAGENT_MAX_STEPS": "2000"}
-    svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, env=env,
-                         max_concurrent=8).start()  # the harness sets 2; Ray's slots are the limit here
-    try:
-        yield svc, svc.client()
-    finally:
-        svc.stop()
-        stop_workers(svc)
+    with stand_in_fleet(tmp_path_factory.mktemp("fleet"), scripts) as made:
+        yield made
 
 
 def events_of(client, job_id: str) -> list[dict]:
     body = client.get(f"/jobs/{job_id}/events", params={"follow": "false"}).text
     return [json.loads(line[6:]) for line in body.splitlines() if line.startswith('data: {"type')]
-
-
-def host_of(fleet, session_id: str) -> str:
-    """The host whose vmd holds the session (its state folder is the proof)."""
-    _, vmds, _ = fleet
-    found = [name for name, vmd in vmds.items() if (vmd.config.sessions_dir / session_id).is_dir()]
-    assert len(found) == 1, (session_id, found)
-    return found[0]
 
 
 def running_session(client, job_id: str, timeout: float = 90) -> str:

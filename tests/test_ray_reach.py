@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.loop_harness import call, calls, running_vmd
-from tests.ollama_server import start_ollama
-from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, stop_workers, wait_for_state
+from tests.loop_harness import call, calls
+from tests.ray_fleet import host_of, stand_in_fleet
+from tests.ray_fleet import ray_service as fleet_service
+from tests.service_harness import wait_for_state
 from tests.test_service_api import start, wait_for_event, worker_pid
 from vmagent.client import DEFAULT_SOCKET
 from vmagent.fleet.host_labels import HostLabels
@@ -58,35 +59,17 @@ def test_a_node_without_a_socket_label_uses_its_vmd_socket_environment_else_the_
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     pytest.importorskip("ray")
-    from tests.ray_harness import ray_cluster
-
-    root = tmp_path_factory.mktemp("reach")
-    with running_vmd(root / "a") as vmd_a, running_vmd(root / "b") as vmd_b, \
-            start_ollama(default=script) as server, \
-            ray_cluster({"a": vmd_a.socket, "b": vmd_b.socket}) as cluster:
-        yield cluster, {"a": vmd_a, "b": vmd_b}, server
+    with stand_in_fleet(tmp_path_factory.mktemp("reach"), script) as made:
+        yield made
 
 
 @contextlib.contextmanager
 def ray_service(tmp_path: Path, fleet):
-    cluster, _, server = fleet
-    env = {**real_worker_env(server.url), "VMAGENT_EXECUTOR": "ray", "RAY_ADDRESS": cluster.address,
-           "VMAGENT_MAX_STEPS": "2000"}
-    # No vmd_socket in its settings (the harness leaves VMD_* out of its environment too).
-    svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, env=env, max_concurrent=8).start()
-    assert "vmd_socket" not in svc.config
-    try:
-        yield svc, svc.client()
-    finally:
-        svc.stop()
-        stop_workers(svc)
+    with fleet_service(tmp_path, fleet) as (svc, client):
+        # No vmd_socket in its settings (the harness leaves VMD_* out of its environment too).
+        assert "vmd_socket" not in svc.config
+        yield svc, client
 
-
-def host_of(fleet, session_id: str) -> str:
-    _, vmds, _ = fleet
-    found = [name for name, vmd in vmds.items() if (vmd.config.sessions_dir / session_id).is_dir()]
-    assert len(found) == 1, (session_id, found)
-    return found[0]
 
 
 @pytest.mark.ray
