@@ -16,11 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from tests.gitea_server import start_gitea
-from tests.loop_harness import agent_config, call, calls, user_texts
+from tests.loop_harness import Vmd, agent_config, call, calls, user_texts
 from tests.ollama_server import Turn, start_ollama
 from tests.service_harness import real_worker_env
 from tests.vmd_fakes import LocalMachines, RpcClient, make_config
@@ -36,25 +35,14 @@ TASKS = ["write greet.py", "write names.txt and check both"]
 CHECK = "python3 greet.py | grep -q hello && grep -qx ada names.txt"
 
 
-@dataclass
-class Host:
-    server: VmdServer
-    machines: LocalMachines
-    config: object
-
-    @property
-    def socket(self) -> str:
-        return str(self.config.socket)
+class Host(Vmd):
+    """A vmd host of the test (socket, record: loop_harness.Vmd) that can be lost."""
 
     def lose(self) -> None:
         """As a dead host: vmd gone with its session open, its machine gone too."""
         self.server.stop()
         for machine in self.machines.machines.values():
             machine.destroy()
-
-    def record(self, session_id: str) -> list[dict]:
-        path = self.config.sessions_dir / session_id / "record.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @contextlib.contextmanager
