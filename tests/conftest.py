@@ -81,8 +81,19 @@ def machine_factory(debian_image, tmp_path):
         machine.destroy()
 
 
+@pytest.hookimpl(optionalhook=True)  # the hook is pytest-xdist's: without it, never called
+def pytest_xdist_make_scheduler(config, log):
+    # Under pytest-xdist (`-n 2`, the README's test command): tests/lanes.py.
+    if config.getvalue("dist") in ("load", "loadgroup"):
+        from tests.lanes import LaneScheduling
+
+        return LaneScheduling(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    # Slow real-guest tests run last so that a quick failure elsewhere shows first.
+    # Slow real-guest tests run last so that a quick failure elsewhere shows first. (Under
+    # xdist the guest lane is scheduled first instead: tests/lanes.py.)
     items.sort(key=lambda item: item.get_closest_marker("vm") is not None)
 
 
@@ -108,7 +119,9 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     target = os.environ.get("MARKED_TESTS_REPORT")
-    if target:
+    # Under pytest-xdist each worker sees only its own tests; the controller, which gets
+    # every worker's reports, writes the counts.
+    if target and not hasattr(session.config, "workerinput"):
         import json
 
         Path(target).parent.mkdir(parents=True, exist_ok=True)
