@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from vmd.machines.smb_share import (SMBD, TESTPARM, SmbRelay, is_negotiate, prepare_smb_share, private_tcp_pair,
-                                    smb_dir)
+from vmd.machines.smb_share import (MSG_SOCKET_TAIL, SHORT_SOCKET_ROOT, SMBD, SOCKET_PATH_MAX, TESTPARM, SmbRelay,
+                                    is_negotiate, prepare_smb_share, private_tcp_pair, smb_dir, socket_dir)
 from vmd.projects.tree import share_owner
 
 
@@ -58,17 +58,48 @@ def read_frame(sock: socket.socket) -> bytes:
     return data
 
 
-@pytest.fixture
-def share(tmp_path):
+def make_share(workdir: Path):
     _needs(_missing())
     owner = share_owner("libvirt-qemu")
-    for folder in [tmp_path, *tmp_path.parents]:  # smbd runs as QEMU's user: it must pass through
+    workdir.mkdir(parents=True, exist_ok=True)
+    for folder in [workdir, *workdir.parents]:  # smbd runs as QEMU's user: it must pass through
         os.chmod(folder, os.stat(folder).st_mode | 0o001)
-    project = tmp_path / "project"
+    project = workdir / "project"
     project.mkdir(mode=0o700)
     os.chown(project, *owner)
-    made = prepare_smb_share(tmp_path, project, owner, "libvirt-qemu", grp.getgrgid(owner[1]).gr_name)
+    made = prepare_smb_share(workdir, project, owner, "libvirt-qemu", grp.getgrgid(owner[1]).gr_name)
     return made, owner
+
+
+@pytest.fixture
+def share(tmp_path):
+    return make_share(tmp_path)
+
+
+def negotiates(made, conf: Path, owner, times: int = 1) -> SmbRelay:
+    """A relay started on `made`'s socket, through which `times` connections negotiate SMB 3.0
+    with a fresh smbd each; returns the relay, stopped."""
+    qemu = socket.socket(socket.AF_UNIX)  # QEMU's end of the character device
+    qemu.bind(made.socket)
+    qemu.listen(1)
+    relay = SmbRelay(Path(made.socket), conf, owner).start()
+    try:
+        chardev, _ = qemu.accept()
+        chardev.settimeout(30)
+        for connection in range(1, times + 1):
+            chardev.sendall(negotiate_frame())
+            reply = read_frame(chardev)
+            assert reply[:4] == b"\xfeSMB" and int.from_bytes(reply[12:14], "little") == 0  # NEGOTIATE
+            assert int.from_bytes(reply[8:12], "little") == 0  # STATUS_SUCCESS
+            assert int.from_bytes(reply[64 + 4:64 + 6], "little") == 0x0300  # SMB 3.0
+            assert relay.connections == connection
+            status = Path(f"/proc/{relay._server.pid}/status").read_text()
+            uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+            assert set(uid_line.split()[1:]) == {str(owner[0])}  # never root
+    finally:
+        relay.stop()
+        qemu.close()
+    return relay
 
 
 def test_samba_reads_vmds_configuration_as_meant(share, tmp_path):
@@ -88,27 +119,23 @@ def test_samba_reads_vmds_configuration_as_meant(share, tmp_path):
 
 def test_each_new_connection_of_the_guest_gets_a_fresh_smbd_as_qemus_user(share, tmp_path):
     made, owner = share
-    qemu = socket.socket(socket.AF_UNIX)  # QEMU's end of the character device
-    qemu.bind(made.socket)
-    qemu.listen(1)
-    relay = SmbRelay(Path(made.socket), smb_dir(tmp_path) / "smb.conf", owner).start()
-    try:
-        chardev, _ = qemu.accept()
-        chardev.settimeout(30)
-        for connection in (1, 2):
-            chardev.sendall(negotiate_frame())
-            reply = read_frame(chardev)
-            assert reply[:4] == b"\xfeSMB" and int.from_bytes(reply[12:14], "little") == 0  # NEGOTIATE
-            assert int.from_bytes(reply[8:12], "little") == 0  # STATUS_SUCCESS
-            assert int.from_bytes(reply[64 + 4:64 + 6], "little") == 0x0300  # SMB 3.0
-            assert relay.connections == connection
-            status = Path(f"/proc/{relay._server.pid}/status").read_text()
-            uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
-            assert set(uid_line.split()[1:]) == {str(owner[0])}  # never root
-    finally:
-        relay.stop()
-        qemu.close()
+    relay = negotiates(made, smb_dir(tmp_path) / "smb.conf", owner, times=2)
     assert relay._server is None
+    assert socket_dir(smb_dir(tmp_path)).parent != SHORT_SOCKET_ROOT  # a short path keeps its own
+
+
+def test_a_session_folder_too_deep_for_smbds_sockets_still_serves_and_leaves_nothing(tmp_path):
+    # Seen under pytest-xdist's deeper temp folders: smbd ended at start ("messaging_dgm_init
+    # failed: File name too long") and the guest's mount failed with no word why.
+    # 85 bytes: QEMU's socket (`<workdir>/smb/q.sock`) fits, smbd's would not.
+    workdir = tmp_path / ("d" * (85 - len(str(tmp_path)) - 1))
+    assert len(os.fsencode(str(smb_dir(workdir) / "state" / "lock") + MSG_SOCKET_TAIL)) > SOCKET_PATH_MAX
+    made, owner = make_share(workdir)
+    conf = smb_dir(workdir) / "smb.conf"
+    lock = socket_dir(smb_dir(workdir))
+    assert lock.parent == SHORT_SOCKET_ROOT and f"lock directory = {lock}" in conf.read_text()
+    negotiates(made, conf, owner)
+    assert not lock.exists(), "the short socket folder outlived its relay"
 
 
 def test_the_pair_smbd_gets_is_on_no_host_address():

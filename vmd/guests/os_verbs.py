@@ -10,11 +10,14 @@ Failures are `GuestError`s: the verb's handler turns one into the verb's error w
 
 from __future__ import annotations
 
+import logging
 import secrets
 import shlex
 
 from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow
 from vmd.guests.x11_windows import list_x11_windows
+
+log = logging.getLogger("vmd.guests.os_verbs")
 
 LAUNCH_TIMEOUT_S = 30  # starting a program returns at once; its window comes later
 PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s
@@ -99,7 +102,11 @@ class LinuxVerbs:
         return f"mountpoint -q {self.project_path} || sudo -n mount {self.project_path}"
 
     def mount_share(self) -> None:
-        self.run(self._mount_line(), timeout=30)
+        # The facts say whether the share is mounted; vmd's log says why it is not.
+        done = self.run(self._mount_line(), timeout=30)
+        if done.exit_code != 0:
+            log.warning("mounting the %s project share failed (exit %s): %s", self.share, done.exit_code,
+                        (done.stdout + done.stderr).strip()[-300:])
 
     def reboot(self) -> None:
         self.run("sudo systemctl reboot", timeout=10)

@@ -26,8 +26,10 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import functools
+import hashlib
 import logging
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -48,6 +50,13 @@ TESTPARM = "/usr/bin/testparm"
 SHARE_NAME = "project"
 # A Unix socket's path holds at most 107 bytes (sun_path is 108 with its NUL).
 SOCKET_PATH_MAX = 107
+# smbd's messaging sockets are `<lock directory>/msg.sock/<pid>`, the pid as long as Linux
+# makes one (pid_max is at most 2^22). Under a deep state_dir that path passes a Unix
+# socket's limit and smbd ends at start ("messaging_dgm_init failed: File name too long"),
+# the guest's mount failing with no word why: the lock directory then moves to a short
+# folder of its own under SHORT_SOCKET_ROOT, which exists while the session's relay runs.
+MSG_SOCKET_TAIL = "/msg.sock/4194304"
+SHORT_SOCKET_ROOT = Path("/run/vmd-smb")
 # smbd's log per session: enough for a failed mount's reasons, bounded on disk (KiB).
 LOG_MAX_KIB = 1024
 # How long the relay waits for QEMU's socket after the domain's start (QEMU makes it
@@ -74,10 +83,22 @@ def samba_knows(parameter: str) -> bool:
     return done.returncode == 0 and "Unknown parameter" not in done.stderr + done.stdout
 
 
-def smb_conf(project_dir: Path, state: Path, user: str, group: str, *, smb3_unix_extensions: bool) -> str:
+def socket_dir(folder: Path) -> Path:
+    """smbd's lock directory, where it makes its sockets, for the session SMB folder
+    `folder`: its own `state/lock`, or a short folder named for it where that path would
+    be too long for a socket (MSG_SOCKET_TAIL)."""
+    lock = folder / "state" / "lock"
+    if len(os.fsencode(str(lock) + MSG_SOCKET_TAIL)) <= SOCKET_PATH_MAX:
+        return lock
+    return SHORT_SOCKET_ROOT / hashlib.sha256(os.fsencode(str(folder))).hexdigest()[:16]
+
+
+def smb_conf(project_dir: Path, state: Path, user: str, group: str, *, smb3_unix_extensions: bool,
+             lock_dir: Path | None = None) -> str:
     """smbd's configuration for one session's share. `state`: smbd's own folders (QEMU's
     user's, private); `user`, `group`: QEMU's, whom every file belongs to and who the
-    guest is (guest access only: no password exists or is needed)."""
+    guest is (guest access only: no password exists or is needed). `lock_dir`: where smbd
+    makes its sockets, if not under `state` (socket_dir)."""
     lines = [
         "[global]",
         "server role = standalone server",
@@ -119,7 +140,7 @@ def smb_conf(project_dir: Path, state: Path, user: str, group: str, *, smb3_unix
         "map system = no",
         "map readonly = no",
         f"private dir = {state}/private",
-        f"lock directory = {state}/lock",
+        f"lock directory = {lock_dir or state / 'lock'}",
         f"state directory = {state}/state",
         f"cache directory = {state}/cache",
         f"pid directory = {state}/pid",
@@ -163,7 +184,8 @@ def prepare_smb_share(workdir: Path, project_dir: Path, owner: tuple[int, int] |
     for sub in ("", "private", "lock", "state", "cache", "pid", "ncalrpc", "bind-dns"):
         private_dir(state / sub if sub else state)
     conf = folder / "smb.conf"
-    text = smb_conf(project_dir, state, user, group, smb3_unix_extensions=samba_knows("smb3 unix extensions"))
+    text = smb_conf(project_dir, state, user, group, smb3_unix_extensions=samba_knows("smb3 unix extensions"),
+                    lock_dir=socket_dir(folder))
     fd = open_private(conf)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
@@ -261,18 +283,37 @@ class SmbRelay:
         self._thread = threading.Thread(target=self._run, name=f"smb-relay {socket_path}", daemon=True)
 
     def start(self) -> "SmbRelay":
+        self._short_lock_dir(make=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._end_server()
+        self._short_lock_dir(make=False)
         if self._qemu is not None:
             try:
                 self._qemu.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
         self._thread.join(timeout=10)
+
+    def _short_lock_dir(self, make: bool) -> None:
+        """The short lock directory (socket_dir) of a session whose SMB folder is deep: made
+        for QEMU's user while the relay runs, removed with it."""
+        lock = socket_dir(self.conf.parent)
+        if lock.parent != SHORT_SOCKET_ROOT:
+            return
+        if not make:
+            shutil.rmtree(lock, ignore_errors=True)
+            return
+        try:
+            SHORT_SOCKET_ROOT.mkdir(mode=0o711, exist_ok=True)
+            lock.mkdir(mode=0o700, exist_ok=True)
+            if self.run_as is not None:
+                os.chown(lock, *self.run_as)
+        except OSError as exc:
+            log.warning("smb relay: no folder for smbd's sockets at %s (%s)", lock, exc)
 
     # --- the guest's side ----------------------------------------------------------------
 
