@@ -29,7 +29,7 @@ from tests.ollama_server import Turn
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.vm, pytest.mark.ray]
 
-# Guests boot under TCG here: ~40 s each, slower while another host's guest runs.
+# Guests boot under TCG here: ~65 s each to a desktop, slower while another host's guest runs.
 JOB_S = 600
 
 

@@ -181,11 +181,14 @@ def prepare_smb_share(workdir: Path, project_dir: Path, owner: tuple[int, int] |
     files these are; None where it does not exist here (tests without libvirt)."""
     folder = private_dir(smb_dir(workdir))
     state = folder / "state"
-    for sub in ("", "private", "lock", "state", "cache", "pid", "ncalrpc", "bind-dns"):
+    lock = socket_dir(folder)
+    for sub in ("", "private", "state", "cache", "pid", "ncalrpc", "bind-dns"):
         private_dir(state / sub if sub else state)
+    if lock.parent != SHORT_SOCKET_ROOT:  # else the relay makes it (SmbRelay._make_short_lock_dir)
+        private_dir(lock)
     conf = folder / "smb.conf"
     text = smb_conf(project_dir, state, user, group, smb3_unix_extensions=samba_knows("smb3 unix extensions"),
-                    lock_dir=socket_dir(folder))
+                    lock_dir=lock)
     fd = open_private(conf)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
@@ -283,14 +286,15 @@ class SmbRelay:
         self._thread = threading.Thread(target=self._run, name=f"smb-relay {socket_path}", daemon=True)
 
     def start(self) -> "SmbRelay":
-        self._short_lock_dir(make=True)
+        self._make_short_lock_dir()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._end_server()
-        self._short_lock_dir(make=False)
+        if (lock := self._short_lock_dir()) is not None:
+            shutil.rmtree(lock, ignore_errors=True)
         if self._qemu is not None:
             try:
                 self._qemu.shutdown(socket.SHUT_RDWR)
@@ -298,14 +302,15 @@ class SmbRelay:
                 pass
         self._thread.join(timeout=10)
 
-    def _short_lock_dir(self, make: bool) -> None:
-        """The short lock directory (socket_dir) of a session whose SMB folder is deep: made
-        for QEMU's user while the relay runs, removed with it."""
+    def _short_lock_dir(self) -> Path | None:
+        """The short lock directory (socket_dir) of a session whose SMB folder is deep; it
+        exists while the relay runs. None where smbd's sockets fit under the SMB folder."""
         lock = socket_dir(self.conf.parent)
-        if lock.parent != SHORT_SOCKET_ROOT:
-            return
-        if not make:
-            shutil.rmtree(lock, ignore_errors=True)
+        return lock if lock.parent == SHORT_SOCKET_ROOT else None
+
+    def _make_short_lock_dir(self) -> None:
+        lock = self._short_lock_dir()
+        if lock is None:
             return
         try:
             SHORT_SOCKET_ROOT.mkdir(mode=0o711, exist_ok=True)
