@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from vmd.machines.netns_pair import private_tcp_pair
 from vmd.machines.smb_share import (MSG_SOCKET_TAIL, SHORT_SOCKET_ROOT, SMBD, SOCKET_PATH_MAX, TESTPARM, SmbRelay,
-                                    is_negotiate, prepare_smb_share, private_tcp_pair, smb_dir, socket_dir)
+                                    is_negotiate, prepare_smb_share, smb_dir, socket_dir)
 from vmd.projects.tree import share_owner
 
 

@@ -23,15 +23,12 @@ negotiates twice), so a NEGOTIATE after the first starts a fresh smbd for the ne
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -41,6 +38,7 @@ import libvirt
 
 from vmd.host_env import clean_env
 from vmd.machines.domain_xml import SmbShare, smb_socket_of
+from vmd.machines.netns_pair import private_tcp_pair
 from vmd.private_fs import open_private, private_dir
 
 log = logging.getLogger("vmd.machines.smb_share")
@@ -200,47 +198,6 @@ def prepare_smb_share(workdir: Path, project_dir: Path, owner: tuple[int, int] |
         raise ValueError(f"the SMB socket's path {sock} is longer than a Unix socket's {SOCKET_PATH_MAX} bytes; "
                          "give vmd a shorter state_dir.")
     return SmbShare(source=str(project_dir), socket=str(sock), name=SHARE_NAME)
-
-
-_CLONE_NEWNET = 0x40000000  # <sched.h>
-_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1  # <linux/sockios.h>, <net/if.h>
-_IFREQ = "16sH14x"  # struct ifreq: the name, then ifr_flags in the union
-
-
-def private_tcp_pair() -> tuple[socket.socket, socket.socket]:
-    """Two connected TCP sockets that no one else can reach: made in a network namespace
-    of their own, which holds nothing else. smbd serves only an IP connection (on a Unix
-    socket pair it stopped: `get_remote_hostname failed - Invalid argument`), and a pair
-    made on the host's loopback would need a listener there, which every guest's forwards
-    and every local user can reach while it waits. The namespace is a thread's own
-    (unshare affects the calling thread only); the sockets keep working from any thread."""
-    made: dict = {}
-
-    def make() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.unshare(_CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
-                fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
-            with socket.socket() as listener:
-                listener.bind(("127.0.0.1", 0))
-                listener.listen(1)
-                ours = socket.create_connection(listener.getsockname(), timeout=10)
-                theirs, _ = listener.accept()
-            ours.settimeout(None)
-            made["pair"] = (ours, theirs)
-        except OSError as exc:
-            made["error"] = exc
-
-    thread = threading.Thread(target=make, name="smb-netns")
-    thread.start()
-    thread.join()
-    if "error" in made:
-        raise made["error"]
-    return made["pair"]
 
 
 def relay_for(domain: libvirt.virDomain, workdir: Path) -> "SmbRelay | None":
