@@ -7,6 +7,14 @@ runs on the other worker, beside them. Guests under TCG are CPU-bound while they
 mostly idle while a test drives them, so the rest of the suite fills the gaps instead of
 waiting for the guests.
 
+The guest lane alone ran 51 minutes in CI while the other lane was done after 22, its
+worker then idle. So the guest modules are two scopes: the first starts at once on one
+worker; the second (`LATE_GUEST_MODULES`, ~14 minutes of guests) is queued behind every
+other test, and the other worker takes it when it has run them, so from then on two guests
+run at once, one per core. The late modules are ones that share nothing with the first
+scope's (not the egress guard's table, not a timed warm pool) and whose bounds are turns
+and outcomes, not seconds.
+
 Modules, not tests, are the unit: a module's fixtures (one booted guest, one Open WebUI)
 serve all its tests on one worker. pytest-xdist's own `--dist loadgroup` would name groups
 by marks, but it renames node ids to do so, which pytest 9 no longer lets it do; the
@@ -20,6 +28,9 @@ from pathlib import Path
 from xdist.scheduler import LoadScopeScheduling
 
 GUEST_LANE = "guests"
+LATE_GUEST_LANE = "guests, late"
+# About 14 minutes of guests in CI (agent faults ~8, eval ~4, the Ray cluster ~2.5).
+LATE_GUEST_MODULES = ("test_agent_faults_vm.py", "test_eval_vm.py", "test_ray_cluster_vm.py")
 # Modules in the guest lane although none of their tests boots a guest.
 HOST_PLUMBING_MODULES = ("test_egress_guard.py",)
 _GUEST_MARK = re.compile(r"\bmark\.(vm|compose)\b")
@@ -35,14 +46,25 @@ def guest_lane_modules(tests_dir: Path) -> set[str]:
 
 
 class LaneScheduling(LoadScopeScheduling):
-    """pytest-xdist's scope scheduling with two kinds of scope: the whole guest lane, and
-    each other test on its own. Scopes go out largest first, so the guest lane starts at
-    once on one worker and the other tests spread over the rest."""
+    """pytest-xdist's scope scheduling with three kinds of scope: the guest lane, the late
+    guest lane, and each other test on its own. Scopes go out largest first, so the guest
+    lane starts at once on one worker and the other tests spread over the rest; the late
+    guest lane goes out last."""
 
     def __init__(self, config, log=None, modules: set[str] | None = None):
         super().__init__(config, log)
         self.modules = modules if modules is not None else guest_lane_modules(Path(__file__).parent)
+        self._late_queued_last = False
 
     def _split_scope(self, nodeid: str) -> str:
         module = Path(nodeid.split("::", 1)[0]).name
-        return GUEST_LANE if module in self.modules else nodeid
+        if module not in self.modules:
+            return nodeid
+        return LATE_GUEST_LANE if module in LATE_GUEST_MODULES else GUEST_LANE
+
+    def _assign_work_unit(self, node) -> None:
+        # The queue is complete (ordered by size) before the first unit goes out.
+        if not self._late_queued_last and LATE_GUEST_LANE in self.workqueue:
+            self.workqueue.move_to_end(LATE_GUEST_LANE)
+        self._late_queued_last = True
+        super()._assign_work_unit(node)
