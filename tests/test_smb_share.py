@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from vmd.machines.netns_pair import private_tcp_pair
-from vmd.machines.smb_share import (MSG_SOCKET_TAIL, SHORT_SOCKET_ROOT, SMBD, SOCKET_PATH_MAX, TESTPARM, SmbRelay,
+from vmd.machines.smb_share import (MSG_SOCKET_TAIL, SESSION_REFUSED, SHORT_SOCKET_ROOT, SMBD, SOCKET_PATH_MAX,
+                                    TESTPARM, SmbRelay,
                                     is_negotiate, prepare_smb_share, smb_dir, socket_dir)
 from vmd.projects.tree import share_owner
 
@@ -123,6 +124,35 @@ def test_each_new_connection_of_the_guest_gets_a_fresh_smbd_as_qemus_user(share,
     relay = negotiates(made, smb_dir(tmp_path) / "smb.conf", owner, times=2)
     assert relay._server is None
     assert socket_dir(smb_dir(tmp_path)).parent != SHORT_SOCKET_ROOT  # a short path keeps its own
+
+
+def test_a_guest_speaking_in_a_session_no_smbd_holds_is_told_at_once_and_its_reconnect_is_served(share, tmp_path):
+    # A relay started after the guest's client negotiated (vmd restarted) first sees a frame
+    # in the middle of a session: no smbd can take it up, and a guest left unanswered waits
+    # out its echo timeout. It hears RFC 1002's negative session response at once instead,
+    # the frame goes nowhere, and the NEGOTIATE of its reconnect gets a fresh smbd.
+    made, owner = share
+    qemu = socket.socket(socket.AF_UNIX)
+    qemu.bind(made.socket)
+    qemu.listen(1)
+    relay = SmbRelay(Path(made.socket), smb_dir(tmp_path) / "smb.conf", owner).start()
+    try:
+        chardev, _ = qemu.accept()
+        chardev.settimeout(30)
+        mid_session = bytearray(negotiate_frame())
+        mid_session[4 + 12] = 8  # SMB2 READ, as a client mid-session sends it
+        chardev.sendall(bytes(mid_session))
+        answer = b""
+        while len(answer) < len(SESSION_REFUSED):
+            answer += chardev.recv(16)
+        assert answer == SESSION_REFUSED and relay.connections == 0
+        chardev.sendall(negotiate_frame())
+        reply = read_frame(chardev)
+        assert reply[:4] == b"\xfeSMB" and int.from_bytes(reply[8:12], "little") == 0  # NEGOTIATE answered
+        assert relay.connections == 1
+    finally:
+        relay.stop()
+        qemu.close()
 
 
 def test_a_session_folder_too_deep_for_smbds_sockets_still_serves_and_leaves_nothing(tmp_path):

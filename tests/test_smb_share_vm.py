@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from vmd.machines.machine import Machine
 from vmd.machines.smb_share import smb_dir
 from vmd.projects.publish import Remote, commit_project, prepare_project
 from vmd.projects.tree import share_owner
@@ -70,6 +72,22 @@ def test_a_guest_on_the_smb_share_writes_honest_files_and_nothing_special_reache
     assert "symlink=refused" in said and "device=refused" in said and "fifo=refused" in said, said
     assert "hardlink-out=refused" in said, said
 
+    # vmd restarted: the relay went with the old vmd, and the guest's SMB connection with it.
+    # The vmd that re-binds the guest (Machine.attach, as at adoption) finds the share in the
+    # domain's XML and relays again; the guest's cifs client reconnects on its own and what
+    # it writes next arrives.
+    relayed_before = machine.smb_relay
+    relayed_before.stop()
+    machine = Machine.attach(machine.image, name=machine.name, workdir=machine.workdir, project_dir=project)
+    assert machine.smb_relay is not None and machine.smb_relay is not relayed_before
+    began = time.monotonic()
+    again = machine.guest.run("printf 'after\\n' > /mnt/project/after-restart.txt && sync && cat /mnt/project/app.py",
+                              timeout=300)
+    print(f"the share back after the relay's restart: {time.monotonic() - began:.1f} s")
+    assert again.exit_code == 0 and "print(42)" in again.stdout, again.stdout + again.stderr
+    assert machine.smb_relay.connections >= 1
+    assert (project / "after-restart.txt").read_text() == "after\n"
+
     committed = commit_project(project, remote, "after a hostile guest on SMB")
     machine.destroy()
 
@@ -78,6 +96,7 @@ def test_a_guest_on_the_smb_share_writes_honest_files_and_nothing_special_reache
     entries = {line.split("\t", 1)[1]: line.split()[0] for line in tree.splitlines()}
     assert git(remote.repo_path, "show", f"{committed.sha}:app.py") == "print(42)\n"
     assert git(remote.repo_path, "show", f"{committed.sha}:src/lib.txt") == "honest\n"
+    assert git(remote.repo_path, "show", f"{committed.sha}:after-restart.txt") == "after\n"
     assert not {mode for mode in entries.values()} - {"100644", "100755"}, entries  # no link, no gitlink
     assert "shadow-link" not in entries and "null-device" not in entries and "fifo" not in entries
 

@@ -63,6 +63,12 @@ CONNECT_WAIT_S = 60.0
 # Enough of a frame to tell a NEGOTIATE: the 4-byte transport header, then SMB2's header
 # (protocol id at 0, command at 12) or SMB1's (command at 4).
 _PEEK = 4 + 16
+# RFC 1002's NEGATIVE SESSION RESPONSE, "unspecified error" (type 0x83, length 1, 0x8F): the
+# answer to a guest that speaks in a connection no smbd holds. Linux's cifs reconnects a
+# second later (is_smb_response in fs/smb/client/connect.c) and negotiates with a fresh
+# smbd; without it the guest waited for its echo timeout (~160 s on the Debian guest after
+# a relay restart, tests/test_smb_share_vm.py).
+SESSION_REFUSED = bytes([0x83, 0, 0, 1, 0x8F])
 
 
 def smb_dir(workdir: Path) -> Path:
@@ -327,7 +333,14 @@ class SmbRelay:
                     self._start_server()
                 negotiated = True
             elif self._server is None or self._server.poll() is not None:
-                self._start_server()  # smbd drops what is not SMB; the guest then reconnects
+                # A frame of a connection no smbd holds any more (vmd restarted, or its smbd
+                # ended): no smbd could take it up mid-session. Said so at once, the guest's
+                # client connects afresh instead of waiting out its echo timeout.
+                if frame_start[0] == 0:
+                    self._to_guest(SESSION_REFUSED)
+                if not _skip(qemu, length - len(peek)):
+                    return
+                continue
             self._to_server(frame_start)
             left = length - len(peek)
             while left > 0:
@@ -336,6 +349,13 @@ class SmbRelay:
                     return
                 self._to_server(chunk)
                 left -= len(chunk)
+
+    def _to_guest(self, data: bytes) -> None:
+        with self._write_lock:
+            try:
+                self._qemu.sendall(data)
+            except (OSError, AttributeError):
+                pass
 
     def _to_server(self, data: bytes) -> None:
         try:
@@ -397,6 +417,16 @@ class SmbRelay:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def _skip(sock: socket.socket, n: int) -> bool:
+    """Reads and drops `n` bytes; False when the connection ended first."""
+    while n > 0:
+        chunk = sock.recv(min(n, 1 << 16))
+        if not chunk:
+            return False
+        n -= len(chunk)
+    return True
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes | None:
