@@ -24,6 +24,7 @@ removes a host waits seconds, not the default half minute.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -97,13 +98,27 @@ def ray_cluster(hosts: dict[str, str], head_cpus: int = 1) -> Iterator[RayCluste
 
     # Short: Ray's Unix sockets live under it, and a socket's path has ~107 bytes at most.
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-        "num_cpus": head_cpus, "node_ip_address": "127.0.0.1", "temp_dir": temp_dir,
-        "include_dashboard": False, "_system_config": FAST_DEATH})
-    handle = RayCluster(cluster, temp_dir)
+    # Cluster writes the head's address to ray_current_cluster in Ray's default temp folder
+    # (ray._common.utils.get_ray_address_file: $RAY_TMPDIR/ray, else /tmp/ray), whatever the
+    # head's temp_dir, and fails where that folder does not exist: on a new machine every
+    # cluster failed so. It goes into this cluster's own folder instead, with the rest.
+    os.makedirs(os.path.join(temp_dir, "ray"))
+    ray_tmpdir_before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp_dir
     try:
-        for name, socket in hosts.items():
-            handle.add_host(name, socket)
-        yield handle
+        cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+            "num_cpus": head_cpus, "node_ip_address": "127.0.0.1", "temp_dir": temp_dir,
+            "include_dashboard": False, "_system_config": FAST_DEATH})
+        handle = RayCluster(cluster, temp_dir)
+        try:
+            for name, socket in hosts.items():
+                handle.add_host(name, socket)
+            yield handle
+        finally:
+            handle.shutdown()
     finally:
-        handle.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)  # also when the head never came up
+        if ray_tmpdir_before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = ray_tmpdir_before
