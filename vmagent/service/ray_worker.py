@@ -154,13 +154,17 @@ class Shim:
             return job, None, None
         lost = f"host {host} is gone from the cluster with the machine that waited for an answer"
         self.emit_status(f"host {host} lost: it is gone from the cluster")
-        if self.record.runs:  # that run ended waiting; its host went after
-            last = self.record.runs[-1]
-            last.why = f"{last.why or 'ended'}, then lost: {lost}"
-            self.record.save(self.job_dir)
+        self._waiting_run_lost(lost)
         if job.get("cancel"):
             return job, None, self._cancelled_outcome(f"its host {host} was gone, and its machine with it")
         return self._rerun_job(job, lost), None, None
+
+    def _waiting_run_lost(self, lost: str) -> None:
+        """The last run ended waiting for a person; its host went after: its record says so."""
+        if self.record.runs:
+            last = self.record.runs[-1]
+            last.why = f"{last.why or 'ended'}, then lost: {lost}"
+            self.record.save(self.job_dir)
 
     def _rerun_job(self, job: dict, lost: str) -> dict:
         """The job again on a new machine, from its last transcript; with none, from scratch."""
@@ -175,7 +179,11 @@ class Shim:
                 break
             except Unplaced:
                 if affinity and not placement.node_alive(affinity):
-                    raise Lost(self.record.host, "it died before the job resumed there")
+                    # The node was still alive when the resume looked (_resume_target): Ray
+                    # had not yet noticed its death, seen when the answer came at once.
+                    lost = Lost(self.record.host, "it died before the job resumed there")
+                    self._waiting_run_lost(str(lost))
+                    raise lost
                 continue
         else:
             return failed_outcome("# Job failed\n\nRay could not place the job on any host "
