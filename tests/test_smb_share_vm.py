@@ -10,8 +10,10 @@ host. Windows guests get their project this way (they have no 9p driver).
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,3 +119,48 @@ def test_a_guest_on_the_smb_share_writes_honest_files_and_nothing_special_reache
     # smbd's own state stayed in the session's private folder.
     assert stat.S_IMODE(smb_dir(machine.workdir).stat().st_mode) == 0o700
     assert stat.S_IMODE((smb_dir(machine.workdir) / "smb.conf").stat().st_mode) == 0o600
+
+
+def test_a_warm_slot_of_a_guest_on_smb_comes_with_the_sessions_own_share(tmp_path, debian_image, request):
+    # The warm pool with a guest whose project comes over SMB (as Windows guests' does): the
+    # slot is booted with a placeholder share and saved; the hand-out restores it with
+    # smbd's configuration for the session's project, QEMU's socket in the session's folder
+    # and a relay there. What the guest writes reaches the session's project, and nothing
+    # of the placeholder is seen.
+    from vmd.config import VmdConfig
+    from vmd.machines.host import local_host
+    from vmd.machines.warm_pool import WarmPool
+
+    owner = share_owner("libvirt-qemu")
+    image = debian_image.model_copy(update={"share": "smb"})
+    # A short state folder, as vmd's own is (/var/lib/vmagent/state): QEMU's SMB socket lies
+    # in a slot's folder, and a Unix socket's path has 107 bytes at most.
+    state = Path(tempfile.mkdtemp(prefix="vmdw-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(state, ignore_errors=True))
+    for folder in (state, state / "sessions"):  # as vmd makes them: QEMU passes through
+        folder.mkdir(mode=0o711, exist_ok=True)
+        folder.chmod(0o711)
+    config = VmdConfig.load(env={}, state_dir=state, images_dir=debian_image.dir.parent, warm_pool_size=1)
+    pool = WarmPool(config, local_host(config.libvirt_uri), size=1)
+    slot = pool.make_slot(image)
+    assert (slot / "saved.img").is_file()
+    remote = Remote(project="warm", state_dir=state)
+    project = tmp_path / "projects" / "warm"
+    prepare_project(project, remote, share_owner=owner)
+    (project / "README.md").write_text("the session's own\n")
+    os.chown(project / "README.md", *owner)
+    workdir = state / "sessions" / "s-warm"
+    machine = pool.hand_out(pool.take(image), image, workdir=workdir, project_dir=project, session_id="s-warm")
+    try:
+        assert machine.restored and machine.smb_relay is not None
+        assert machine.smb_relay.socket_path == smb_dir(workdir) / "q.sock"
+        facts = machine.ready(timeout=600)
+        assert facts.project_mounted, machine.guest.run("mount; dmesg | tail -20", timeout=30).stdout
+        done = machine.guest.run("cat /mnt/project/README.md && printf 'warm\\n' > /mnt/project/warm.txt && sync "
+                                 "&& ls -A /mnt/project", timeout=120)
+        assert done.exit_code == 0, done.stdout + done.stderr
+        assert "the session's own" in done.stdout
+        assert (project / "warm.txt").read_text() == "warm\n"
+        assert machine.smb_relay.connections >= 1
+    finally:
+        machine.destroy()

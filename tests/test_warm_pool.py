@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 from tests.vmd_fakes import LocalMachine, LocalMachines, local_vmd, make_config
 from tests.vmd_wire import WireVmd
+from vmd.machines.domain_xml import QEMU_NS, SMB_CHARDEV, SmbShare, smb_socket_of
 from vmd.machines.host import local_host
 from vmd.machines.images import Image
 from vmd.machines.warm_pool import SlotInfo, WarmPool, _restore_xml, unpoolable
@@ -69,6 +70,26 @@ def test_the_restore_points_the_slots_files_at_the_session_and_the_share_at_its_
     assert root.findtext("uuid") == "5b1f0c8e-3f5e-4c1e-9d55-0a4f3d1c2b7a"
     assert root.findtext("devices/kernel") == "/images/debian-1/vmlinuz"
     assert slot not in ET.tostring(root, encoding="unicode")
+
+
+def test_the_restore_moves_an_smb_shares_socket_to_the_sessions_folder():
+    # A guest on SMB: QEMU's socket is a QEMU argument and a line of vmd's metadata, not a
+    # <source>; the restored QEMU must listen in the session's folder, where its relay is.
+    slot = "/state/warm/debian-aaaa/.0123456789ab.making"
+    info = SlotInfo(name="vmagent-w-0123456789ab", folder=slot, share=f"{slot}/share", ssh_port=2222,
+                    accel="qemu", boot_seconds=40.0, made_at=0.0)
+    smb = SmbShare(source=f"{slot}/share", socket=f"{slot}/smb/q.sock")
+    args = "".join(f"<qemu:arg value='{a}'/>" for a in smb.qemu_args() + smb.netdev_options())
+    saved = SAVED_XML.format(slot=slot).replace("<domain type='qemu'>", f"<domain type='qemu' xmlns:qemu='{QEMU_NS}'>")
+    saved = saved.replace("</domain>", f"<qemu:commandline>{args}</qemu:commandline></domain>")
+    saved = saved.replace("<name>", f"<metadata><vmd:machine xmlns:vmd='https://vmagent.invalid/xmlns/vmd/1' "
+                                    f"ssh-port='2222' smb-socket='{slot}/smb/q.sock'/></metadata><name>", 1)
+    workdir, project = Path("/state/sessions/s-1/machine"), Path("/state/projects/local/demo")
+    restored = _restore_xml(saved, info, workdir, project, "s-1")
+    assert smb_socket_of(restored) == f"{workdir}/smb/q.sock"
+    values = [e.get("value") for e in ET.fromstring(restored).iter(f"{{{QEMU_NS}}}arg")]
+    assert f"socket,id={SMB_CHARDEV},path={workdir}/smb/q.sock,server=on,wait=off" in values
+    assert slot not in restored
 
 
 def test_a_slot_serves_one_session_and_half_made_ones_none(tmp_path):
@@ -228,13 +249,15 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
 
 def test_a_windows_default_image_gets_no_slots_and_a_sentence_why(tmp_path, monkeypatch, caplog):
     """A Windows slot could not be restored with a new identity (disk boot with its own UEFI
-    store, SMB share): the pool must not boot and throw away Windows guests for ever."""
+    store and TPM state): the pool must not boot and throw away Windows guests for ever. A
+    Linux guest on SMB is served (tests/test_smb_share_vm.py)."""
     common = dict(user="agent", resolution=(1280, 800), desktop=True)
     debian = Image(name="debian", os_family="linux", project_path="/mnt/project", kernel="vmlinuz",
                    initrd="initrd.img", dir=tmp_path / "images" / "debian-1", **common)
     windows = Image(name="windows", os_family="windows", project_path="Z:\\", boot="disk", uefi=True,
                     share="smb", dir=tmp_path / "images" / "windows-1", **common)
     assert unpoolable(debian) is None
+    assert unpoolable(debian.model_copy(update={"share": "smb"})) is None
     assert "serves no 'windows' guests yet" in unpoolable(windows)
     pool = new_pool(tmp_path, size=1)
     made = []

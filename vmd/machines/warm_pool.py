@@ -41,10 +41,12 @@ from pydantic import BaseModel
 
 from vmd.config import VmdConfig
 from vmd.guests.guest import GuestError
-from vmd.machines.domain_xml import VmdOwner, set_session
+from vmd.machines.boot_share import share_for
+from vmd.machines.domain_xml import VmdOwner, set_session, smb_socket_of
 from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
 from vmd.machines.machine import Machine, accel, connect, timeout_scale
+from vmd.machines.port import MachineError
 from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
 from vmd.projects.tree import share_owner
 
@@ -144,6 +146,8 @@ class WarmPool:
             boot_seconds = round(time.monotonic() - started, 1)
             machine.ssh.close()
             machine.domain.save(str(folder / "saved.img"))
+            if machine.smb_relay is not None:  # its guest is on disk now; a hand-out relays anew
+                machine.smb_relay.stop()
             try:
                 machine.domain.undefine()
             except libvirt.libvirtError:
@@ -202,6 +206,13 @@ class WarmPool:
             for part in ("overlay.qcow2", "console.log"):
                 if (claimed / part).exists():
                     shutil.move(str(claimed / part), str(workdir / part))
+            if smb_socket_of(xml) is not None:
+                # smbd's configuration for the session's project, in its workdir, where the
+                # restored QEMU listens (_restore_xml) and the relay finds it (relay_for).
+                try:
+                    share_for(image, share, workdir, share_owner(self.qemu_user), self.qemu_user, "smb")
+                except MachineError as exc:
+                    raise WarmFailed(str(exc)) from None
             xml = _restore_xml(xml, info, workdir, share, session_id)
             write_private(workdir / "domain.xml", xml)
             try:
@@ -386,10 +397,11 @@ def ready_slots_in(folder: Path) -> list[Path]:
 def unpoolable(image) -> str | None:
     """Why slots of `image` cannot be made, or None. A slot is saved and restored into a
     session's folder with a new identity: that is written for a guest that boots the host's
-    kernel, gets its folder over 9p and can forget its identity in place (Linux). A Windows
-    guest (disk boot with its own UEFI store, SMB share, no in-place new identity) is not
-    yet: its slots would be made and thrown away for ever, so the pool makes none."""
-    if image.boot != "kernel" or image.share != "9p":
+    kernel, gets its folder over 9p or SMB and can forget its identity in place (Linux). A
+    Windows guest (disk boot with its own UEFI store and TPM state, no in-place new
+    identity) is not yet: its slots would be made and thrown away for ever, so the pool
+    makes none."""
+    if image.boot != "kernel" or image.share not in ("9p", "smb"):
         return (f"the warm pool serves no '{image.name}' guests yet (a {image.boot} boot with a {image.share} "
                 f"share); its sessions boot cold. Set VMD_WARM_POOL_SIZE=0 to say so, or make a Linux "
                 f"image the default.")
@@ -418,15 +430,20 @@ def _give_to_qemu(share: Path, qemu_user: str) -> None:
 def _restore_xml(xml: str, info: SlotInfo, workdir: Path, share: Path, session_id: str | None = None) -> str:
     """The saved XML with the slot's files moved to the session's folder, the share
     pointed at the session's project folder, and the session named as its owner in vmd's
-    <metadata> (the sweep finds the session by it; the domain keeps the slot's name)."""
+    <metadata> (the sweep finds the session by it; the domain keeps the slot's name).
+
+    The slot's folder is in <source> attributes (disk, console) and, for an SMB share, in
+    its socket's QEMU argument and vmd's metadata: every attribute and text is moved."""
     root = ET.fromstring(xml)
     if session_id:
         set_session(root, session_id)
-    for source in root.iter("source"):
-        for attr in ("file", "path"):
-            value = source.get(attr)
-            if value and value.startswith(info.folder + "/"):
-                source.set(attr, str(workdir / value[len(info.folder) + 1:]))
-        if source.get("dir") == info.share:
-            source.set("dir", str(share))
+    old, new = info.folder + "/", str(workdir) + "/"
+    for element in root.iter():
+        for attr, value in element.attrib.items():
+            if element.tag == "source" and attr == "dir" and value == info.share:
+                element.set(attr, str(share))  # 9p: the placeholder share is the session's project
+            elif old in value:
+                element.set(attr, value.replace(old, new))
+        if element.text and old in element.text:
+            element.text = element.text.replace(old, new)
     return ET.tostring(root, encoding="unicode")
