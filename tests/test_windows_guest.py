@@ -8,7 +8,10 @@ no media; what the guest would do with each script is the scripts' own test's
 from __future__ import annotations
 
 import re
+import threading
 import time
+
+import paramiko
 
 import pytest
 
@@ -301,6 +304,72 @@ def test_a_baseline_that_cannot_be_shown_is_not_checked(win):
     assert len(win.server.recorded.execs) == 2  # setup and cleanup: the check never ran
 
 
-def test_a_windows_guest_is_not_saved_as_a_warm_slot(win):
-    with pytest.raises(GuestError, match="cannot take a new identity in place"):
+def _new_identity(win, restart_after: float | None):
+    """Answers NEW_IDENTITY as Windows would, and restarts the fake's sshd with the new key
+    `restart_after` s later (as the script's SYSTEM task does; None: never)."""
+    new_key = paramiko.RSAKey.generate(1024)
+
+    def answer(found: Exec):
+        if "'MachineGuid'" not in found.command:
+            return None
+        if restart_after is not None:
+            threading.Timer(restart_after, lambda: setattr(win.server, "host_key", new_key)).start()
+        return Reply(stdout=f"key=ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKm9 root@VMAGENT-WIN\r\n"
+                            f"key=ssh-rsa {new_key.get_base64()} root@VMAGENT-WIN\r\n")
+    win.answers.append(answer)
+    return new_key
+
+
+def test_a_warm_slot_gets_new_host_keys_and_is_saved_only_once_sshd_serves_them(win):
+    win.guest.identity_wait_s = 20
+    new_key = _new_identity(win, restart_after=1.5)
+    started = time.monotonic()
+    win.guest.forget_identity()
+    assert time.monotonic() - started >= 1.5  # the old key's sshd was not taken for the new one
+    script = win.server.recorded.execs[0].command
+    for part in ("Get-ChildItem -LiteralPath $dir -Filter 'ssh_host_*' | Remove-Item -Force", "& $keygen -A",
+                 "/grant '*S-1-5-18:F' /grant '*S-1-5-32-544:F'", "-Name 'MachineGuid'",
+                 "Restart-Service -Name sshd -Force", "-User 'SYSTEM'"):
+        assert part in script, part
+    assert win.server.recorded.connections >= 3  # the guest's, the old key's probe, the new key's
+    probe = SshConnection("127.0.0.1", win.server.port, "agent", win.server.key_path)
+    assert probe.transport().get_remote_server_key().get_base64() == new_key.get_base64()
+    probe.close()
+
+
+def test_a_slot_whose_sshd_never_serves_its_new_keys_is_not_saved(win):
+    win.guest.identity_wait_s = 2
+    _new_identity(win, restart_after=None)
+    with pytest.raises(GuestError, match=r"sshd did not come back with its new host keys within 2 s "
+                                         r"\(last: the old host key\)"):
         win.guest.forget_identity()
+
+
+def test_a_guest_that_cannot_take_a_new_identity_says_why(win):
+    win.answers.append(lambda e: Reply(stderr="vmd-identity: there is no sshd service\r\n", exit_code=1)
+                       if "'MachineGuid'" in e.command else None)
+    with pytest.raises(GuestError, match="could not take a new identity: vmd-identity: there is no sshd service"):
+        win.guest.forget_identity()
+    win.answers.insert(0, lambda e: Reply(stdout="\r\n") if "'MachineGuid'" in e.command else None)
+    with pytest.raises(GuestError, match="listed no new sshd host key"):
+        win.guest.forget_identity()
+
+
+def test_a_restored_guest_maps_the_project_drive_anew_in_the_desktop_session_too(win):
+    # A warm slot's desktop mapped Z: at its logon, to the slot's placeholder share, over a
+    # connection the save ended: the restore maps it anew there (sshd's logons map their own).
+    (win.server.root / "C" / "vmd" / "run").mkdir(parents=True)
+    win.answers.append(lambda e: Reply(stdout=FACTS) if "'os=' + $os.Caption" in e.command else None)
+    facts = win.guest.restored(1764662400.0, mount_share=True)
+    assert facts.hostname == "VMAGENT-WIN"
+    clock, mount, task, _ = (e.command for e in win.server.recorded.execs)
+    assert "FromUnixTimeMilliseconds(1764662400000)" in clock
+    assert "& net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no" in mount
+    assert _task_runs(win.server.recorded.execs[2])
+    line = (win.server.root / "C" / "vmd" / "launch.txt").read_bytes().decode("utf-8-sig")
+    assert line.startswith("powershell.exe -NoProfile -NonInteractive -WindowStyle Hidden -ExecutionPolicy Bypass "
+                           "-File C:\\vmd\\run\\share-")
+    script = win.server.files_path(line.split(" -File ")[1]).read_bytes().decode("utf-8-sig")
+    assert "& net.exe use Z: /delete /y" in script
+    assert "& net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no" in script
+    assert powershell_problems(script) == []

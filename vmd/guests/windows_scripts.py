@@ -197,6 +197,50 @@ REBOOT = "& shutdown.exe /r /t 0 /f\n"
 # Sets the clock of a guest restored from a save (it stood still from the save on).
 SET_CLOCK = "Set-Date -Date ([DateTimeOffset]::FromUnixTimeMilliseconds({{MILLIS}}).LocalDateTime) | Out-Null\n"
 
+# The desktop session's project drive, mapped anew after a warm slot's restore: the mapping
+# made at the slot's logon (firstlogon's Run key) spoke to the slot's placeholder share over
+# a connection that ended at the save; sshd's logons map their own (MOUNT_SHARE). Run in the
+# desktop session by the session task; it removes its own file.
+REMAP_SHARE = """& net.exe use {{DRIVE}} /delete /y 2>&1 | Out-Null
+& net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no 2>&1 | Out-Null
+Remove-Item -LiteralPath $MyInvocation.MyCommand.Path -Force -ErrorAction SilentlyContinue
+"""
+
+# A warm slot's identity of its own (vmd/machines/warm_pool.py, before the save): every slot
+# of an image would otherwise share the image's sshd host keys and MachineGuid (which
+# software reads as the machine's identity). ssh-keygen -A writes the keys where Win32-OpenSSH
+# reads them (%ProgramData%\ssh); the private ones get the ACL sshd demands (SYSTEM and
+# Administrators alone: by SID, so any display language). sshd loads its host keys when it
+# starts: a task of SYSTEM's restarts it a few seconds after this script has answered, since
+# a restart from this connection would end the connection first. The machine SID stays: only
+# sysprep changes it, with a reboot through OOBE. Prints `key=<public key>` per new key.
+NEW_IDENTITY = """$ErrorActionPreference = 'Stop'
+try {
+    $service = Get-CimInstance -ClassName Win32_Service -Filter "Name='sshd'"
+    if ($null -eq $service) { throw 'there is no sshd service' }
+    $sshd = $service.PathName -replace '^"([^"]+)".*$', '$1'
+    $keygen = Join-Path (Split-Path -Parent $sshd) 'ssh-keygen.exe'
+    $dir = Join-Path $env:ProgramData 'ssh'
+    Get-ChildItem -LiteralPath $dir -Filter 'ssh_host_*' | Remove-Item -Force
+    $null = & $keygen -A 2>&1
+    if ($LASTEXITCODE -ne 0) { throw ('ssh-keygen -A exit ' + $LASTEXITCODE) }
+    foreach ($key in @(Get-ChildItem -LiteralPath $dir -Filter 'ssh_host_*_key' | Where-Object { $_.Extension -eq '' })) {
+        $null = & icacls.exe $key.FullName /inheritance:r /grant '*S-1-5-18:F' /grant '*S-1-5-32-544:F'
+        if ($LASTEXITCODE -ne 0) { throw ('icacls exit ' + $LASTEXITCODE + ' on ' + $key.Name) }
+    }
+    Set-ItemProperty -LiteralPath 'HKLM:\\SOFTWARE\\Microsoft\\Cryptography' -Name 'MachineGuid' -Value ([guid]::NewGuid().ToString())
+    $restart = New-ScheduledTaskAction -Execute 'powershell.exe' -Argument '-NoProfile -NonInteractive -Command "Start-Sleep -Seconds 3; Restart-Service -Name sshd -Force"'
+    $null = Register-ScheduledTask -TaskName 'vmd-new-identity' -Action $restart -User 'SYSTEM' -RunLevel Highest -Force
+    Start-ScheduledTask -TaskName 'vmd-new-identity'
+    foreach ($public in @(Get-ChildItem -LiteralPath $dir -Filter 'ssh_host_*_key.pub')) {
+        'key=' + (Get-Content -LiteralPath $public.FullName -Raw).Trim()
+    }
+} catch {
+    [Console]::Error.WriteLine('vmd-identity: ' + $_.Exception.Message)
+    exit 1
+}
+"""
+
 # Unpacks the baseline for a check in a logon session of its own (a second SSH connection,
 # vmd/guests/windows_verbs.py): the drive is free there, and `subst` shows the copy at it.
 # Exit 125 with "vmd-baseline" in stderr: the baseline could not be shown (the check did not run).

@@ -11,15 +11,19 @@ the one command line written to LAUNCH_REQUEST, through `cmd /c start`).
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 
 from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, screen_coordinate
 from vmd.guests.powershell import quoted
+from vmd.guests.ssh import SshConnection
 from vmd.guests.windows_scripts import (BASELINE_CLEANUP, BASELINE_SETUP, CHECK_INTERNET, DESKTOP_PROBE, FACTS,
-                                        LIST_WINDOWS, MOUNT_SHARE, REBOOT, RUN_LAUNCH_TASK, SET_CLOCK, WINDOWS_DLL,
-                                        render)
+                                        LIST_WINDOWS, MOUNT_SHARE, NEW_IDENTITY, REBOOT, REMAP_SHARE, RUN_LAUNCH_TASK,
+                                        SET_CLOCK, WINDOWS_DLL, render)
 from vmd.windows_image.guest_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
+
+log = logging.getLogger("vmd.guests.windows")
 
 LAUNCH_TIMEOUT_S = 30  # the task starts the program and returns; its window comes later
 PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s
@@ -28,6 +32,10 @@ PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s
 # boots on vmd's build machines); past it vmd says it got none.
 WINDOWS_WAIT_S = 15.0
 WINDOWS_POLL_S = 0.25
+# The new identity's script: ssh-keygen, icacls and a registered task, a few seconds; then
+# sshd's restart by that task (3 s after) and its start, waited for up to identity_wait_s.
+IDENTITY_SCRIPT_S = 120
+IDENTITY_POLL_S = 1.0
 # `cmd /c start` reads the launch line: a quote or a percent sign in it would be cmd's, not
 # the program's (cmd expands %NAME% even inside quotes), and a line end ends the line.
 LAUNCH_REFUSED = set('"%\r\n')
@@ -81,11 +89,13 @@ def _said(result: CommandResult) -> str:
 
 class WindowsVerbs:
     """The OS verbs of a Windows guest (OpenSSH with PowerShell as its shell), built on
-    `WindowsGuest`'s run, _write, read_file, remove_file and another."""
+    `WindowsGuest`'s run, _write, read_file, remove_file, another, close and its ssh."""
 
+    ssh: SshConnection
     project_path: str
     drive: str
     share_unc: str | None
+    identity_wait_s = 90.0  # sshd's restart with its new keys (forget_identity)
 
     def _ps(self, template: str, timeout: float, **values) -> CommandResult:
         return self.run(render(template, **values), timeout=timeout, cwd="C:\\")
@@ -164,7 +174,23 @@ class WindowsVerbs:
         self._ps(SET_CLOCK, 30, MILLIS=int(now * 1000))
         if mount_share:
             self.mount_share()
+            self._remap_in_session()
         return self.facts()
+
+    def _remap_in_session(self) -> None:
+        """The desktop session's drive mapped to the session's share (REMAP_SHARE), without
+        waiting: a program the model starts there finds its files on the drive. A session
+        task that does not run is logged; the command line's own mapping (MOUNT_SHARE) stands."""
+        if self.share_unc is None:
+            return
+        script = f"{GUEST_VMD_DIR}\\run\\share-{secrets.token_hex(6)}.ps1"
+        text = render(REMAP_SHARE, DRIVE=self.drive, SHARE_UNC=quoted(self.share_unc))
+        self._write("restored", script, b"\xef\xbb\xbf" + text.encode("utf-8"), "wb")
+        started = self._start_in_session(f"powershell.exe -NoProfile -NonInteractive -WindowStyle Hidden "
+                                         f"-ExecutionPolicy Bypass -File {script}")
+        if started.exit_code != 0:
+            log.warning("the desktop session's task did not map %s anew after the restore (exit %s): %s",
+                        self.drive, started.exit_code, _said(started))
 
     def reboot(self) -> None:
         try:
@@ -173,9 +199,34 @@ class WindowsVerbs:
             pass
 
     def forget_identity(self) -> None:
-        raise GuestError("a Windows guest cannot take a new identity in place (its machine SID changes only "
-                         "by sysprep, and sshd keeps the host keys it started with), so it is not saved as a "
-                         "warm slot; Windows sessions boot their own machine.")
+        """New sshd host keys and MachineGuid (NEW_IDENTITY), and back only once sshd serves
+        one of the new keys: the slot is saved with sshd restarted, so every session restored
+        from it meets keys no other slot has. The share needs no unmount (QEMU saves a guest
+        on SMB; the drive's mapping belongs to this SSH logon, which ends here)."""
+        done = self._ps(NEW_IDENTITY, IDENTITY_SCRIPT_S)
+        if done.exit_code != 0:
+            raise GuestError(f"the Windows guest could not take a new identity: {_said(done)}")
+        new_keys = {line.split()[1] for line in done.stdout.splitlines()
+                    if line.startswith("key=") and len(line.split()) >= 2}
+        if not new_keys:
+            raise GuestError(f"the Windows guest listed no new sshd host key: {_said(done)}")
+        self.close()  # its sshd restarts under it
+        until, served = time.monotonic() + self.identity_wait_s, "no answer"
+        while True:
+            probe = self.ssh.another()
+            try:
+                served = probe.transport().get_remote_server_key().get_base64()
+                if served in new_keys:
+                    return
+                served = "the old host key"
+            except Exception as exc:  # sshd restarting: refused, reset
+                served = f"{type(exc).__name__}: {exc}"
+            finally:
+                probe.close()
+            if time.monotonic() > until:
+                raise GuestError(f"sshd did not come back with its new host keys within {self.identity_wait_s:g} s "
+                                 f"(last: {served[:200]})")
+            time.sleep(IDENTITY_POLL_S)
 
     def list_windows(self) -> list[ListedWindow]:
         """The user's windows, listed by LIST_WINDOWS run in the desktop session by the session task."""
