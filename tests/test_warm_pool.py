@@ -15,7 +15,10 @@ from tests.vmd_wire import WireVmd
 from vmd.machines.domain_xml import QEMU_NS, SMB_CHARDEV, SmbShare, smb_socket_of
 from vmd.machines.host import local_host
 from vmd.machines.images import Image
-from vmd.machines.warm_pool import SlotInfo, WarmPool, _restore_xml, unpoolable
+from vmd.machines.warm_pool import WarmPool, unpoolable
+from vmd.machines.boot_share import NVRAM_FILE
+from vmd.machines.domain_xml import DiskBoot
+from vmd.machines.warm_slot import SLOT_FILES, SlotInfo, restore_xml
 
 SAVED_XML = """<domain type='qemu'>
   <name>vmagent-w-0123456789ab</name>
@@ -38,7 +41,7 @@ SAVED_XML = """<domain type='qemu'>
 
 
 def image(tmp_path: Path, name: str = "debian", build: str = "aaaa") -> SimpleNamespace:
-    return SimpleNamespace(name=name, dir=tmp_path / "images" / f"{name}-{build}")
+    return SimpleNamespace(name=name, os_family="linux", dir=tmp_path / "images" / f"{name}-{build}")
 
 
 def new_pool(tmp_path: Path, size: int, **settings) -> WarmPool:
@@ -61,7 +64,7 @@ def test_the_restore_points_the_slots_files_at_the_session_and_the_share_at_its_
     info = SlotInfo(name="vmagent-w-0123456789ab", folder=slot, share=f"{slot}/share", ssh_port=2222,
                     accel="qemu", boot_seconds=40.0, made_at=0.0)
     workdir, project = Path("/state/sessions/s-1/machine"), Path("/state/projects/local/demo")
-    root = ET.fromstring(_restore_xml(SAVED_XML.format(slot=slot), info, workdir, project))
+    root = ET.fromstring(restore_xml(SAVED_XML.format(slot=slot), info, workdir, project))
     assert root.find("devices/disk/source").get("file") == f"{workdir}/overlay.qcow2"
     assert root.find("devices/filesystem/source").get("dir") == str(project)
     assert {e.get("path") for e in root.iter("source") if e.get("path")} == {f"{workdir}/console.log"}
@@ -85,7 +88,7 @@ def test_the_restore_moves_an_smb_shares_socket_to_the_sessions_folder():
     saved = saved.replace("<name>", f"<metadata><vmd:machine xmlns:vmd='https://vmagent.invalid/xmlns/vmd/1' "
                                     f"ssh-port='2222' smb-socket='{slot}/smb/q.sock'/></metadata><name>", 1)
     workdir, project = Path("/state/sessions/s-1/machine"), Path("/state/projects/local/demo")
-    restored = _restore_xml(saved, info, workdir, project, "s-1")
+    restored = restore_xml(saved, info, workdir, project, "s-1")
     assert smb_socket_of(restored) == f"{workdir}/smb/q.sock"
     values = [e.get("value") for e in ET.fromstring(restored).iter(f"{{{QEMU_NS}}}arg")]
     assert f"socket,id={SMB_CHARDEV},path={workdir}/smb/q.sock,server=on,wait=off" in values
@@ -247,26 +250,48 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
     assert 0.8 < time.monotonic() - started < 1.8
 
 
-def test_a_windows_default_image_gets_no_slots_and_a_sentence_why(tmp_path, monkeypatch, caplog):
-    """A Windows slot could not be restored with a new identity (disk boot with its own UEFI
-    store and TPM state): the pool must not boot and throw away Windows guests for ever. A
-    Linux guest on SMB is served (tests/test_smb_share_vm.py)."""
+def test_an_image_the_pool_cannot_restore_gets_no_slots_and_a_sentence_why(tmp_path, monkeypatch, caplog):
+    """The pool serves what it can restore with a new identity in place: a Linux guest on the
+    host's kernel (9p or SMB) and a Windows guest (disk boot, UEFI, SMB). A disk-booted Linux
+    guest has no such path: the pool must not boot and throw away its guests for ever."""
     common = dict(user="agent", resolution=(1280, 800), desktop=True)
     debian = Image(name="debian", os_family="linux", project_path="/mnt/project", kernel="vmlinuz",
                    initrd="initrd.img", dir=tmp_path / "images" / "debian-1", **common)
-    windows = Image(name="windows", os_family="windows", project_path="Z:\\", boot="disk", uefi=True,
+    windows = Image(name="windows", os_family="windows", project_path="Z:\\", boot="disk", uefi=True, tpm=True,
                     share="smb", dir=tmp_path / "images" / "windows-1", **common)
+    disk_linux = Image(name="ubuntu-disk", os_family="linux", project_path="/mnt/project", boot="disk",
+                       uefi=True, dir=tmp_path / "images" / "ubuntu-disk-1", **common)
     assert unpoolable(debian) is None
     assert unpoolable(debian.model_copy(update={"share": "smb"})) is None
-    assert "serves no 'windows' guests yet" in unpoolable(windows)
+    assert unpoolable(windows) is None
+    assert "serves no 'ubuntu-disk' guests yet" in unpoolable(disk_linux)
     pool = new_pool(tmp_path, size=1)
     made = []
     monkeypatch.setattr(pool, "make_slot", lambda image: made.append(image))
     # Room to spare: without the gate the pool would make a slot at once.
     pool.host = dataclasses.replace(pool.host, room=SimpleNamespace(no_room=lambda *a: None, pool_size=lambda *a: 1))
     with caplog.at_level("WARNING", logger="vmd.machines.warm_pool"):
-        pool.start(lambda: windows)
+        pool.start(lambda: disk_linux)
         threading.Event().wait(1.5)
         pool.stop()
     assert made == []
-    assert "serves no 'windows' guests yet" in caplog.text
+    assert "serves no 'ubuntu-disk' guests yet" in caplog.text
+
+
+def test_the_restore_moves_a_uefi_guests_variable_store_and_leaves_firmware_and_tpm_as_saved():
+    slot = "/state/warm/windows-aaaa/.0123456789ab.making"
+    info = SlotInfo(name="vmagent-w-0123456789ab", folder=slot, share=f"{slot}/share", ssh_port=2222,
+                    accel="kvm", boot_seconds=80.0, made_at=0.0)
+    firmware = DiskBoot(uefi=True, tpm=True, nvram=f"{slot}/{NVRAM_FILE}")
+    saved = SAVED_XML.format(slot=slot).replace("<kernel>/images/debian-1/vmlinuz</kernel>", "")
+    root = ET.fromstring(saved)
+    firmware.write(ET.SubElement(root, "os"))  # the loader and the nvram
+    firmware.write_devices(root.find("devices"))  # the <tpm>
+    workdir, project = Path("/state/sessions/s-1/machine"), Path("/state/projects/local/demo")
+    restored = ET.fromstring(restore_xml(ET.tostring(root, encoding="unicode"), info, workdir, project, "s-1"))
+    nvram = restored.find("os/nvram")
+    assert nvram.text == f"{workdir}/{NVRAM_FILE}"
+    assert nvram.get("template") == firmware.vars_template  # the firmware's own files stay where they are
+    assert restored.findtext("os/loader") == firmware.loader
+    assert restored.find("devices/tpm/backend").attrib == {"type": "emulator", "version": "2.0"}
+    assert NVRAM_FILE in SLOT_FILES  # a hand-out moves it with the overlay

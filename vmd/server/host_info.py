@@ -18,7 +18,7 @@ from typing import Protocol
 from vmd import verbs as V
 from vmd.config import VmdConfig
 from vmd.machines.images import ImageMissing, find_image
-from vmd.machines.warm_pool import ready_slots_in
+from vmd.machines.warm_slot import ready_slots_in
 from vmd.session.registry import Sessions
 
 
