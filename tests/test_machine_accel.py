@@ -98,7 +98,7 @@ def test_the_probe_takes_its_kernel_from_the_images_dir_of_the_config_it_is_give
     monkeypatch.setenv("VMD_IMAGES_DIR", str(tmp_path / "elsewhere"))
     config = VmdConfig.load(tmp_path / "vmd.toml", env={}, state_dir=str(tmp_path / "state"))
     asked = []
-    monkeypatch.setattr(accel, "probe_kvm", lambda kernel=None: asked.append(kernel) or True)
+    monkeypatch.setattr(accel, "probe_kvm", lambda kernel=None, firmware=None: asked.append(kernel) or True)
     accel.kvm_works.cache_clear()
     try:
         assert machine.accel(config) == "kvm"
@@ -137,3 +137,42 @@ def test_the_probe_kernel_is_a_built_images_first(tmp_path):
     assert accel.probe_kernel(tmp_path / "images", tmp_path / "boot") == tmp_path / "boot" / "vmlinuz-6.1"
     (tmp_path / "images" / "debian-abc" / "vmlinuz").write_bytes(b"\0")
     assert accel.probe_kernel(tmp_path / "images", tmp_path / "boot") == tmp_path / "images" / "debian-abc" / "vmlinuz"
+
+
+def fake_firmware_qemu(tmp_path: Path, serial: str) -> str:
+    """A qemu-system-x86_64 that starts (the -S probe), and booted with pflash drives writes
+    `serial` to its serial console, as OVMF's boot manager does, then runs on."""
+    script = tmp_path / "qemu-system-x86_64"
+    script.write_text(f'#!/bin/sh\ncase "$*" in *if=pflash*) echo "$@" > "{tmp_path}/boot-args"; '
+                      f'printf "{serial}"; exec sleep 30;; esac\ncat >/dev/null\nexit 0\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_without_a_kernel_the_firmware_is_booted_under_kvm(tmp_path):
+    # A host with no kernel to boot (a Windows-only host, an empty images folder, /boot not
+    # readable): QEMU starting with -accel kvm is not enough on a nested host.
+    device = tmp_path / "kvm"
+    device.write_text("")
+    code, template = tmp_path / "CODE.fd", tmp_path / "VARS.fd"
+    code.write_bytes(b"c"), template.write_bytes(b"v")
+    assert accel.probe_kvm(device, fake_firmware_qemu(tmp_path, "BdsDxe: loading Boot0001\\n"),
+                           firmware=(code, template)) is True
+    args = (tmp_path / "boot-args").read_text()
+    assert "-accel kvm" in args and f"file={code}" in args and "readonly=on" in args
+    assert f"file={template}" not in args  # the firmware writes a copy, never the template
+    assert accel.probe_kvm(device, fake_firmware_qemu(tmp_path, ""), firmware=(code, template)) is False
+    assert accel.probe_firmware(tmp_path / "absent.fd", template) is None
+
+
+def test_the_firmware_probe_answers_as_the_kernel_probe_on_this_host():
+    # Both boot a real guest under KVM with the real QEMU: on a host where KVM runs guests both
+    # say so, and on a nested host where it starts and hangs them (this project's CI machines)
+    # both say no, where QEMU's start alone said yes.
+    from vmd.config import VmdConfig
+
+    kernel = accel.probe_kernel(VmdConfig.load().images_dir)  # the Debian image's, as vmd's probe takes
+    firmware = accel.probe_firmware()
+    if kernel is None or firmware is None or not accel.KVM_DEVICE.exists():
+        pytest.skip("needs /dev/kvm, a kernel and OVMF (setup.sh installs them)")
+    assert accel.probe_kvm(firmware=firmware) == accel.probe_kvm(kernel=kernel)
