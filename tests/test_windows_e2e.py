@@ -1,7 +1,8 @@
 """The Windows guest from end to end, on a KVM host with the person's own ISO: build the image
 (`vmd images build windows`, 20-40 min the first time, then up to date), run a job on it that
 writes and runs hello.ps1 and finishes verified, opens Notepad through launch_app, types into it
-and reads the text back from the screen (OCR, as a text-only model sees it).
+and reads the text back from the screen (OCR, as a text-only model sees it); then makes two warm
+slots of the image and hands them out, each with an identity of its own and its session's drive.
 
 Opt-in (`windows` marker): it runs only where VMD_WINDOWS_ISO names an install ISO and QEMU
 can use KVM; everywhere else, CI included, it is skipped, since no Windows can boot there.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,7 @@ from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
-from vmd.machines.accel import probe_kernel, probe_kvm
+from vmd.machines.accel import probe_firmware, probe_kernel, probe_kvm
 from vmd.windows_image.build import WindowsBuildOptions, build_windows
 
 ISO = os.environ.get("VMD_WINDOWS_ISO", "")
@@ -41,7 +44,7 @@ TYPED = "typed by vmagent"
 @pytest.fixture(scope="module")
 def windows_images_dir(tmp_path_factory) -> Path:
     root = Path(os.environ.get("VMD_IMAGES_DIR") or tmp_path_factory.mktemp("images"))
-    if not probe_kvm(kernel=probe_kernel(root)):
+    if not probe_kvm(kernel=probe_kernel(root), firmware=probe_firmware()):
         pytest.skip("QEMU cannot use KVM here; Windows Setup under TCG takes hours, so the build refuses")
     virtio = os.environ.get("VMD_WINDOWS_VIRTIO")
     build_windows(WindowsBuildOptions(iso=Path(ISO), virtio_win=Path(virtio) if virtio else None), root)
@@ -100,3 +103,59 @@ def test_a_job_on_windows_runs_powershell_and_drives_notepad(tmp_path, windows_i
     assert (config.projects_dir / "local" / "hello" / "hello.ps1").read_text().replace("\r\n", "\n") == HELLO
     assert re.search(r"Notepad", seen.get("screen", "")), seen.get("screen")
     assert TYPED in seen.get("screen", ""), f"the typed text is not on the screen as read:\n{seen.get('screen')}"
+
+
+IDENTITY = ("'guid=' + (Get-ItemProperty -LiteralPath 'HKLM:\\SOFTWARE\\Microsoft\\Cryptography').MachineGuid; "
+            "'readme=' + (Get-Content -Raw -LiteralPath 'Z:\\README.txt').Trim()")
+
+
+def test_warm_windows_slots_come_with_identities_of_their_own_and_their_sessions_drive(windows_images_dir, request):
+    import libvirt
+
+    from vmd.machines.host import local_host
+    from vmd.machines.images import find_image
+    from vmd.machines.warm_pool import WarmPool
+    from vmd.projects.tree import share_owner
+
+    # A short state folder, as vmd's own is: QEMU's SMB socket lies in a slot's folder, and a
+    # Unix socket's path has 107 bytes at most.
+    state = Path(tempfile.mkdtemp(prefix="vmdw-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(state, ignore_errors=True))
+    for folder in (state, state / "sessions", state / "projects"):
+        folder.mkdir(mode=0o711, exist_ok=True)
+        folder.chmod(0o711)
+    config = make_config(state, state_dir=state, images_dir=windows_images_dir, warm_pool_size=2)
+    image = find_image("windows", windows_images_dir)
+    pool = WarmPool(config, local_host(config.libvirt_uri), size=2)
+    owner = share_owner(config.share_user)
+    machines, seen = [], []
+    try:
+        for _ in (1, 2):
+            pool.make_slot(image)
+        for n in (1, 2):
+            project = state / "projects" / f"p{n}"
+            project.mkdir(mode=0o700)
+            (project / "README.txt").write_text(f"session {n}\n")
+            if owner is not None:
+                for place in (project, project / "README.txt"):
+                    os.chown(place, *owner)
+            machine = pool.hand_out(pool.take(image), image, workdir=state / "sessions" / f"s{n}",
+                                    project_dir=project, session_id=f"s{n}")
+            machines.append(machine)
+            facts = machine.ready(timeout=300, desktop=True)
+            assert facts.project_mounted, facts
+            done = machine.guest.run(IDENTITY, timeout=60)
+            assert done.exit_code == 0, done.stdout + done.stderr
+            said = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+            seen.append((said["guid"], machine.ssh.transport().get_remote_server_key().get_base64()))
+            assert said["readme"] == f"session {n}"
+        assert seen[0][0] != seen[1][0], "both slots kept one MachineGuid"
+        assert seen[0][1] != seen[1][1], "both slots serve one sshd host key"
+    finally:
+        for machine in machines:
+            machine.destroy()
+        conn = libvirt.open(config.libvirt_uri)
+        try:
+            clean_up_domains(conn, str(state))
+        finally:
+            conn.close()
