@@ -17,6 +17,7 @@ import pytest
 
 from vmd.machines.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, NinePShare, SerialLog, UserNetwork, Video
 from vmd.machines.images import Image, ImageMissing, find_image
+from vmd.machines import machine as machine_module
 from vmd.machines.machine import Machine
 from vmd.machines.port import MachineError
 
@@ -132,6 +133,27 @@ def test_a_guest_that_never_answers_gets_a_sentence(fake_image, tmp_path):
             machine.ready(timeout=2)
     finally:
         machine.destroy()
+
+
+def test_an_image_without_its_key_is_refused_before_a_guest_starts(fake_image, tmp_path):
+    (fake_image.dir / "id_ed25519").unlink()
+    with pytest.raises(MachineError, match=r"has no SSH key for its guest at .*id_ed25519; rebuild it with "
+                                           r"`vmd images build debian`"):
+        Machine.create(fake_image, name="keyless", workdir=tmp_path / "w", project_dir=None, uri=TEST_URI)
+    assert "keyless" not in [d.name() for d in libvirt.open(TEST_URI).listAllDomains()]
+
+
+def test_a_guest_vmd_cannot_take_over_once_started_is_destroyed(fake_image, tmp_path, monkeypatch):
+    # The domain runs before vmd builds its Machine (SSH, guest, screen, SMB relay): a failure
+    # there must not leave a guest running that no session owns.
+    def broken(domain, workdir):
+        raise OSError("the relay's socket folder is gone")
+    monkeypatch.setattr(machine_module, "relay_for", broken)
+    with pytest.raises(MachineError, match=r"the guest 'orphan' started but vmd could not take it over "
+                                           r"\(OSError: the relay's socket folder is gone\); it was destroyed"):
+        Machine.create(fake_image, name="orphan", workdir=tmp_path / "w", project_dir=None, uri=TEST_URI)
+    assert "orphan" not in [d.name() for d in libvirt.open(TEST_URI).listAllDomains()]
+    assert not (tmp_path / "w" / "overlay.qcow2").exists()
 
 
 def test_a_missing_image_says_how_to_build_it(tmp_path):

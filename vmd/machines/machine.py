@@ -146,10 +146,11 @@ class Machine:
             guest_class(image.os_family)
         except GuestError as exc:
             raise MachineError(f"the image '{image.name}' is {image.os_family}: {exc}") from None
+        for part, what in (("disk", "disk"), ("ssh_key", "SSH key for its guest")):
+            if not image.path(part).is_file():
+                raise MachineError(f"the image '{image.name}' has no {what} at {image.path(part)}; rebuild it "
+                                   f"with `vmd images build {image.name}`.")
         base = image.path("disk")
-        if not base.is_file():
-            raise MachineError(f"the image '{image.name}' has no disk at {base}; rebuild it with "
-                               f"`vmd images build {image.name}`.")
         conn = connect(uri)
         run_as = share_owner(qemu_user)
         # QEMU passes through to the overlay and console log (which libvirt's DAC relabelling
@@ -195,8 +196,13 @@ class Machine:
             shutil.rmtree(workdir, ignore_errors=True)
             raise MachineError(f"libvirt could not start the guest '{name}': "
                                f"{exc.get_error_message()}") from None
-        return cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
-                   domain=domain, ssh_port=port, accel=acc, config=config)
+        try:
+            return cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
+                       domain=domain, ssh_port=port, accel=acc, config=config)
+        except Exception as exc:  # the guest runs already: it must not outlive the failure
+            _remove(domain, workdir, host)
+            raise MachineError(f"the guest '{name}' started but vmd could not take it over "
+                               f"({type(exc).__name__}: {exc}); it was destroyed.") from None
 
     @classmethod
     def adopt_restored(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None, host: Host,
