@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import make_traversable
 from tests.windows_media import make_windows_iso
-from vmd.machines.accel import probe_firmware, probe_kernel, probe_kvm
+from vmd.machines.accel import kvm_works
 from vmd.machines.images import find_image
 from vmd.server import cli
 from vmd.windows_image import guest_contract as contract
@@ -57,10 +57,10 @@ def test_the_cli_checks_the_options_and_names_the_host_s_problem(tmp_path, capsy
     assert cli.main(["images", "build", "windows", "--iso", str(iso), "--key", "ABC", "--resolution", "big"]) == 2
     err = capsys.readouterr().err
     assert "five groups of five" in err and "WIDTHxHEIGHT" in err
-    # Asked as the CLI asks (a kernel, else OVMF, booted under KVM): a nested host here opens
-    # /dev/kvm and starts QEMU with it, and still hangs every guest, so vmd and the build run
-    # without KVM.
-    if probe_kvm(kernel=probe_kernel(tmp_path / "img"), firmware=probe_firmware()):
+    # Asked as the CLI asks (accel.kvm_works: a kernel, else OVMF, booted under KVM): a nested
+    # host here opens /dev/kvm and starts QEMU with it, and still hangs every guest, so vmd and
+    # the build run without KVM.
+    if kvm_works(tmp_path / "img"):
         pytest.skip("this host has KVM: the CLI would start a real install of the test's ISO")
     if host_problems(lambda: True):
         pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")

@@ -25,7 +25,7 @@ from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
-from vmd.machines.accel import probe_firmware, probe_kernel, probe_kvm
+from vmd.machines.accel import kvm_works
 from vmd.windows_image.build import WindowsBuildOptions, build_windows
 
 ISO = os.environ.get("VMD_WINDOWS_ISO", "")
@@ -44,11 +44,22 @@ TYPED = "typed by vmagent"
 @pytest.fixture(scope="module")
 def windows_images_dir(tmp_path_factory) -> Path:
     root = Path(os.environ.get("VMD_IMAGES_DIR") or tmp_path_factory.mktemp("images"))
-    if not probe_kvm(kernel=probe_kernel(root), firmware=probe_firmware()):
+    if not kvm_works(root):
         pytest.skip("QEMU cannot use KVM here; Windows Setup under TCG takes hours, so the build refuses")
     virtio = os.environ.get("VMD_WINDOWS_VIRTIO")
     build_windows(WindowsBuildOptions(iso=Path(ISO), virtio_win=Path(virtio) if virtio else None), root)
     return root
+
+
+def destroy_left_guests(config, folder: Path) -> None:
+    """A failed run leaves no Windows guest running: those with `folder` in their XML go."""
+    import libvirt
+
+    conn = libvirt.open(config.libvirt_uri)
+    try:
+        clean_up_domains(conn, str(folder))
+    finally:
+        conn.close()
 
 
 def read_back(seen: dict):
@@ -91,13 +102,7 @@ def test_a_job_on_windows_runs_powershell_and_drives_notepad(tmp_path, windows_i
                               vmd_socket=str(config.socket))
     finally:
         server.stop()
-        import libvirt
-
-        conn = libvirt.open(config.libvirt_uri)
-        try:
-            clean_up_domains(conn, str(tmp_path))
-        finally:
-            conn.close()
+        destroy_left_guests(config, tmp_path)
 
     assert outcome.state == "done" and outcome.verification_passed is True, outcome.report
     assert (config.projects_dir / "local" / "hello" / "hello.ps1").read_text().replace("\r\n", "\n") == HELLO
@@ -110,8 +115,6 @@ IDENTITY = ("'guid=' + (Get-ItemProperty -LiteralPath 'HKLM:\\SOFTWARE\\Microsof
 
 
 def test_warm_windows_slots_come_with_identities_of_their_own_and_their_sessions_drive(windows_images_dir, request):
-    import libvirt
-
     from vmd.machines.host import local_host
     from vmd.machines.images import find_image
     from vmd.machines.warm_pool import WarmPool
@@ -154,8 +157,4 @@ def test_warm_windows_slots_come_with_identities_of_their_own_and_their_sessions
     finally:
         for machine in machines:
             machine.destroy()
-        conn = libvirt.open(config.libvirt_uri)
-        try:
-            clean_up_domains(conn, str(state))
-        finally:
-            conn.close()
+        destroy_left_guests(config, state)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from vmd.config import VmdConfig
 from vmd.host_env import clean_env
-from vmd.machines.accel import probe_firmware, probe_kernel, probe_kvm
+from vmd.machines.accel import kvm_works
 from vmd.windows_image import guest_contract as contract
 from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
 from vmd.windows_image.editions import SUPPLY_HINT, MediaError, pick_edition, read_editions
@@ -138,10 +138,9 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     print(f"  {edition.line()}", file=out, flush=True)
 
     step(2, "check this host can run Windows Setup (KVM, OVMF, swtpm)", out)
-    # QEMU itself is asked (accel.probe_kvm): a kernel of an image in `root` (or the host's) or
-    # else OVMF booted under KVM, since on a nested host KVM can start and still run nothing.
-    kvm_boots = kvm_usable or (lambda: probe_kvm(kernel=probe_kernel(root), firmware=probe_firmware()))
-    problems = host_problems(kvm_boots, tpm=edition.is_windows11)
+    # QEMU itself is asked (accel.kvm_works): a kernel of an image in `root` (or the host's), else
+    # OVMF, booted under KVM, since on a nested host KVM can start and still run nothing.
+    problems = host_problems(kvm_usable or (lambda: kvm_works(root)), tpm=edition.is_windows11)
     problems += unreachable([options.iso, root / "folder"])
     if problems:
         raise InstallFailed(" ".join(problems))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from vmd.machines.accel import probe_firmware, probe_kernel, probe_kvm
+from vmd.machines.accel import kvm_works
 from vmd.windows_image.install import host_problems
 
 
@@ -25,9 +25,9 @@ def windows_images(images_dir: Path) -> list[Path]:
 def windows_readiness(images_dir: Path, kvm_usable: Callable[[], bool] | None = None) -> tuple[str, str]:
     """(status, sentence): "ok" when Windows guests can run or an image can be built here;
     "warn" when the host lacks KVM, OVMF or swtpm (Windows is optional: Linux guests still
-    work). KVM is asked of QEMU itself (accel.probe_kvm) unless `kvm_usable` answers."""
-    kvm_boots = kvm_usable or (lambda: probe_kvm(kernel=probe_kernel(images_dir), firmware=probe_firmware()))
-    problems = host_problems(kvm_boots)
+    work). KVM is asked of QEMU itself (accel.kvm_works, as for vmd's guests) unless
+    `kvm_usable` answers."""
+    problems = host_problems(kvm_usable or (lambda: kvm_works(images_dir)))
     built = windows_images(images_dir)
     if problems:
         have = f" (a Windows image is built: {built[0].name})" if built else ""
