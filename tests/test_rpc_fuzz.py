@@ -211,8 +211,9 @@ def generate_line(rng: random.Random) -> Line:
         opener, closer = rng.choice([("[", "]"), ('{"a": ', "}")])
         nested = opener * depth + "1" + closer * depth
         if rng.random() < 0.5:
-            # Past ~1,000 levels json gives up before the id is read: then only a head id is.
-            readable = depth < 1000 or _head_readable(id_src)
+            # Every depth here is past vmd's bound, and vmd measures the depth before it
+            # parses (vmd/json_depth.py): only an id it can read at the head comes back.
+            readable = _head_readable(id_src)
             return Line(f'{{"id": {id_src}, "method": "note", "params": {{"text": {nested}}}}}'.encode(),
                         expect if readable else UNKNOWN)
         return Line(nested.encode(), None)

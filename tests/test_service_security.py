@@ -104,6 +104,19 @@ def test_a_body_over_the_cap_is_refused_with_413_declared_or_chunked(tmp_path):
         stop_workers(svc)
 
 
+def test_a_body_nested_ten_thousand_deep_is_refused_before_it_is_parsed(service):
+    # FastAPI parses with json.loads, which recurses per level; on Python 3.11.2 the
+    # RecursionError can break the interpreter for every later request. The gate measures.
+    alice = service.client()
+    for body in ('{"task": ' + "[" * 10_000 + "]" * 10_000 + "}", "[" * 10_000):
+        reply = alice.post("/jobs", content=body.encode(), headers={"Content-Type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        assert "deeper than 200 levels" in reply.json()["detail"]
+    # A task that only mentions brackets, inside its string, is no nesting at all.
+    assert start(alice, "balance these: " + "[" * 5000)["owner"] == "alice"
+    assert service.client().get("/healthz").json()["ok"] is True
+
+
 # --- field limits and names ----------------------------------------------------------------
 
 @pytest.mark.parametrize("path, field, limit", [

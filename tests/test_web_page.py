@@ -130,6 +130,12 @@ def test_json_and_pdf_are_read_as_text(server):
     assert pdf.ok and "Frob PDF manual" in _body(pdf.text)
 
 
+def test_a_json_page_nested_ten_thousand_deep_is_shown_as_it_came(server):
+    answer = _reader(server).read(f"{server.base}/deep.json", max_chars=100)
+    assert answer.ok, answer.text
+    assert _body(answer.text).startswith('{"a": [[[[')
+
+
 def test_other_kinds_and_errors_get_a_sentence(server):
     reader = _reader(server)
     png = reader.read(f"{server.base}/logo.png", max_chars=1000)

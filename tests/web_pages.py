@@ -94,6 +94,8 @@ class PageServer:
             return _send(h, 200, "text/html; charset=utf-8", DOC_HTML.replace("{changelog}", CHANGELOG).encode())
         if path == "/text":
             return _send(h, 200, "text/plain", b"plain words\nsecond line\n")
+        if path == "/deep.json":  # json would recurse 10,000 levels into it
+            return _send(h, 200, "application/json", b'{"a": ' + b"[" * 10_000 + b"]" * 10_000 + b"}")
         if path == "/json":
             return _send(h, 200, "application/json", json.dumps({"name": "frob", "version": "1.2"}).encode())
         if path == "/manual.pdf":

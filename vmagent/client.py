@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from vmd.verbs import BUSY, FAILED, INTERNAL_ERROR, RESULTS, Result, result_problem
+from vmd.verbs import BUSY, FAILED, INTERNAL_ERROR, RESULTS, Result, bounded_json, result_problem
 
 DEFAULT_SOCKET = "/run/vmd/vmd.sock"
 # The verbs that bind a connection to a session; every other verb needs a bound one.
@@ -242,7 +242,7 @@ class Vmd:
             raw = reader.readline()
             if not raw or not raw.endswith(b"\n"):  # a line cut short: vmd died writing it
                 raise VmdUnavailable(f"vmd closed the connection during {method}", in_flight=True)
-            message = json.loads(raw)
+            message = bounded_json(raw)
             if message.get("id") == request_id:
                 return message
             if "method" in message and "id" not in message:

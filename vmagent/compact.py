@@ -24,6 +24,7 @@ from .model import Model
 # The estimate and its calibration live in token_estimate.py; the tests and the
 # benchmarks have always imported them from here.
 from .token_estimate import Calibration, estimate_tokens  # noqa: F401
+from vmd.verbs import bounded_json
 
 log = logging.getLogger(__name__)
 
@@ -415,7 +416,7 @@ def _describe_call(call: Any, limit: int) -> str:
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = bounded_json(arguments)
         except ValueError:
             pass
     if isinstance(arguments, Mapping) and isinstance(arguments.get("command"), str):

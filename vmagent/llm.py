@@ -17,6 +17,7 @@ import httpx
 import ollama
 
 from .config import AgentConfig
+from .depth_transport import DepthBoundTransport
 from .llm_failures import (ContextTooLong, Failures, ModelCancelled, ModelError, OllamaError, Outage,
                            Retryable)
 from .model import CONNECT_TIMEOUT_S, Model
@@ -39,7 +40,8 @@ class OllamaModel(Model):
         # A host that drops packets should fail in seconds, not after request_timeout_s,
         # which is sized for a long prompt evaluation before the first chunk.
         timeout = httpx.Timeout(config.request_timeout_s, connect=CONNECT_TIMEOUT_S)
-        self.client = client or ollama.Client(host=self.host, timeout=timeout)
+        # The transport measures each JSON line before the client parses it (depth_transport.py).
+        self.client = client or ollama.Client(host=self.host, timeout=timeout, transport=DepthBoundTransport())
         self.failures = Failures(self.host, config.model, config.request_timeout_s)
 
     # --- what the model can do --------------------------------------------------------

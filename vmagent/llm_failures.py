@@ -13,6 +13,8 @@ import httpx
 import ollama
 from pydantic import ValidationError
 
+from vmd.verbs import TooDeep
+
 
 class ModelError(RuntimeError):
     """The model server could not give a reply; the message says what happened and what to do."""
@@ -95,6 +97,12 @@ class Failures:
                 f"Ollama at {self.host} refused the request for model {self.model} (HTTP {status}: "
                 f"{e.error}). The request or the model's settings need fixing; retrying will not help.",
                 status=status,
+            )
+        if isinstance(e, TooDeep):
+            return OllamaError(
+                f"Ollama at {self.host} sent a reply from model {self.model} whose JSON is {e} (the "
+                f"client reads at most {e.limit}). Check that the server is Ollama and up to date.",
+                streamed=streamed,
             )
         if isinstance(e, httpx.TimeoutException) and not isinstance(e, httpx.ConnectTimeout):
             return OllamaError(

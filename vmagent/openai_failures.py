@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from .llm_failures import ContextTooLong, Failures, ModelCancelled, ModelError, Retryable, _first_line
+from vmd.verbs import bounded_json
 
 # How much of a server's error message a sentence quotes.
 MESSAGE_CHARS = 300
@@ -47,7 +48,7 @@ def error_message(body: Any) -> str:
     if isinstance(body, (bytes, str)):
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
         try:
-            body = json.loads(text)
+            body = bounded_json(text)
         except ValueError:
             return _first_line(text)[:MESSAGE_CHARS] or "no message"
     if isinstance(body, dict):
@@ -156,7 +157,7 @@ class OpenAIFailures(Failures):
 
 def _parsed(raw: bytes | str) -> Any:
     try:
-        return json.loads(raw)
+        return bounded_json(raw)
     except ValueError:
         return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
 

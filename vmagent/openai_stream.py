@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from .openai_failures import StreamError
 from .reply import Reply, ToolCall, show_piece
+from vmd.verbs import bounded_json
 
 
 
@@ -79,7 +80,7 @@ class OpenAIStream:
         if data.strip() == "[DONE]":
             self.ended = True
             return
-        chunk = json.loads(data)  # ValueError: a broken stream, sorted by the caller
+        chunk = bounded_json(data)  # ValueError: a broken stream, sorted by the caller
         if isinstance(chunk, dict):
             self.take(chunk)
 
@@ -148,7 +149,7 @@ class OpenAIStream:
     def _tool_call(call: _Call) -> ToolCall:
         text = "".join(call.arguments)
         try:
-            parsed = json.loads(text) if text.strip() else {}
+            parsed = bounded_json(text) if text.strip() else {}
         except ValueError:
             parsed = None
         # Not an object: kept as the model's string; vmagent.tools answers it with an error line.

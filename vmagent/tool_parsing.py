@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from vmagent.tool_schemas import json_schema, shape
 from vmagent.tool_table import TOOLS, Tool
+from vmd.verbs import TooDeep, bounded_json
 
 
 # What a result text may show of a value the model sent, in error texts.
@@ -70,7 +71,9 @@ def _decode(raw: Any) -> Any:
     if not _looks_like_json(text):
         return raw
     try:
-        value = json.loads(text)
+        value = bounded_json(text)
+    except TooDeep:
+        return raw  # json_repair parses by recursion too: a text this deep is no call's arguments
     except ValueError:
         try:
             value = json_repair.repair_json(text, return_objects=True)

@@ -7,10 +7,10 @@ belongs, tool-call arguments as objects, tool schemas as the ollama client trims
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Mapping
 
 import ollama
+from vmd.verbs import bounded_json
 
 SCREENSHOT_DROPPED = "[screenshot dropped]"
 
@@ -73,7 +73,7 @@ def _wire_tool_call(call: Any) -> dict[str, Any]:
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments)
+            parsed = bounded_json(arguments)
         except ValueError:
             parsed = None
         arguments = parsed if isinstance(parsed, dict) else {"_raw_arguments": arguments}

@@ -30,6 +30,9 @@ from vmd.request_bounds import (ARGS, CONTENT_CHARS, COORD, HISTORY_BYTES, HISTO
 from vmd.verb_results import COMMAND_CHARS, MAX_TIMEOUT_S
 # How text from a guest or a model is shown (terminals, logs, reports): one rule for both sides.
 from vmd.shown_text import fence, one_line, printable  # noqa: F401
+# JSON from outside is parsed only once its depth is known to be shallow (why: json_depth).
+from vmd.json_depth import MAX_DEPTH as JSON_MAX_DEPTH, TooDeep  # noqa: F401
+from vmd.json_depth import check as json_depth_check, loads as bounded_json  # noqa: F401
 
 TaskStatus = Literal["pending", "in_progress", "done", "blocked"]
 MouseButton = Literal["left", "right", "middle"]

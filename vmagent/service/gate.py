@@ -5,7 +5,8 @@ a check inside the route (or a dependency) comes too late: an unauthenticated 30
 was read, parsed, and echoed back in a 422. This gate is plain ASGI in front of the
 routes. For every method that carries a body it authenticates from the headers alone and
 answers 401 without touching the body; for every request it refuses a declared length
-over `max_body_bytes` (413) and stops a chunked body as soon as it passes that.
+over `max_body_bytes` (413) and stops a chunked body as soon as it passes that; a body
+that nests deeper than JSON_MAX_DEPTH is refused (400) before FastAPI parses it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from fastapi import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vmd.verbs import JSON_MAX_DEPTH, TooDeep, json_depth_check
 
 from .auth import authenticate
 from .config import ServiceConfig
@@ -25,6 +28,11 @@ BODYLESS_METHODS = ("GET", "HEAD", "OPTIONS")
 def too_large(limit: int) -> HTTPException:
     return HTTPException(413, f"The request body is larger than this service accepts "
                               f"({limit:,} bytes, `max_body_bytes`); send a shorter one.")
+
+
+def too_deep() -> HTTPException:
+    return HTTPException(400, f"The body nests objects and lists deeper than {JSON_MAX_DEPTH} levels; "
+                              "send a flatter one (a job's fields are strings, lists and small objects).")
 
 
 class BodyGate:
@@ -51,16 +59,21 @@ class BodyGate:
                                headers=refusal.headers)(scope, receive, send)
             return
 
-        received = 0
+        body = bytearray()
 
         async def capped_receive() -> Message:
-            nonlocal received
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
+                body.extend(message.get("body", b""))
+                if len(body) > limit:
                     # FastAPI passes an HTTPException from reading the body on as it is.
                     raise too_large(limit)
+                if not message.get("more_body", False):
+                    # Measured before FastAPI's json.loads sees it (vmd/json_depth.py says why).
+                    try:
+                        json_depth_check(bytes(body), JSON_MAX_DEPTH)
+                    except TooDeep:
+                        raise too_deep() from None
             return message
 
         await self.app(scope, capped_receive, send)

@@ -65,7 +65,7 @@ AUTHENTICATED = {401: _UNAUTHORIZED,
                  422: _error("A parameter does not fit its schema; `errors` names each one.")}
 OWN_JOB = {**AUTHENTICATED, 404: _error("There is no such job for this user (another user's job too).")}
 WITH_BODY = {**OWN_JOB,
-             400: _error("The body is not UTF-8 text."),
+             400: _error("The body is not UTF-8 text, or nests deeper than the service reads."),
              422: _error("The body or a parameter does not fit its schema; `errors` names each field.")}
 WATCHED_JOB = {**OWN_JOB, 403: _error("The preview token is malformed, expired, or its job ended a while ago.")}
 NOT_NOW = {409: _error("The job is not in a state that takes this (the sentence says which it is in).")}

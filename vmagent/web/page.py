@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from vmd.verbs import printable
+from vmd.verbs import bounded_json, printable
 from vmagent.web.fetch import Fetched, FetchFailed, FetchLimits, fetch
 from vmagent.web.guard import Guard, Refused
 
@@ -113,9 +113,9 @@ def page_text(fetched: Fetched) -> tuple[str, str]:
     if kind in JSON_TYPES or kind.endswith("+json"):
         text = _decode(fetched.body, fetched.charset)
         try:
-            text = json.dumps(json.loads(text), indent=1, ensure_ascii=False)
+            text = json.dumps(bounded_json(text), indent=1, ensure_ascii=False)
         except ValueError:
-            pass  # cut at the size limit, or not JSON after all: shown as it came
+            pass  # cut at the size limit, nested too deep, or not JSON after all: shown as it came
         return "", printable(text)
     if kind in PDF_TYPES:
         return "", _pdf_text(fetched)

@@ -19,7 +19,7 @@ from typing import Protocol
 import httpx
 from pydantic import SecretStr
 
-from vmd.verbs import printable
+from vmd.verbs import bounded_json, printable
 
 BRAVE_URL = "https://api.search.brave.com"
 TAVILY_URL = "https://api.tavily.com"
@@ -101,7 +101,7 @@ def _get_json(engine: str, method: str, url: str, timeout_s: float, **kwargs) ->
         raise SearchFailed(f"the search engine ({engine}) answered HTTP {response.status_code}"
                            + (" (is its key right?)" if response.status_code in (401, 403) else ""))
     try:
-        return response.json()
+        return bounded_json(response.content)
     except ValueError:
         raise SearchFailed(f"the search engine ({engine}) answered something that is not JSON "
                            "(a SearXNG needs `json` among its search formats)") from None

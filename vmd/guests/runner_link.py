@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Protocol
 
+from vmd import json_depth
+
 # Package data, never imported on the host: the guest runs it (pyproject.toml ships in_guest/).
 RUNNER_SOURCE = (Path(__file__).parent / "in_guest" / "runner.py").read_bytes()
 RUNNER_SHA256 = hashlib.sha256(RUNNER_SOURCE).hexdigest()
@@ -190,8 +192,8 @@ class RunnerLink:
     @staticmethod
     def _json(kind: bytes, payload: bytes) -> dict:
         try:
-            value = json.loads(payload.decode("utf-8"))
-        except (ValueError, RecursionError):
+            value = json_depth.loads(payload.decode("utf-8"))
+        except ValueError:  # not JSON, or nested deeper than json_depth reads
             raise _Malformed(f"a {kind.decode()} frame that is not JSON") from None
         if type(value) is not dict:
             raise _Malformed(f"a {kind.decode()} frame that is not a JSON object")

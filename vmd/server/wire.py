@@ -11,15 +11,16 @@ import typing
 
 from pydantic import ValidationError
 
+from vmd import json_depth
 from vmd import verbs as V
 from vmd.errors import INVALID_REQUEST, PARSE_ERROR, VerbError
 
 # A request line longer than this is refused: write_file bodies are the largest thing
 # sent, and 64 MiB is far past any source file an agent should write in one call.
 MAX_LINE = 64 * 1024 * 1024
-# Requests nested deeper than this are refused. vmd's deepest request is 3 levels
-# (request -> params -> verification); before this bound, a line of 10,000 '[' raised
-# RecursionError and took the connection down.
+# Requests nested deeper than this are refused before they are parsed (vmd/json_depth.py
+# says why a RecursionError is no bound). vmd's deepest request is 3 levels (request ->
+# params -> verification).
 MAX_DEPTH = 64
 # A lone UTF-16 surrogate (JSON allows "\ud800") cannot be written as UTF-8: one in an
 # answer or a summary made every later save of session.json fail. They become U+FFFD.
@@ -112,10 +113,12 @@ def read_json(line: bytes):
         raise VerbError(f"the request is not UTF-8 text (byte {line[exc.start]:#04x} at offset "
                         f"{exc.start}); send one UTF-8 JSON object per line.", PARSE_ERROR) from None
     try:
-        return _json(text)
-    except RecursionError:
+        json_depth.check(text, MAX_DEPTH)
+    except json_depth.TooDeep:
         raise VerbError(f"the request is nested too deep: at most {MAX_DEPTH} levels of objects and "
                         "lists are read.", INVALID_REQUEST) from None
+    try:
+        return _json(text)
     except ValueError as exc:  # JSONDecodeError, an int of over 4300 digits, NaN, 1e400
         raise VerbError(f"the request is not valid JSON ({str(exc)[:200]}); send one JSON object per "
                         'line: {"id": 1, "method": "...", "params": {...}}.', PARSE_ERROR) from None
