@@ -100,7 +100,7 @@ class LocalGuest(Guest):
         self.machine.reachable()
         folder = Path(tempfile.mkdtemp(prefix="vmd-fake-baseline-"))
         try:
-            tarfile.open(fileobj=io.BytesIO(archive)).extractall(folder, filter="data")
+            _extract(archive, folder)
             return self._bash(command, folder, timeout)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -376,3 +376,20 @@ class RpcClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _extract(archive: bytes, folder: Path) -> None:
+    """A tar of the baseline unpacked as tarfile's "data" filter would: plain files and
+    folders under `folder` only. The filter came in Python 3.11.4; Debian 12's python3 is
+    3.11.2, so there the same rule is applied here."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(folder, filter="data")
+            return
+        root = folder.resolve()
+        for member in tar.getmembers():
+            target = (root / member.name).resolve()
+            if not (member.isfile() or member.isdir()) or not target.is_relative_to(root):
+                raise tarfile.TarError(f"{member.name!r} is not a plain file or folder inside the archive's root")
+            member.mode = (member.mode | 0o600) & 0o755  # as the filter does: no setuid, owner may write
+        tar.extractall(folder)
