@@ -121,7 +121,7 @@ def _call_of(value: Any, known: set[str], in_marker: bool) -> ToolCall | None:
     if isinstance(value.get("function"), dict):  # {"type": "function", "function": {"name": ..., ...}}
         value = value["function"]
     name = value.get("name")
-    if not isinstance(name, str) or not _NAME.match(name.strip()):
+    if not isinstance(name, str) or not _NAME.fullmatch(name.strip()):
         return None
     has_arguments = "arguments" in value or "parameters" in value
     if _tool_name(name) not in known:

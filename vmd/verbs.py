@@ -297,7 +297,7 @@ class History(Params):
     @field_validator("rev", "base")
     @classmethod
     def _one_commit(cls, v: str | None, info) -> str | None:
-        if v is not None and (not REV_PATTERN.match(v) or ".." in v or "//" in v or v.endswith((".", "/", ".lock"))):
+        if v is not None and (not REV_PATTERN.fullmatch(v) or ".." in v or "//" in v or v.endswith((".", "/", ".lock"))):
             raise ValueError(f"{info.field_name} {v!r} is not one commit: give a commit id or a branch or tag "
                              "name (HEAD, main, 1a2b3c4, HEAD~2); options, ranges (a..b) and paths are refused.")
         return v

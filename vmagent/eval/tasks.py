@@ -75,7 +75,7 @@ class EvalTask:
 def load_task(folder: Path) -> EvalTask:
     name = folder.name
     where = f"eval task {name} ({folder})"
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise EvalTaskError(f"{where}: the folder's name must be a plain name (letters, digits, '-', '_', '.').")
     try:
         meta = TaskToml(**tomllib.loads(_text(folder / "task.toml", where)))

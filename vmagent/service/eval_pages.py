@@ -53,7 +53,7 @@ def add_eval_routes(app: FastAPI, runs_dir: Path, caller_of: Callable[[Request],
 
 def _file(root: Path, *parts: str) -> Path:
     for part in parts[:-1]:
-        if not NAME_PATTERN.match(part):
+        if not NAME_PATTERN.fullmatch(part):
             raise HTTPException(404, "There is no such eval run.")
     path = root.joinpath(*parts)
     if not path.is_file():
@@ -70,7 +70,7 @@ def runs(runs_dir: Path) -> list[tuple[str, dict]]:
                           json.loads((folder / "results.json").read_text(encoding="utf-8"))))
         except (OSError, ValueError):
             continue
-    return [(name, data) for _, name, data in sorted(found, reverse=True)[:LISTED_RUNS] if NAME_PATTERN.match(name)]
+    return [(name, data) for _, name, data in sorted(found, reverse=True)[:LISTED_RUNS] if NAME_PATTERN.fullmatch(name)]
 
 
 def listing(runs_dir: Path) -> str:

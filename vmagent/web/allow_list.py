@@ -41,7 +41,7 @@ class Allowed:
         except ValueError:
             pass
         host = where.lower().rstrip(".")
-        if not _HOST.match(host):
+        if not _HOST.fullmatch(host):
             raise ValueError(f"web allow-list entry {entry!r}: {where!r} is neither an address, a CIDR range "
                              "nor a host name")
         return cls(reason, host=host, port=port)

@@ -171,7 +171,7 @@ def _literal_address(host: str) -> Address | None:
         return ipaddress.ip_address(host)
     except ValueError:
         pass
-    if _NUMERIC_HOST.match(host):
+    if _NUMERIC_HOST.fullmatch(host):
         try:
             return ipaddress.IPv4Address(socket.inet_aton(host.rstrip(".")))
         except OSError:

@@ -349,7 +349,7 @@ def render(template: str, **values: str | int | bool) -> str:
             raise ValueError(f"no value for {{{{{name}}}}}")
         value = values[name]
         text = ("$true" if value else "$false") if isinstance(value, bool) else str(value)
-        if not _SAFE.match(text):
+        if not _SAFE.fullmatch(text):
             raise ValueError(f"{{{{{name}}}}} must be an integer, a drive or a quoted string, not {text[:60]!r}")
         return text
     return _FIELD.sub(fill, template)

@@ -242,9 +242,9 @@ class LibvirtMachines:
         if owner is not None:
             if Path(owner.state_dir) != Path(self.config.state_dir) or not owner.session:
                 return None
-            return owner.session if SESSION_ID.match(owner.session) else None
+            return owner.session if SESSION_ID.fullmatch(owner.session) else None
         for source in root.iterfind("devices/disk/source"):
             path = Path(source.get("file") or "")
-            if path.parent.parent.parent == Path(self.config.sessions_dir) and SESSION_ID.match(path.parent.parent.name):
+            if path.parent.parent.parent == Path(self.config.sessions_dir) and SESSION_ID.fullmatch(path.parent.parent.name):
                 return path.parent.parent.name
         return None

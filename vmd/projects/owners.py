@@ -81,7 +81,7 @@ def _reserved(name: str, names: tuple[str, ...], patterns: tuple[str, ...]) -> s
 
 def repository_name_problem(name: str, what: str = "repository name") -> str | None:
     """None when Gitea accepts `name` as a repository name, else a sentence."""
-    if not REPO_NAME.match(name):
+    if not REPO_NAME.fullmatch(name):
         return (f"{what} {name!r} is not a name Gitea accepts for a repository: use up to 100 "
                 "letters, digits, '-', '_' and '.'.")
     reason = _reserved(name, RESERVED_REPO_NAMES, RESERVED_REPO_PATTERNS)
@@ -96,7 +96,7 @@ def repository_name_problem(name: str, what: str = "repository name") -> str | N
 
 def owner_name_problem(name: str, what: str = "Gitea owner") -> str | None:
     """None when `name` can be a Gitea user or organisation name, else a sentence."""
-    if not USER_NAME.match(name) or re.search(r"[-._]{2}", name):
+    if not USER_NAME.fullmatch(name) or re.search(r"[-._]{2}", name):
         return (f"{what} {name!r} is not a name Gitea accepts for a user or organisation: use "
                 "up to 40 letters, digits, '-', '_' and '.', starting with a letter or digit, "
                 "without two punctuation marks in a row.")

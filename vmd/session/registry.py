@@ -53,7 +53,7 @@ class Sessions:
         adopted = []
         for path in sorted(self.config.sessions_dir.glob("s-*/session.json")):
             session_id = path.parent.name
-            if not SESSION_ID.match(session_id):
+            if not SESSION_ID.fullmatch(session_id):
                 continue
             try:
                 state = SessionState.model_validate_json(path.read_text())

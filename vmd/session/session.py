@@ -126,7 +126,7 @@ class Session:
         background, also when the last vmd died before it saved `machine_created` (a
         domain made meanwhile is found by its name); `adopt`: vmd's own load at its start."""
         path = config.sessions_dir / session_id / "session.json"
-        if not SESSION_ID.match(session_id) or not path.is_file():
+        if not SESSION_ID.fullmatch(session_id) or not path.is_file():
             raise VerbError(f"there is no session {session_id!r} in this vmd's state dir; "
                             "open a new one with session_open.", INVALID_PARAMS)
         session = cls(SessionState.model_validate_json(path.read_text()), config, machines, store)
