@@ -63,15 +63,36 @@ BLOCKED_V4 = (
     "224.0.0.0/4",      # multicast
     "240.0.0.0/4",      # reserved, and the broadcast address
 )
-BLOCKED_V6 = (
+_BLOCKED_V6 = (
     "::/127",           # unspecified and loopback
     "::ffff:0:0/96",    # IPv4-mapped: the IPv4 rules above, spelled another way
     "64:ff9b:1::/48",   # local-use NAT64
     "100::/64",         # discard
+    "100:0:0:1::/64",   # dummy prefix (RFC 9780)
+    "2001::/32",        # Teredo: carries IPv4 endpoints in the address
+    "2001:2::/48",      # benchmarking
+    "5f00::/16",        # SRv6 SIDs
     "fc00::/7",         # unique local
     "fe80::/10",        # link-local
+    "fec0::/10",        # site-local (deprecated, still routed by some stacks)
     "ff00::/8",         # multicast
 )
+
+
+def _embedded(prefix: str, shift: int, v4: str) -> str:
+    """The v6 range whose addresses carry the IPv4 range `v4` at bit `shift` from the right."""
+    net, head = ipaddress.ip_network(v4), ipaddress.ip_network(prefix)
+    first = int(head.network_address) | (int(net.network_address) << shift)
+    return str(ipaddress.IPv6Network((first, head.prefixlen + net.prefixlen)))
+
+
+# The well-known NAT64 prefix (RFC 6052: 64:ff9b::a.b.c.d, the IPv4 address in the last 32
+# bits) and 6to4 (RFC 3056: 2002:AABB:CCDD::/48) carry an IPv4 address: a NAT64 gateway or
+# a 6to4 relay on the host's network turns a connection to one into one to that IPv4
+# address. The IPv4 rules hold for the address inside them; the rest of both stays open
+# (through NAT64 an IPv6-only host reaches the IPv4 internet).
+BLOCKED_V6 = _BLOCKED_V6 + tuple(_embedded("64:ff9b::/96", 0, v4) for v4 in BLOCKED_V4) \
+    + tuple(_embedded("2002::/16", 80, v4) for v4 in BLOCKED_V4)
 
 
 class EgressGuardError(RuntimeError):
@@ -162,7 +183,9 @@ class Ruleset:
             "    meta l4proto tcp ip6 daddr @blocked_v6 counter reject with tcp reset",
             f"    ip6 daddr @blocked_v6 counter {reject}",
         ]
-        digest = hashlib.sha256("\n".join(body).encode()).hexdigest()[:16]
+        # The sets are part of what is installed: a table with an older list is stale too.
+        sets = [", ".join(BLOCKED_V4), ", ".join(BLOCKED_V6)]
+        digest = hashlib.sha256("\n".join(sets + body).encode()).hexdigest()[:16]
         body.append(f'    counter comment "{MARK} {digest}"')
         return "\n".join([
             f"table inet {TABLE} {{",
