@@ -46,7 +46,7 @@ class ServiceProcess:
         self.port = free_port()
         self.config = {
             "data_dir": str(self.data_dir), "host": "127.0.0.1", "port": self.port,
-            "tokens": {ALICE: "alice", BOB: "bob"}, "service_token": SERVICE,
+            "tokens": {ALICE: "alice", BOB: "bob"}, "service_token": SERVICE, "operators": ["alice"],
             "max_concurrent": 2, "worker_command": worker_command or SCRIPTED_WORKER,
             **settings,
         }

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service_harness import ALICE, REPO, ServiceProcess
+from tests.service_harness import ALICE, BOB, REPO, ServiceProcess
 from tests.vmd_fakes import RpcClient, local_vmd, short_socket_dir
 from vmagent.fleet.hosts import RayHosts, local_hosts
 from vmagent.fleet.placement import keep_loopback
@@ -54,6 +54,23 @@ def vmd_with_session(tmp_path: Path, task: str = "list me"):
         with RpcClient(config.socket) as client:
             client.call("session_open", project="hosts", task=task)
             yield config
+
+
+def test_a_listing_is_served_again_for_hosts_cache_s_so_polling_asks_the_hosts_once(tmp_path):
+    cached = fresh = None
+    try:
+        with vmd_with_session(tmp_path / "vmd") as config:
+            cached = ServiceProcess(tmp_path / "cached", vmd_socket=str(config.socket), hosts_cache_s=300).start()
+            fresh = ServiceProcess(tmp_path / "fresh", vmd_socket=str(config.socket), hosts_cache_s=0).start()
+            first = cached.client(ALICE).get("/hosts").json()
+            assert first["hosts"][0]["alive"] and fresh.client(ALICE).get("/hosts").json()["hosts"][0]["alive"]
+        # vmd has stopped: the cached service answers from its listing, the other asks again.
+        assert cached.client(ALICE).get("/hosts").json() == first
+        assert not fresh.client(ALICE).get("/hosts", timeout=60).json()["hosts"][0]["alive"]
+    finally:
+        for svc in (cached, fresh):
+            if svc is not None:
+                svc.stop()
 
 
 # --- vmd's host_info ------------------------------------------------------------------
@@ -106,11 +123,13 @@ def test_the_local_lister_names_a_vmd_that_does_not_answer_without_waiting(tmp_p
 
 # --- the job service: GET /hosts and `vmagent hosts` ----------------------------------------
 
-def test_get_hosts_lists_the_local_vmd_for_a_token_holder_only(tmp_path):
+def test_get_hosts_lists_the_local_vmd_for_an_operator_only(tmp_path):
     with vmd_with_session(tmp_path / "vmd") as config:
         svc = ServiceProcess(tmp_path / "svc", vmd_socket=str(config.socket)).start()
         try:
             assert httpx.get(svc.url + "/hosts", timeout=15).status_code == 401
+            refused = svc.client(BOB).get("/hosts")  # a user with a token, not an operator
+            assert refused.status_code == 403 and "operators" in refused.json()["detail"]
             reply = svc.client(ALICE).get("/hosts")
             assert reply.status_code == 200, reply.text
             listing = reply.json()
@@ -120,7 +139,7 @@ def test_get_hosts_lists_the_local_vmd_for_a_token_holder_only(tmp_path):
             assert (host["slots_total"], host["slots_used"]) == (2, 1)
             document = httpx.get(svc.url + "/openapi.json", timeout=15).json()
             operation = document["paths"]["/hosts"]["get"]
-            assert {"200", "401", "503"} <= set(operation["responses"]) and operation["operationId"] == "list_hosts"
+            assert {"200", "401", "403", "503"} <= set(operation["responses"]) and operation["operationId"] == "list_hosts"
 
             cli = subprocess.run([sys.executable, "-m", "vmagent.cli", "hosts", "--config",
                                   str(svc.data_dir / "service.json")], cwd=REPO, capture_output=True, text=True,
@@ -242,7 +261,8 @@ def test_a_host_whose_vmd_is_stuck_or_absent_is_listed_with_its_error_in_bounded
 
 @pytest.mark.ray
 def test_get_hosts_through_a_ray_service_and_a_lost_host(fleet, tmp_path):
-    svc = ServiceProcess(tmp_path / "svc", executor="ray", ray_address=fleet.address).start()
+    # Every listing fresh (no hosts_cache_s): this test watches a host die through the service.
+    svc = ServiceProcess(tmp_path / "svc", executor="ray", ray_address=fleet.address, hosts_cache_s=0).start()
     try:
         listing = svc.client(ALICE).get("/hosts", timeout=60).json()
         assert listing["executor"] == "ray"

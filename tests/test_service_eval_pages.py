@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service_harness import ServiceProcess
+from tests.service_harness import BOB, ServiceProcess
 from vmagent.eval.pages import write_results
 from vmagent.eval.scores import Row, totals_of
 
@@ -62,6 +62,10 @@ def test_the_eval_page_needs_a_token_and_reaches_nothing_outside_its_folder(serv
     (runs_dir.parent / "secret.md").write_text("not for the web")
     with svc.client(token="wrong") as stranger:
         assert stranger.get("/evals").status_code == 401
+    with svc.client(BOB) as user:  # a token, but not an operator's: the reports hold others' tasks
+        for path in ("/evals", "/evals/newer/", "/evals/newer/runs/fix-roman-1/report.md"):
+            answer = user.get(path)
+            assert answer.status_code == 403 and "<script>" not in answer.text, path
     with svc.client() as client:
         for path in ("/evals/..%2Fsecret.md/", "/evals/newer/runs/..%2F..%2F..%2Fsecret.md/report.md",
                      "/evals/nothing/", "/evals/newer/runs/x/report.md"):

@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vmd.verbs import name_problem
 
 from .ask import answer_question
-from .auth import Caller, authenticate, preview_token_valid, redact_access_log, sign_preview
+from .auth import Caller, authenticate, preview_token_valid, redact_access_log, require_operator, sign_preview
 from .config import ServiceConfig
 from .eval_pages import add_eval_routes
 from .gate import BodyGate
@@ -131,8 +131,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
         caller = getattr(request.state, "caller", None)
         return caller if isinstance(caller, Caller) else authenticate(request, config)
 
-    add_eval_routes(app, config.eval_runs_dir, caller_of)
-    add_host_routes(app, config, caller_of)
+    def operator_of(request: Request, what: str) -> Caller:
+        return require_operator(caller_of(request), config, what)
+
+    add_eval_routes(app, config.eval_runs_dir, operator_of)
+    add_host_routes(app, config, operator_of)
 
     def own_job(job_id: str, caller: Caller) -> dict:
         job = store.get_job(job_id)

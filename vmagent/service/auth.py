@@ -162,3 +162,11 @@ def redact_access_log() -> None:
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, RedactPreviewTokens) for f in access.filters):
         access.addFilter(RedactPreviewTokens())
+
+
+def require_operator(caller: Caller, config: ServiceConfig, what: str) -> Caller:
+    """`caller`, when the service's `operators` name them; else a 403 that says who may."""
+    if caller.user not in config.operators:
+        raise HTTPException(403, f"{what} is for the service's operators, and {caller.user!r} is not one "
+                                 "(the `operators` setting, VMAGENT_OPERATORS, names them).")
+    return caller

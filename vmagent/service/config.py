@@ -36,6 +36,12 @@ class ServiceConfig(BaseModel):
     tokens: dict[str, str] = Field(default_factory=dict)
     # Open WebUI's token: with it (and only with it) the X-OpenWebUI-User-* headers name the user.
     service_token: str = ""
+    # The users (as their tokens name them) who may see the fleet: GET /hosts (every host,
+    # its load and errors) and GET /evals* (the runs' reports). VMAGENT_OPERATORS="a,b".
+    # Empty: nobody; the routes answer 403 with a sentence naming this setting.
+    operators: list[str] = Field(default_factory=list)
+    # How long one listing of the hosts is served again: each listing asks every host.
+    hosts_cache_s: float = Field(default=5.0, ge=0)
     # Each job holds a guest; more than this at once starves the host, so the rest queue.
     max_concurrent: int = Field(default=2, ge=1)
     # The job process. Default: the real worker with the interpreter running the service.
@@ -130,6 +136,8 @@ def load_config(path: str | os.PathLike | None = None, **overrides) -> ServiceCo
                       ("ray_address", "RAY_ADDRESS")):
         if env.get(name):
             data[key] = env[name]
+    if env.get("VMAGENT_OPERATORS"):
+        data["operators"] = [name.strip() for name in env["VMAGENT_OPERATORS"].split(",") if name.strip()]
     if env.get("VMAGENT_MAX_CONCURRENT"):
         data["max_concurrent"] = int(env["VMAGENT_MAX_CONCURRENT"])
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -2,8 +2,8 @@
 under the service's eval_runs_dir (each a folder with results.json and index.html, as
 vmagent/eval/pages.py writes them), newest first, with their totals; GET /evals/{run}
 is that run's page, and GET /evals/{run}/runs/{name}/report.md a run's report, as
-plain text (it holds the model's and the guest's words). Any caller with a service token
-may look; nothing here writes. A name is one plain path component (vmd/verbs.py
+plain text (it holds the model's and the guest's words). Only the service's operators
+(`operators`) may look: a report holds other people's tasks; nothing here writes. A name is one plain path component (vmd/verbs.py
 NAME_PATTERN), so no request reaches outside the folder."""
 
 from __future__ import annotations
@@ -18,21 +18,22 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from vmd.verbs import NAME_PATTERN
 
-from .refusals import AUTHENTICATED, BEARER, ErrorBody, success
+from .refusals import AUTHENTICATED, BEARER, OPERATORS, ErrorBody, success
 
 # Runs listed on the page: a person compares the last few; older ones stay on disk.
 LISTED_RUNS = 30
 HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
-NO_RUN = {**AUTHENTICATED, 404: {"model": ErrorBody, "description": "There is no such eval run."}}
+NO_RUN = {**OPERATORS, 404: {"model": ErrorBody, "description": "There is no such eval run."}}
 
 
-def add_eval_routes(app: FastAPI, runs_dir: Path, caller_of: Callable[[Request], object]) -> None:
-    bearer = [Security(BEARER)]  # documents the scheme; caller_of() checks it
+def add_eval_routes(app: FastAPI, runs_dir: Path, operator_of: Callable[[Request, str], object]) -> None:
+    bearer = [Security(BEARER)]  # documents the scheme; operator_of() checks it and the caller's role
 
     @app.get("/evals", response_class=Response, dependencies=bearer,
-             responses={401: AUTHENTICATED[401], **success("text/html", "The kept runs, newest first.")})
+             responses={401: AUTHENTICATED[401], 403: OPERATORS[403],
+                        **success("text/html", "The kept runs, newest first.")})
     def eval_runs(request: Request):
-        caller_of(request)
+        operator_of(request, "GET /evals")
         return HTMLResponse(listing(runs_dir), headers=HEADERS)
 
     # With the slash, so that the page's relative links (runs/NAME/report.md) land below it;
@@ -40,13 +41,13 @@ def add_eval_routes(app: FastAPI, runs_dir: Path, caller_of: Callable[[Request],
     @app.get("/evals/{run}/", response_class=Response, dependencies=bearer,
              responses={**NO_RUN, **success("text/html", "The run's page.")})
     def eval_run(run: str, request: Request):
-        caller_of(request)
+        operator_of(request, "GET /evals")
         return HTMLResponse(_file(runs_dir, run, "index.html").read_text(encoding="utf-8"), headers=HEADERS)
 
     @app.get("/evals/{run}/runs/{name}/report.md", response_class=Response, dependencies=bearer,
              responses={**NO_RUN, **success("text/plain", "One run's report.")})
     def eval_report(run: str, name: str, request: Request):
-        caller_of(request)
+        operator_of(request, "GET /evals")
         path = _file(runs_dir, run, "runs", name, "report.md")
         return PlainTextResponse(path.read_text(encoding="utf-8", errors="replace"), headers=HEADERS)
 

@@ -63,6 +63,7 @@ _UNAUTHORIZED = {"model": ErrorBody, "description": (
 EVERY_ROUTE = {413: _error("The request body is larger than the service's max_body_bytes.")}
 AUTHENTICATED = {401: _UNAUTHORIZED,
                  422: _error("A parameter does not fit its schema; `errors` names each one.")}
+OPERATORS = {**AUTHENTICATED, 403: _error("The caller is not one of the service's operators (`operators`).")}
 OWN_JOB = {**AUTHENTICATED, 404: _error("There is no such job for this user (another user's job too).")}
 WITH_BODY = {**OWN_JOB,
              400: _error("The body is not UTF-8 text, or nests deeper than the service reads."),
