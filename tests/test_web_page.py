@@ -25,10 +25,10 @@ def server():
     s.close()
 
 
-def _reader(server: PageServer, clock=time.monotonic, **limits) -> PageReader:
+def _reader(server: PageServer, clock=time.monotonic, convert_s: float = 20.0, **limits) -> PageReader:
     values = {"max_bytes": 2 * MIB, "timeout_s": 20.0, "max_redirects": 5, **limits}
     guard = Guard(allow=parse_allow_list(f"127.0.0.1:{server.port}=the test's page server"))
-    return PageReader(guard, FetchLimits(**values), cache_s=900, clock=clock)
+    return PageReader(guard, FetchLimits(**values), cache_s=900, clock=clock, convert_s=convert_s)
 
 
 def _body(answer_text: str) -> str:
@@ -134,6 +134,26 @@ def test_a_json_page_nested_ten_thousand_deep_is_shown_as_it_came(server):
     answer = _reader(server).read(f"{server.base}/deep.json", max_chars=100)
     assert answer.ok, answer.text
     assert _body(answer.text).startswith('{"a": [[[[')
+
+
+def test_a_pdf_slow_to_read_is_cut_at_the_conversion_bound_with_the_pages_read(server):
+    # 40 pages of seconds each: unbounded, read_page held the worker past a minute.
+    started = time.monotonic()
+    answer = _reader(server, convert_s=8).read(f"{server.base}/slow.pdf", max_chars=200)
+    assert time.monotonic() - started < 20
+    assert answer.ok, answer.text
+    cut = re.search(r"Cut: reading the PDF as text stopped at its 8 s bound after (\d+) of 40 pages\.", answer.text)
+    assert cut, answer.text
+    assert 0 < int(cut.group(1)) < 40 and _body(answer.text).startswith("[page 1]\naaaa")
+
+
+def test_html_whose_conversion_passes_its_bound_is_shown_as_text_without_tags(server):
+    # A bound no conversion can meet (the child has not started by then): the fallback.
+    answer = _reader(server, convert_s=0.01).read(f"{server.base}/docs", max_chars=100_000)
+    assert answer.ok, answer.text
+    assert "turning the HTML into markdown stopped at its 0.01 s bound" in answer.text
+    body = _body(answer.text)
+    assert "Frobnicate API" in body and "<h1" not in body and "<script" not in body
 
 
 def test_other_kinds_and_errors_get_a_sentence(server):

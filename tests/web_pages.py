@@ -62,6 +62,31 @@ def pdf_bytes() -> bytes:
     return bytes(out)
 
 
+def slow_pdf_bytes(pages: int = 40, ops: int = 50_000) -> bytes:
+    """A 3 KB PDF that takes pypdf over a second a page: one compressed content stream of `ops`
+    text operators, drawn on every page (the shape of the issue's 8 KB PDF)."""
+    import io
+
+    from pypdf import PdfWriter
+    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
+
+    writer = PdfWriter()
+    stream = DecodedStreamObject()
+    stream.set_data(b"BT /F1 12 Tf " + b"(a) Tj 1 0 Td " * ops + b"ET")
+    content = writer._add_object(stream.flate_encode())
+    font = writer._add_object(DictionaryObject({NameObject("/Type"): NameObject("/Font"),
+                                                NameObject("/Subtype"): NameObject("/Type1"),
+                                                NameObject("/BaseFont"): NameObject("/Helvetica")}))
+    for _ in range(pages):
+        page = writer.add_blank_page(200, 200)
+        page[NameObject("/Contents")] = content
+        page[NameObject("/Resources")] = DictionaryObject(
+            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})})
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
 class PageServer:
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
@@ -98,6 +123,8 @@ class PageServer:
             return _send(h, 200, "application/json", b'{"a": ' + b"[" * 10_000 + b"]" * 10_000 + b"}")
         if path == "/json":
             return _send(h, 200, "application/json", json.dumps({"name": "frob", "version": "1.2"}).encode())
+        if path == "/slow.pdf":
+            return _send(h, 200, "application/pdf", slow_pdf_bytes())
         if path == "/manual.pdf":
             return _send(h, 200, "application/pdf", pdf_bytes())
         if path == "/logo.png":

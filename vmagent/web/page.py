@@ -17,9 +17,10 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from vmd.verbs import bounded_json, printable
+from vmagent.web.convert import CONVERT_TIMEOUT_S, convert
 from vmagent.web.fetch import Fetched, FetchFailed, FetchLimits, fetch
 from vmagent.web.guard import Guard, Refused
 
@@ -59,8 +60,9 @@ class PageAnswer:
 
 class PageReader:
     def __init__(self, guard: Guard, limits: FetchLimits, cache_s: float,
-                 clock: Callable[[], float] = time.monotonic, fetcher: Callable[..., Fetched] = fetch) -> None:
-        self.guard, self.limits, self.cache_s = guard, limits, cache_s
+                 clock: Callable[[], float] = time.monotonic, fetcher: Callable[..., Fetched] = fetch,
+                 convert_s: float = CONVERT_TIMEOUT_S) -> None:
+        self.guard, self.limits, self.cache_s, self.convert_s = guard, limits, cache_s, convert_s
         self._clock, self._fetch = clock, fetcher
         self._cache: OrderedDict[str, Page] = OrderedDict()
         self.fetches = 0  # pages fetched from the web (not the cache)
@@ -90,13 +92,10 @@ class PageReader:
             return page, True
         fetched = self._fetch(url, self.guard, self.limits)
         self.fetches += 1
-        try:
-            title, text = page_text(fetched)
-        except ImportError as exc:  # an install without the web tools' packages (pyproject.toml)
-            raise FetchFailed(f"{url} was fetched, but this vmagent cannot turn it into text: the Python "
-                              f"package {exc.name} is not installed; an administrator installs it.") from None
+        title, text, cut = page_text(fetched, self.convert_s)
+        cuts = "; ".join(c for c in (fetched.cut, cut) if c) or None
         page = Page(url=url, final_url=fetched.url, media_type=fetched.media_type, title=title, text=text,
-                    cut=fetched.cut, admitted_by=fetched.admitted_by, read_at=now)
+                    cut=cuts, admitted_by=fetched.admitted_by, read_at=now)
         self._cache[url] = page
         self._cache.move_to_end(url)
         while len(self._cache) > CACHE_PAGES:
@@ -104,30 +103,41 @@ class PageReader:
         return page, False
 
 
-def page_text(fetched: Fetched) -> tuple[str, str]:
-    """(title, text) of a fetched page; FetchFailed for a kind read_page does not read."""
+def page_text(fetched: Fetched, timeout_s: float = CONVERT_TIMEOUT_S) -> tuple[str, str, str | None]:
+    """(title, text, what the conversion's bound cut or None) of a fetched page; FetchFailed
+    for a kind read_page does not read. HTML and PDF are converted in a bounded child
+    process (vmagent/web/convert.py); JSON and text here, in linear time."""
     kind = fetched.media_type
     if kind in HTML_TYPES:
-        html = _decode(fetched.body, fetched.charset or _meta_charset(fetched.body))
-        return html_title(html), html_to_markdown(html, fetched.url)
+        charset = fetched.charset or _meta_charset(fetched.body)
+        done = convert(Fetched(**{**fetched.__dict__, "charset": charset}), "html", timeout_s)
+        return done.title, done.text, done.cut
     if kind in JSON_TYPES or kind.endswith("+json"):
         text = _decode(fetched.body, fetched.charset)
         try:
             text = json.dumps(bounded_json(text), indent=1, ensure_ascii=False)
         except ValueError:
             pass  # cut at the size limit, nested too deep, or not JSON after all: shown as it came
-        return "", printable(text)
+        return "", printable(text), None
     if kind in PDF_TYPES:
-        return "", _pdf_text(fetched)
+        if fetched.cut:
+            raise FetchFailed(f"{fetched.url} is a PDF larger than read_page reads whole "
+                              f"({fetched.cut.split(';')[0]}); a cut PDF cannot be read.")
+        done = convert(fetched, "pdf", timeout_s)
+        return "", done.text, done.cut
     if kind.startswith("text/") or not kind:
-        return "", printable(_decode(fetched.body, fetched.charset))
+        return "", printable(_decode(fetched.body, fetched.charset)), None
     raise FetchFailed(f"{fetched.url} is {kind}: read_page reads HTML, text, JSON and PDF pages only.")
 
 
 def html_to_markdown(html: str, url: str = "") -> str:
     """Readable markdown of a page: headings, links, code blocks and lists kept, menus and
-    footers left out (trafilatura); readability + markdownify when trafilatura finds nothing."""
-    import trafilatura
+    footers left out (trafilatura); readability + markdownify when trafilatura finds nothing.
+    Unbounded: read_page calls it in convert.py's child."""
+    try:
+        import trafilatura
+    except ImportError as exc:
+        raise _missing(url, exc) from None
 
     text = trafilatura.extract(html, output_format="markdown", include_links=True, include_formatting=True,
                                include_tables=True, include_comments=False, favor_recall=True, url=url or None)
@@ -152,18 +162,26 @@ def html_title(html: str) -> str:
     return " ".join(printable(html_lib.unescape(found.group(1))).split())[:200]
 
 
-def _pdf_text(fetched: Fetched) -> str:
-    from pypdf import PdfReader
-
-    if fetched.cut:
-        raise FetchFailed(f"{fetched.url} is a PDF larger than read_page reads whole ({fetched.cut.split(';')[0]}); "
-                          "a cut PDF cannot be read.")
+def pdf_pages(fetched: Fetched) -> Iterator[tuple[int, int, str]]:
+    """(page number, pages in all, its text) for each page in turn; unbounded: read_page
+    calls it in convert.py's child, which gives what it read when its time is up."""
+    try:
+        from pypdf import PdfReader
+    except ImportError as exc:
+        raise _missing(fetched.url, exc) from None
     try:
         reader = PdfReader(io.BytesIO(fetched.body))
-        pages = [page.extract_text() or "" for page in reader.pages]
+        total = len(reader.pages)
+        for number, page in enumerate(reader.pages, 1):
+            yield number, total, page.extract_text() or ""
     except Exception as exc:  # pypdf raises many kinds on a broken file
         raise FetchFailed(f"{fetched.url} is a PDF that could not be read: {type(exc).__name__}: {exc}") from None
-    return printable("\n\n".join(f"[page {n}]\n{text.strip()}" for n, text in enumerate(pages, 1)))
+
+
+def _missing(url: str, exc: ImportError) -> FetchFailed:
+    # An install without the web tools' packages (pyproject.toml).
+    return FetchFailed(f"{url} was fetched, but this vmagent cannot turn it into text: the Python "
+                       f"package {exc.name} is not installed; an administrator installs it.")
 
 
 def _decode(body: bytes, charset: str | None) -> str:
