@@ -8,7 +8,7 @@ from __future__ import annotations
 from tests.loop_harness import agent_config, call, running_vmd, tool_results
 from tests.ollama_server import start_ollama
 from tests.test_loop import PLAN, assert_closed_with_report, run
-from vmagent.loop_guards import alternation, same_call_refused, same_call_same_answer
+from vmagent.loop_guards import alternation, cycle, same_call_refused, same_call_same_answer
 
 
 def step(call: str, answer: str = "a", refused: bool = False, verb: str = "run") -> dict:
@@ -44,6 +44,17 @@ def test_alternation_is_two_calls_taking_turns_with_unchanging_answers():
     assert alternation([a, b] * 2, 6) is None
     assert alternation([a] * 6, 6) is None  # that is the same call, another pattern
     assert alternation([a, b, a, step("b", "new"), a, b], 6) is None
+
+
+def test_a_cycle_is_a_run_of_three_to_eight_calls_repeated_three_times_with_unchanging_answers():
+    six = [step(c) for c in "abcdef"]
+    hit = cycle(six * 3, 8, 3)
+    assert hit.pattern == "cycle" and hit.labels == [f"`{c}`" for c in "abcdef"] and hit.count == 18
+    assert cycle(six * 2, 8, 3) is None  # twice is not yet a loop
+    assert cycle([step(c) for c in "abcdefghi"] * 3, 8, 3) is None  # nine calls: past the bound
+    changed = six * 2 + six[:3] + [step("d", "new output")] + six[4:]
+    assert cycle(changed, 8, 3) is None  # one answer changed: the round did something
+    assert cycle([step("a")] * 9, 8, 3) is None  # the same call alone is another pattern
 
 
 # --- in the loop: each pattern ends the job in a bounded number of turns -------------------
@@ -97,6 +108,19 @@ def test_two_calls_taking_turns_end_the_job(tmp_path):
     assert outcome.state == "failed" and outcome.steps == 13
     assert "alternated between `run ls` and `read_file" in ended_line(outcome)
     assert "This is a loop" in tool_results(server.chat_requests[7])[-1]
+
+
+def test_a_round_of_six_calls_repeated_ends_the_job_at_its_second_hit(tmp_path):
+    # The screen job that ran to the step cap (110 turns) repeating one round of six calls.
+    round_ = [call("run", {"command": f"echo look {i}; seq 1 {i}"}) for i in range(5)] + \
+        [call("list_dir", {"path": "."})]
+    outcome, _, server = stuck_run(tmp_path, [PLAN] + round_ * 12)
+    assert outcome.state == "failed" and outcome.steps == 1 + 6 * 3 * 2, outcome.report
+    line = ended_line(outcome)
+    assert "repeated the same 6 calls (`run echo look 0; seq 1 0`" in line and "3 times in a row" in line
+    assert "and again after it was told to change approach (36 calls in all)" in line
+    told = tool_results(server.chat_requests[19])[-1]  # the 18th call of the round, its result
+    assert "you repeated the same 6 calls" in told and "This is a loop" in told
 
 
 def test_a_build_polled_with_changing_output_is_not_stuck(tmp_path):

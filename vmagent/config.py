@@ -153,6 +153,11 @@ class AgentConfig(BaseModel):
     stuck_refused: int = Field(3, ge=2)
     # Calls in an A-B-A-B run of two calls whose answers do not change (OpenHands: 6).
     stuck_alternation: int = Field(6, ge=4)
+    # A run of up to this many calls repeated stuck_cycle_repeats times in a row, each call
+    # answered the same each time: a model that lost its place (a screen job repeated six
+    # calls 17 times, to the step cap, before this; OpenHands catches repeating patterns too).
+    stuck_cycle_len: int = Field(8, ge=3)
+    stuck_cycle_repeats: int = Field(3, ge=2)
     # Hits of one pattern that end the job: the first is told to the model with what to do
     # instead; a model that goes on after that will not get out by itself.
     stuck_hits_to_end: int = Field(2, ge=1)

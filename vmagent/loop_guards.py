@@ -143,7 +143,7 @@ _SLEEP_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600}
 
 @dataclass
 class Stuck:
-    pattern: str  # "refused" | "same_answer" | "alternation"
+    pattern: str  # "refused" | "same_answer" | "alternation" | "cycle"
     labels: list[str]
     count: int
 
@@ -216,6 +216,20 @@ def alternation(steps: list[dict], n: int) -> Stuck | None:
     return None
 
 
+def cycle(steps: list[dict], max_len: int, repeats: int) -> Stuck | None:
+    # A B C A B C A B C: a run of 3 to max_len calls repeated, each call answered the same
+    # each time (two calls taking turns are `alternation`, one call `same_call_same_answer`).
+    # A screen that changes (an installer's) is another answer, so such a round is work.
+    for n in range(3, max_len + 1):
+        last = steps[-n * repeats:]
+        if len(last) < n * repeats:
+            return None
+        keys = [(s["call"], s["answer"]) for s in last]
+        if all(keys[i] == keys[i % n] for i in range(len(keys))) and len(set(keys[:n])) > 1:
+            return Stuck("cycle", [s["label"] for s in last[:n]], len(last))
+    return None
+
+
 def stuck_notice(job: Job, step: dict, config: AgentConfig) -> str:
     """Records one tool call; a notice for its result when the newest calls go in circles.
     A pattern hit for the stuck_hits_to_end-th time sets job.guards.stuck_end instead,
@@ -224,10 +238,12 @@ def stuck_notice(job: Job, step: dict, config: AgentConfig) -> str:
     if guards.poll_pairs and [step["call"], step["answer"]] not in guards.poll_pairs:
         guards.poll_waited_s, guards.poll_pairs = 0.0, []  # something changed: the poll saw it
     guards.recent_calls = (guards.recent_calls + [step])[-max(config.stuck_same_answer, config.stuck_refused,
-                                                               config.stuck_alternation):]
+                                                               config.stuck_alternation,
+                                                               config.stuck_cycle_len * config.stuck_cycle_repeats):]
     steps = guards.recent_calls
     hit = (same_call_refused(steps, config.stuck_refused) or same_call_same_answer(steps, config.stuck_same_answer)
-           or alternation(steps, config.stuck_alternation))
+           or alternation(steps, config.stuck_alternation)
+           or cycle(steps, config.stuck_cycle_len, config.stuck_cycle_repeats))
     if hit is None:
         return ""
     guards.recent_calls = []  # the next hit needs as many calls again, after the notice
@@ -263,6 +279,7 @@ _STUCK_INSTEAD = {
     "alternation": ("This is a loop: change approach, or mark the task blocked with update_task and the "
                     "reason. If the loop goes on, the job ends as failed."),
 }
+_STUCK_INSTEAD["cycle"] = _STUCK_INSTEAD["alternation"]
 
 
 def _stuck_what(hit: Stuck, step: dict) -> str:
@@ -271,6 +288,9 @@ def _stuck_what(hit: Stuck, step: dict) -> str:
     if hit.pattern == "same_answer":
         what = "this command" if step["verb"] == "run" else f"this call ({hit.labels[0]})"
         return f"{what} has given this same result {hit.count} times in a row"
+    if hit.pattern == "cycle":
+        return (f"you repeated the same {len(hit.labels)} calls ({', '.join(hit.labels)}) "
+                f"{hit.count // len(hit.labels)} times in a row, with the same answers")
     return f"you alternated between {hit.labels[0]} and {hit.labels[1]} {hit.count} times, with the same answers"
 
 
@@ -279,6 +299,9 @@ def _stuck_report(hit: Stuck, hits: int) -> str:
         what = f"{hit.labels[0]} was refused {hit.count} times in a row"
     elif hit.pattern == "same_answer":
         what = f"{hit.labels[0]} gave the same answer {hit.count} times in a row"
+    elif hit.pattern == "cycle":
+        what = (f"it repeated the same {len(hit.labels)} calls ({', '.join(hit.labels)}) "
+                f"{hit.count // len(hit.labels)} times in a row ({hit.count} calls, the same answers)")
     else:
         what = f"it alternated between {hit.labels[0]} and {hit.labels[1]} ({hit.count} calls, the same answers)"
     if hits == 1:
