@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from vmd.verbs import printable
 from vmagent.web.fetch import Fetched, FetchFailed
+from vmagent.web.to_text import html_title, html_to_markdown, pdf_pages
 
 CONVERT_TIMEOUT_S = 20.0
 CONVERT_MEMORY_BYTES = 1024 * 1024 * 1024
@@ -86,8 +87,6 @@ def _last_line(err: bytes) -> str:
 
 def _child() -> int:
     """The child's side: one page from stdin, its text as JSON lines on stdout."""
-    from vmagent.web.page import html_title, html_to_markdown, pdf_pages
-
     head, _, body = sys.stdin.buffer.read().partition(b"\n")
     meta = json.loads(head)
     fetched = Fetched(url=meta["url"], status=200, media_type=meta["media_type"], charset=meta["charset"], body=body,
