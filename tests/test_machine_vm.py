@@ -364,6 +364,47 @@ def _reach(machine, host: str, port: int) -> str:
     return machine.guest.run(command, timeout=30).stdout
 
 
+def test_a_guard_flushed_while_a_guest_has_egress_cuts_it_until_it_is_back(booted, host_listener, egress_world):
+    # What a firewall reload does (Debian's nftables.conf begins with `flush ruleset`): the
+    # table goes while a guest has egress. The watch (vmd/server/guard_watch.py, as vmd runs
+    # it, here over this one guest) cuts the guest off within its round and, while the table
+    # cannot be put back, keeps it cut; once it is back, egress comes back guarded.
+    from vmd.machines.egress_guard import TABLE, EgressGuard
+    from vmd.server.guard_watch import GuardWatch, Target
+
+    machine, _, _ = booted
+    internet, _ = egress_world
+    guard = EgressGuard("libvirt-qemu")
+    guard.install()
+    notes: list[str] = []
+    may_install = threading.Event()
+    watch = GuardWatch(lambda: [Target("guest", machine, lambda event, **_: notes.append(event))], guard.problem,
+                       lambda: may_install.is_set() and guard.install(), interval_s=0.5).start()
+    try:
+        machine.set_egress(True)
+        assert _wait_for(machine, "ip -4 route | grep -q '^default via 10.0.3.2' && echo routed", timeout=60)
+        assert "reached-the-internet" in _reach(machine, internet.address, 80)
+        subprocess.run(["nft", "delete", "table", "inet", TABLE], check=True)
+        deadline = time.monotonic() + 5
+        while not notes and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert notes == ["egress_cut"]
+        assert "unreachable" in _reach(machine, "10.0.3.2", host_listener)  # the host's loopback
+        assert "unreachable" in _reach(machine, internet.address, 80)
+        assert machine.guest.run("echo still here", timeout=30).stdout.strip() == "still here"
+        may_install.set()  # the table can be put back now
+        deadline = time.monotonic() + 10
+        while notes[-1] != "egress_restored" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert notes == ["egress_cut", "egress_restored"] and guard.problem() is None
+        assert _wait_for(machine, f"timeout 8 bash -c 'exec 3<>/dev/tcp/{internet.address}/80' && echo open", timeout=60)
+        assert "unreachable" in _reach(machine, "10.0.3.2", host_listener)
+    finally:
+        watch.stop()
+        guard.install()
+        machine.set_egress(False)
+
+
 def test_egress_reaches_the_internet_and_never_the_host(booted, host_listener, egress_world, debian_image,
                                                         tmp_path):
     from tests.egress_hosts import host_addresses

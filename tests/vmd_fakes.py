@@ -177,6 +177,7 @@ class LocalMachine:
         self.suspended = False
         self.destroyed = False
         self.egress = spec.egress
+        self.egress_cut = False  # the egress link down (cut_egress), the NIC still there
         # Set by a test to play a guest destroyed from outside (or crashed): alive() says
         # so and every machine call fails the way a dropped SSH connection does.
         self.gone = False
@@ -229,6 +230,9 @@ class LocalMachine:
     def set_egress(self, open_):
         self.egress = open_
 
+    def cut_egress(self, cut):
+        self.egress_cut = cut and self.egress
+
 
 class LocalMachines:
     def __init__(self, boot_seconds: float = 0.0, fail: str | None = None, attach_seconds: float = 0.0,
@@ -248,6 +252,8 @@ class LocalMachines:
         self.shots: list[float] = []  # each screenshot's max_age
         self.probes: list[str] = []  # the hosts check_internet probed
         self.egress_refusal: str | None = None  # what egress_problem() answers
+        self.guard_missing: str | None = None  # what guard_problem() answers
+        self.guard_installs = 0  # install_guard() calls (vmd's start, the guard watch)
 
     def host(self, name=None):
         # One host, the local one, as vmd has by default; its guests' commands run here.
@@ -266,6 +272,9 @@ class LocalMachines:
     def egress_problem(self):
         return self.egress_refusal  # None: these machines' egress is a flag, nothing to guard
 
+    def guard_problem(self):
+        return self.guard_missing  # a test sets it to play a guard that went away
+
     def os_family(self, os):
         return self.family  # LocalGuest's unless a test says otherwise
 
@@ -281,7 +290,7 @@ class LocalMachines:
         return []
 
     def install_guard(self):
-        pass
+        self.guard_installs += 1
 
     def start_pool(self):
         pass

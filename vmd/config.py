@@ -180,6 +180,9 @@ class VmdConfig(BaseModel):
     # How often vmd looks for such sessions and for guests no session owns. A few seconds
     # is instant next to the grace above and costs a libvirt listing.
     reaper_interval_s: float = Field(default=5, gt=0)
+    # How often the egress guard is asked while a guest has egress (vmd/server/guard_watch.py):
+    # the longest a firewall reload leaves such a guest unguarded.
+    guard_watch_s: float = Field(default=2, gt=0)
     # A push that fails at close for a reason that may pass (Gitea down, a network error)
     # is retried in the background for this long; the commit is safe in vmd's repository
     # meanwhile. A day covers a Gitea upgrade or a weekend outage; after it the report

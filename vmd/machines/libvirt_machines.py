@@ -50,6 +50,7 @@ class LibvirtMachine:
         self.resume = machine.resume
         self.destroy = machine.destroy
         self.stalled = machine.stalled
+        self.cut_egress = machine.cut_egress
         self.guard = guard
 
     def set_egress(self, open_: bool) -> None:
@@ -115,6 +116,10 @@ class LibvirtMachines:
         except EgressGuardError as exc:
             log.warning("egress guard: %s; approved egress will be refused until it is installed", exc)
 
+    def guard_problem(self) -> str | None:
+        """Whether the guard in force is this configuration's, asked without putting it back."""
+        return self.guard.problem()
+
     def egress_problem(self) -> str | None:
         try:
             self.guard.require()
@@ -168,7 +173,16 @@ class LibvirtMachines:
             machine, note = pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir,
                                              session_id=spec.session_id)
             if machine is not None:
-                return self._adapter(machine, image, came="warm")
+                adapter = self._adapter(machine, image, came="warm")
+                # A slot is saved without egress: a session whose egress was approved before its
+                # machine came gets it now, as a cold boot would, and only with the guard checked.
+                if spec.egress and self.egress_problem() is None:
+                    try:
+                        adapter.set_egress(True)
+                    except Exception as exc:  # the machine stands; its egress stays closed, said in the log
+                        log.warning("a warm machine for session %s: egress could not be opened: %s",
+                                    spec.session_id, exc)
+                return adapter
         machine = Machine.create(image, name=spec.name, workdir=spec.workdir, project_dir=spec.project_dir,
                                  host=host, egress=spec.egress and self.egress_problem() is None,
                                  qemu_user=self.config.share_user, config=self.config,

@@ -368,6 +368,11 @@ class Machine:
                 time.sleep(0.5)  # the guest must let go of the device before its netdev goes
             self._qmp("netdev_del", id="vmdegress")
 
+    def cut_egress(self, cut: bool) -> None:
+        """The egress NIC's link down (cut) or up, at once, without the guest (guard_watch.py)."""
+        if self.egress_open():
+            self._qmp("set_link", name="vmdegressnic", up=not cut)
+
     def suspend(self) -> None:
         self.ssh.close()
         if self.state() == "running":

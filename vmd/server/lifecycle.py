@@ -13,6 +13,8 @@ way (commit, push, destroy), with the reason in the record and the report:
   full disk could not take, saves what a full disk held back once there is room, and
   destroys guests of this state dir that no session owns (`sweep`).
 - pushes that failed at close are retried by vmd/server/push_retrier.py.
+- while a guest has egress, the egress guard is watched (vmd/server/guard_watch.py): gone,
+  and every such guest's egress is cut until it is back.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import threading
 import time
 
 from vmd.config import VmdConfig
+from vmd.server.guard_watch import GuardWatch, Target
 from vmd.server.push_retrier import PushRetrier
 from vmd.session.handlers.end_verbs import close
 from vmd.session.registry import Sessions
@@ -56,6 +59,7 @@ class Lifecycle:
         self._thread: threading.Thread | None = None
         self._started = False
         self._lock = threading.Lock()
+        self.guard_watch: GuardWatch | None = None
 
     def start(self) -> None:
         """Adopts the state dir's sessions, then starts the reaper and the push retries (once)."""
@@ -67,14 +71,26 @@ class Lifecycle:
         self.adopt()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="vmd-reaper")
         self._thread.start()
+        machines = self.sessions.machines
+        self.guard_watch = GuardWatch(self._egress_targets, machines.guard_problem, machines.install_guard,
+                                      self.config.guard_watch_s).start()
         self.pushes.start()
         self.sessions.machines.start_pool()  # warm machines (vmd/machines/warm_pool.py), when configured
 
     def stop(self) -> None:
         """Stops the threads; sessions and machines stay as they are for the next vmd."""
         self._stop.set()
+        if self.guard_watch is not None:
+            self.guard_watch.stop()
         self.pushes.stop()
         self.sessions.machines.stop_pool()
+
+    def _egress_targets(self) -> list[Target]:
+        """The live sessions whose guest has egress open, for the guard watch."""
+        def note(session: Session):
+            return lambda event, **fields: session.record.append("egress", event=event, **fields)
+        return [Target(s.s.id, s.machine, note(s)) for s in self.sessions.live()
+                if s.s.egress and s.machine is not None and s.s.state != "closed"]
 
     # --- adoption ------------------------------------------------------------------------
 
