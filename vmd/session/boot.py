@@ -80,6 +80,8 @@ def _boot(session: Session, attach: bool) -> None:
                 if s.state == "booting":
                     s.state = "ready"
                     s.resume_state = "ready"
+                elif s.resume_state == "booting":  # a question asked while it booted goes back to ready
+                    s.resume_state = "ready"
                 session.save()
         if ending:
             _stopped(session, created=True)

@@ -120,6 +120,8 @@ def session_resume(session: Session, p: V.Answer, notify) -> dict:
         if session.needs_ready:
             session.s.facts = machine.ready(session.boot_timeout)
             session.needs_ready = False
+            if session.s.resume_state == "booting":  # the boot ended while the session waited
+                session.s.resume_state = "ready"
     problem = None
     with session.lock:
         if state == "question":
