@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import itertools
 import json
 import os
 import re
@@ -237,6 +238,7 @@ class Browser:
         self._changed = threading.Condition()
         self.sio = socketio.Client(reconnection=False)
         self.sio.on("events", self._on_event)
+        in_arrival_order(self.sio)
         self.sio.connect(server.url, socketio_path="/ws/socket.io", transports=["websocket"],
                          auth={"token": account.token}, wait_timeout=30)
         self.sio.call("user-join", {"auth": {"token": account.token}}, timeout=30)
@@ -275,6 +277,42 @@ class Browser:
 
     def close(self) -> None:
         self.sio.disconnect()
+
+
+def in_arrival_order(sio) -> None:
+    """Makes a socket.io client handle its messages one at a time, in the order they came,
+    as a browser tab does.
+
+    python-engineio's client hands each message it reads to a thread of its own
+    (`_trigger_event(..., run_async=True)`), so events Open WebUI sent in order could be
+    recorded in another order, or after a later one. A CI run under load failed so: the tool
+    emits "VM agent (done): done", then "The VM agent finished." twice (the second done),
+    awaiting each, and the test read the job's status last. Each message's thread now takes
+    a ticket in the reading thread, which reads in the wire's order, and waits its turn."""
+    eio = sio.eio
+    spawn = eio.start_background_task
+    turn = threading.Condition()
+    tickets = itertools.count()
+    serving = [0]  # the ticket whose turn it is
+
+    def start(target, *args, **kwargs):
+        if target is not eio.handlers.get("message"):
+            return spawn(target, *args, **kwargs)  # the read and write loops
+        ticket = next(tickets)  # here, in the reading thread
+
+        def in_turn():
+            with turn:
+                turn.wait_for(lambda: serving[0] == ticket)
+            try:
+                target(*args, **kwargs)
+            finally:
+                with turn:
+                    serving[0] += 1
+                    turn.notify_all()
+
+        return spawn(in_turn)
+
+    eio.start_background_task = start
 
 
 # --- a conversation ----------------------------------------------------------------------
