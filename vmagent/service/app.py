@@ -223,11 +223,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
             job = store.create_job(owner=caller.user, task=body.task, os=body.os, project=project,
                                    chat_id=body.chat_id, message_id=body.message_id, model=body.model,
                                    web=body.web)
-        # The answer describes the job as created: read after submit, a fast worker may
-        # already have finished it (a test saw its verification filled in the 201).
-        created = store.get_job(job["id"])
+        # The answer describes the job as created (the store's read, before any pump could
+        # start it): read later, a fast worker may already have finished it (a test saw its
+        # verification filled in the 201).
         pool.submit(job)
-        return view(created, request)
+        return view(job, request)
 
     def refuse_second_job(caller: Caller, chat_id: str) -> None:
         """An Open WebUI chat runs one job at a time: a new task there while another is

@@ -144,14 +144,20 @@ class Store:
             "created": now, "updated": now, "ended": None, "push_json": None,
             "machine_came": None, "machine_seconds": None, "web": 1 if web else 0,
         }
+        # Other threads start any queued job they see (WorkerPool.pump: another request's, a
+        # finishing job's follower). So the folder comes first, and the row, its first event
+        # and the read of it returned are one hold of the lock. Seen before its folder
+        # existed, a job failed to start (FileNotFoundError writing its job file: a 500 for
+        # the request that pumped); started before this read, it was set back to queued by
+        # WorkerPool.submit, which takes the state it is given.
+        private_dir(self.job_dir(job["id"]))
         with self._lock:
             self._db.execute(
                 f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})",
                 [job[c] for c in _COLUMNS],
             )
-        private_dir(self.job_dir(job["id"]))
-        self.add_event(job["id"], {"type": "state", "state": "queued"})
-        return self.get_job(job["id"])
+            self.add_event(job["id"], {"type": "state", "state": "queued"})
+            return self.get_job(job["id"])
 
     def get_job(self, job_id: str) -> dict | None:
         with self._lock:

@@ -117,29 +117,35 @@ class WorkerPool:
 
     def _spawn(self, job: dict) -> None:
         job_dir = self.store.job_dir(job["id"])
-        if not (job_dir / "job.json").exists():
-            write_job_file(job_dir, {"job_id": job["id"], "spec": job_spec(job), "mode": "run",
-                                     "cancel": False, "vmd_socket": self.config.vmd_socket})
         frames_path = job_dir / "frames.ndjson"
-        offset = frames_path.stat().st_size if frames_path.exists() else 0
         command = self.config.resolved_worker_command() + ["--job-dir", str(job_dir)]
         env = worker_environment(self.config)
-        frames = open_private_append(frames_path)
-        errors = open_private_append(job_dir / "worker.log")
+        frames = errors = None
+        # A job that cannot start fails with the reason: raised, the error would end whichever
+        # thread pumped, a request for some other job (a 500) or a job's follower.
         try:
+            if not (job_dir / "job.json").exists():
+                write_job_file(job_dir, {"job_id": job["id"], "spec": job_spec(job), "mode": "run",
+                                         "cancel": False, "vmd_socket": self.config.vmd_socket})
+            offset = frames_path.stat().st_size if frames_path.exists() else 0
+            frames = open_private_append(frames_path)
+            errors = open_private_append(job_dir / "worker.log")
             popen = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=frames, stderr=errors, env=env,
                 # Its own session: a Ctrl-C or stop of the service does not reach it.
                 start_new_session=True, umask=WORKER_UMASK,
             )
         except OSError as exc:
-            self.store.set_state(job["id"], "failed", report=(
-                f"# The job could not start\n\nThe worker command `{' '.join(command)}` "
-                f"failed to start: {exc}. Check `worker_command` in the service config."))
+            why = (f"The worker command `{' '.join(command)}` failed to start: {exc}. Check "
+                   "`worker_command` in the service config." if errors is not None else
+                   f"The service could not write the job's files in {job_dir}: {exc}. Check that "
+                   "the service's data_dir has room and belongs to the service's user.")
+            self.store.set_state(job["id"], "failed", report=f"# The job could not start\n\n{why}")
             return
         finally:
-            os.close(frames)
-            os.close(errors)
+            for fd in (frames, errors):
+                if fd is not None:
+                    os.close(fd)
         worker = Worker(job["id"], popen.pid, popen)
         with self._lock:
             self._running[job["id"]] = worker
