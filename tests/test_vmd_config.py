@@ -53,7 +53,7 @@ def test_the_probe_goes_to_the_configured_host_and_the_adapter_waits_as_configur
     assert "/dev/tcp/probe.internal/80" in guest.commands[0]
     image = SimpleNamespace(os_family="linux", project_path="/mnt/project")
     machine = SimpleNamespace(guest=guest, screen=None, reboot=None, suspend=None, resume=None, destroy=None,
-                              set_egress=None, stalled=None, name="vmagent-s-1")
+                              set_egress=None, cut_egress=None, stalled=None, name="vmagent-s-1")
     adapter = LibvirtMachines(config)._adapter(machine, image)
     assert isinstance(adapter, LibvirtMachine) and adapter.desktop_wait_s == 5 and adapter.guest is guest
 
