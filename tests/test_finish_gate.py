@@ -64,9 +64,10 @@ def _gate_sequence(c: RpcClient) -> None:
     assert c.call("session_status")["state"] == "ready"  # the session goes on
     assert c.call("report")["outcome"]["status"] == "unverified"
 
-    c.call("run", command="echo 'exit 0' > check.sh")
+    c.call("run", command="echo 'echo hello' > app.sh; echo '[ \"$(bash app.sh)\" = hello ]' > check.sh")
     finished = c.call("finish", summary="fixed", verification="bash check.sh")  # a string is the command
-    # The check needs the work: on the project as it was (empty), `bash check.sh` fails.
+    # The check needs the work: on the project as it was (empty) with the check's own file
+    # (check.sh, which the command names) laid over it, `bash check.sh` fails.
     assert finished["accepted"] is True, finished
     assert finished["outcome"]["passed"] is True and finished["outcome"]["proven"] is True
     assert finished["outcome"]["baseline"]["exit_code"] != 0

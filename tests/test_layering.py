@@ -52,12 +52,12 @@ def test_the_contract_is_pure_and_closed():
     contract = {"vmd.verbs": ROOT / "vmd" / "verbs.py", "vmd.verb_results": ROOT / "vmd" / "verb_results.py",
                 "vmd.shown_text": ROOT / "vmd" / "shown_text.py",
                 "vmd.request_bounds": ROOT / "vmd" / "request_bounds.py", "vmd.verdict": ROOT / "vmd" / "verdict.py",
-                "vmd.json_depth": ROOT / "vmd" / "json_depth.py"}
+                "vmd.json_depth": ROOT / "vmd" / "json_depth.py", "vmd.check_results": ROOT / "vmd" / "check_results.py"}
     imports = {name: {i.split(" ")[0] for i in _vmd_imports(path)} for name, path in contract.items()}
     assert imports == {"vmd.request_bounds": {"vmd.verb_results"},
                        "vmd.verbs": {"vmd.verb_results", "vmd.shown_text", "vmd.request_bounds", "vmd.json_depth"},
-                       "vmd.verb_results": {"vmd.verdict"}, "vmd.shown_text": set(), "vmd.verdict": set(),
-                       "vmd.json_depth": set()}, imports
+                       "vmd.verb_results": {"vmd.verdict", "vmd.check_results"}, "vmd.shown_text": set(),
+                       "vmd.verdict": set(), "vmd.json_depth": set(), "vmd.check_results": set()}, imports
     for path in contract.values():
         tops = {node.names[0].name.split(".")[0] if isinstance(node, ast.Import) else (node.module or "").split(".")[0]
                 for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))}

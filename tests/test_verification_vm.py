@@ -72,9 +72,12 @@ def test_a_failed_check_is_work_left_and_a_real_check_is_proven_task_by_task(tmp
     print(f"\ncheck {proven['duration']:.1f} s, baseline run {proven['baseline']['duration']:.1f} s "
           f"(exit {proven['baseline']['exit_code']})")
     assert proven["baseline"]["exit_code"] not in (0, None, 125)
-    # One checkpoint per closed task, in order, then the close commit with the verification.
+    # One checkpoint per closed task, in order; the candidate the second finish checked on a
+    # fresh machine (the first checked the last checkpoint's files: no commit of its own);
+    # then the close commit with the verification.
     assert git_log(state, "calc") == ["Task 1 done: write calc.py", "Task 2 done: write test_calc.py",
-                                      "Task 3 done: run the tests", "Write calc.add with a test"]
+                                      "Task 3 done: run the tests", "The work as finish 2 checks it",
+                                      "Write calc.add with a test"]
 
 
 def test_three_failed_checks_end_the_job_failed_with_every_attempt(tmp_path, vmd_serve):

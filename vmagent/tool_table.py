@@ -226,25 +226,34 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
                                     "request": "reason"}),
     Tool("finish",
          "End the job. Refused until every task is done or blocked and at least one command "
-         "has been run. The verification command is re-run by the supervisor from the "
-         "project folder ({project}) with {shell}; its exit code, compared with expect_exit, "
-         "decides the outcome the user sees. A good check fails before the work and passes "
-         "after it: it runs what was built (the tests that exercise the new code, or the "
-         "program with its output checked), not `true`, `test -d`, or a test that asserts "
-         "nothing. The supervisor also runs it on the project as it was before the session; "
-         "a check that passes there too is no proof (refused once, then the job ends passed, "
-         "not proven). A check that fails is refused: the work is not done, so fix the cause "
-         "and finish again.",
+         "has been run. The supervisor commits the project folder and re-runs the verification "
+         "itself on a fresh machine holding that commit at {project} (nothing else you did to "
+         "this machine is there: name any install step as setup); its exit code, compared "
+         "with expect_exit, decides the outcome the user sees. A good check fails before the "
+         "work and passes after it: it runs what was built (the tests that exercise the new "
+         "code, or the program with its output checked), not `true`, `test -d`, or a test "
+         "that asserts nothing. The supervisor also runs it on the project as it was before "
+         "the session, with the check's own files added; a check that passes there too is no "
+         "proof (refused once, then the job ends passed, not proven). A check that fails is "
+         "refused: the work is not done, so fix the cause and finish again.",
          fields={
              "summary": "What was done, where it is, and anything left open.",
              # Ollama's client sends a nested object's type and description, not its fields:
              # this sentence is all the model reads of the shape.
              "verification": 'The check the supervisor re-runs, as {"command": "<a {shell} command>", '
-                             '"expect_exit": 0}; its exit code decides the outcome.',
+                             '"expect_exit": 0}, optionally with "setup" (an install step run first), '
+                             '"tests" (the files of the check) and "in": "session" (a check of this '
+                             'machine, not the project; never proven).',
              "verification.command": "A {shell} command that fails without the work and passes with it; "
-                                     "re-run by the supervisor from {project}, and on the project as it "
-                                     "was before.",
+                                     "re-run by the supervisor from {project} on a fresh machine, and on "
+                                     "the project as it was before.",
              "verification.expect_exit": "The exit code that means success (default {default}).",
+             "verification.setup": "A {shell} command run first on the fresh machine, e.g. installing "
+                                   "the project's dependencies; shown in the report.",
+             "verification.tests": "The check's own files (paths in the project), also put into the "
+                                   "project as it was before, where the check must fail.",
+             "verification.in": '"project" (default) or "session": a check of this machine (a service, '
+                                "a window) rather than the project, run here and never proven.",
          },
          primary="summary",
          aliases={"message": "summary", "result": "summary", "text": "summary",

@@ -20,6 +20,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vmd.check_results import *  # noqa: F401,F403
+from vmd.check_results import __all__ as _CHECKS
+from vmd.check_results import COMMAND_CHARS, CheckRunResult, FinishOutcome
 from vmd.verdict import Verdict, VerdictStatus
 
 __all__ = [
@@ -29,8 +32,7 @@ __all__ = [
     "ReportResult", "OkResult", "TasksResult", "AddTaskResult", "RunResult", "ReadFileResult",
     "WriteFileResult", "EditFileResult", "ListDirEntry", "ListDirResult", "GitCommitResult",
     "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
-    "RequestUnfreezeResult", "CheckRunResult", "CheckAttempt", "FinishRefusalData", "FinishOutcome",
-    "FinishResult", "HiddenCheck", "HiddenCheckResult", "Facts", "PushView", "ReportOutcome", "Verdict", "VerdictStatus",
+    "RequestUnfreezeResult", *_CHECKS, "FinishResult", "HiddenCheck", "HiddenCheckResult", "Facts", "PushView", "ReportOutcome", "Verdict", "VerdictStatus",
     "HistoryResult", "HostImage", "HostInfoResult",
 ]
 
@@ -39,9 +41,6 @@ __all__ = [
 # A name is one path component (vmd/verbs.py NAME_PATTERN), of at most NAME_CHARS.
 NAME_CHARS = 100
 NAME_RULE = rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{NAME_CHARS - 1}}}$"
-# A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
-# (MAX_ARG_STRLEN); longer scripts belong in a file.
-COMMAND_CHARS = 128 * 1024
 # Seconds: the longest command (Run.timeout) and the longest wait for a boot.
 MAX_TIMEOUT_S = 7200
 
@@ -185,6 +184,9 @@ class ReportOutcome(Result):
     duration: float | None = None
     output_tail: str | None
     baseline: CheckRunResult | None = None
+    where: Literal["clean_room", "session"] = "clean_room"  # check_results.CheckWhere
+    candidate: str | None = None  # the commit the check ran on
+    setup_command: str | None = None
     commit: str | None = None  # once closed: vmd's commit, and its page on Gitea
     web_url: str | None = None
 
@@ -293,45 +295,6 @@ class RequestUnfreezeResult(TextResult):
 
 # --- end -------------------------------------------------------------------------------
 
-class CheckRunResult(Result):
-    """One run of the agent's check by vmd (vmd/session/verification.py CheckRun)."""
-    exit_code: int | None
-    passed: bool
-    timed_out: bool = False
-    duration: float = 0.0
-    output_tail: str = ""
-    error: str | None = None  # the run could not be made at all
-
-
-class CheckAttempt(CheckRunResult):
-    """One finish's run of the check, and of the same check on the baseline."""
-    attempt: int  # 1 for the first finish that ran a check
-    command: str
-    expect_exit: int
-    baseline: CheckRunResult | None
-
-
-class FinishRefusalData(BaseModel):
-    """The `data` of a finish refused after vmd ran the check (it failed, or it proves
-    nothing): the attempt as vmd ran it."""
-    model_config = ConfigDict(extra="allow")
-    attempt: CheckAttempt
-
-
-class FinishOutcome(Result):
-    command: str
-    cwd: str | None
-    expect_exit: int
-    exit_code: int | None
-    passed: bool
-    proven: bool | None  # None: not passed, or the baseline could not be checked
-    timed_out: bool
-    duration: float
-    output_tail: str
-    baseline: CheckRunResult | None
-    attempts: int
-
-
 class FinishResult(TextResult):
     """Only an accepted finish is a result; every refusal is a REFUSED error."""
     accepted: Literal[True]  # kept for clients that read it
@@ -341,10 +304,11 @@ class FinishResult(TextResult):
 # --- the eval's hidden check: its params and its result (vmd/verbs.py is at its size bound) ---
 
 class HiddenCheck(BaseModel):
-    """Service only (`vmagent eval`): a check the agent never sees, which vmd runs in the
-    session's guest after the agent's work and before the close, as it runs the baseline
-    (vmd/session/handlers/eval_verbs.py). `files` are written to a fresh folder outside the
-    project, named to the command by $CHECK_DIR; `command` runs in the project folder.
+    """Service only (`vmagent eval`): a check the agent never sees, which vmd runs after the
+    agent's work and before the close on a fresh machine holding the committed project
+    (vmd/session/handlers/eval_verbs.py). `files` are written there to a fresh folder outside
+    the project, named to the command by $CHECK_DIR; `command` runs in the project folder and
+    passes only by writing the nonce in $CHECK_DIR/.nonce to $CHECK_RESULT.
     -> HiddenCheckResult"""
     model_config = ConfigDict(extra="forbid")
     command: str = Field(min_length=1, max_length=COMMAND_CHARS)
@@ -354,12 +318,18 @@ class HiddenCheck(BaseModel):
                 Annotated[str, Field(max_length=4 * 1024 * 1024)]] = Field(default={}, max_length=64)
     expect_exit: int = Field(default=0, ge=0, le=255)
     timeout: float = Field(default=300, gt=0, le=MAX_TIMEOUT_S)
+    desktop: bool = False  # the check clicks on a desktop: the fresh machine waits for its own
 
 
 class HiddenCheckResult(CheckRunResult, TextResult):
-    """The eval's hidden check as vmd ran it in the guest (vmd/session/handlers/eval_verbs.py)."""
+    """The eval's hidden check as vmd ran it in a clean room (vmd/session/handlers/eval_verbs.py).
+    passed: it exited as expected AND wrote vmd's nonce to $CHECK_RESULT."""
     command: str
     expect_exit: int
+    exited_as_expected: bool = False
+    result_written: bool = False
+    where: Literal["clean_room", "session"] = "clean_room"
+    candidate: str | None = None
 
 
 class HistoryResult(TextResult):

@@ -248,11 +248,6 @@ class Answer(Params):
 
 # --- end -------------------------------------------------------------------------------
 
-class Verification(Params):
-    command: str = Field(min_length=1, max_length=COMMAND_CHARS)
-    expect_exit: int = Field(default=0, ge=0, le=255)
-
-
 class Finish(Params):
     """-> FinishResult when vmd accepts the finish. Every refusal is an error with code
     REFUSED (tasks still open, no command run, no verification named, a failed check, a

@@ -26,11 +26,15 @@ class Verdict(BaseModel):
     proven: the check also failed on the project as it was when the session opened, so it
     needs the work; False: it passed there too; None: not passed, or vmd could not run it
     there (a guest that cannot show the baseline). attempts: runs of the check in the session.
+    where: "clean_room" (a fresh machine with the candidate commit; an outcome that does not
+    say was made before there was any other) or "session" (the session's own guest, which
+    the agent controlled: a check of the machine, never proven).
     """
 
     passed: bool | None = None
     proven: bool | None = None
     attempts: int = 0
+    where: Literal["clean_room", "session"] = "clean_room"
 
     @classmethod
     def of_outcome(cls, outcome: dict | None, attempts: int | None = None) -> "Verdict":
@@ -40,8 +44,10 @@ class Verdict(BaseModel):
             return cls(attempts=attempts or 0)
         passed = bool(outcome.get("passed"))
         runs = outcome.get("attempts") if attempts is None else attempts
-        return cls(passed=passed, proven=outcome.get("proven") if passed else None,
-                   attempts=runs if isinstance(runs, int) and not isinstance(runs, bool) and runs > 0 else 1)
+        where = "session" if outcome.get("where") == "session" else "clean_room"
+        return cls(passed=passed, proven=outcome.get("proven") if passed and where != "session" else None,
+                   attempts=runs if isinstance(runs, int) and not isinstance(runs, bool) and runs > 0 else 1,
+                   where=where)
 
     @classmethod
     def of_status(cls, outcome: dict) -> "Verdict":
@@ -49,9 +55,12 @@ class Verdict(BaseModel):
         it), as vmd of any version wrote it."""
         status = outcome.get("status")
         ran = status in ("passed", "passed_not_proven", "failed")
+        where = "session" if outcome.get("where") == "session" else "clean_room"
         attempts = outcome.get("attempts")
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
             attempts = 1 if ran else 0  # a vmd from before attempts were counted ran the check once
+        if status in ("passed", "passed_not_proven") and where == "session":
+            return cls(passed=True, proven=None, attempts=attempts, where=where)
         if status == "passed":
             return cls(passed=True, proven=True, attempts=attempts)
         if status == "passed_not_proven":
@@ -59,7 +68,7 @@ class Verdict(BaseModel):
             # but not shown to prove nothing either.
             proven = None if "proven" in outcome and outcome["proven"] is None else False
             return cls(passed=True, proven=proven, attempts=attempts)
-        return cls(passed=False if status == "failed" else None, proven=None, attempts=attempts)
+        return cls(passed=False if status == "failed" else None, proven=None, attempts=attempts, where=where)
 
     @property
     def status(self) -> VerdictStatus:
@@ -71,6 +80,8 @@ class Verdict(BaseModel):
 
     def label(self) -> str:
         """The verdict in a few words: the report's headline, the eval's table, the commit."""
+        if self.passed and self.where == "session":
+            return "checked in the session's own machine"
         return {"passed": "verified and proven", "passed_not_proven": "passed, not proven",
                 "failed": "verification failed", "unverified": "not verified"}[self.status]
 
@@ -81,6 +92,9 @@ class Verdict(BaseModel):
         if not self.passed:
             runs = self.attempts or 1
             return f"the check did not pass ({runs} verification run{'s' if runs != 1 else ''} in all)"
+        if self.where == "session":
+            return ("vmd ran the check in the machine the agent worked in, which the agent controlled, "
+                    "so it is weaker than verified and never proven")
         if self.proven:
             return "the check fails on the project as it was before the session"
         if self.proven is False:

@@ -259,6 +259,27 @@ class Repository:
     def _tree(self, sha: str) -> str:
         return self.git("rev-parse", f"{sha}^{{tree}}").stdout.decode().strip()
 
+    def same_tree(self, a: str, b: str) -> bool:
+        """Whether two commits hold exactly the same files."""
+        return self._tree(a) == self._tree(b)
+
+    def reword_head(self, message: str) -> str:
+        """The branch's last commit again with another message (same files, same parent);
+        the new sha. For the close's commit, whose words depend on what it holds."""
+        head = self.head()
+        if head is None:
+            raise RepositoryError("the branch has no commit to reword.")
+        parents = self.git("rev-list", "--parents", "-n", "1", head).stdout.decode().split()[1:]
+        identity = Identity()
+        stamp = {"GIT_AUTHOR_NAME": identity.name, "GIT_AUTHOR_EMAIL": identity.email,
+                 "GIT_COMMITTER_NAME": identity.name, "GIT_COMMITTER_EMAIL": identity.email}
+        args = ["commit-tree", self._tree(head)]
+        for parent in parents:
+            args += ["-p", parent]
+        sha = self.git(*args, extra_env=stamp, input=message.encode("utf-8", "replace")).stdout.decode().strip()
+        self.set_branch(sha, head)
+        return sha
+
     # --- reading --------------------------------------------------------------------
 
     def changed_files(self, base: str | None, head: str | None) -> list[str]:

@@ -49,10 +49,21 @@ class ProjectStore:
     def changed_files(self, owner: str, project: str, base: str | None) -> list[str]:
         return changed_files(self.remote(owner, project), base)
 
+    def same_tree(self, owner: str, project: str, a: str, b: str) -> bool:
+        return self.remote(owner, project).repository().same_tree(a, b)
+
+    def reword_head(self, owner: str, project: str, message: str) -> str:
+        return self.remote(owner, project).repository().reword_head(message)
+
     def push(self, owner: str, project: str, description: str, branch: str,
-             outcome: dict | None) -> dict:
+             outcome: dict | None, changed_after: str | None = None) -> dict:
+        """`changed_after`: the verified commit, when the folder changed after it; the head
+        pushed is then not verified, and its status says so."""
         verdict = Verdict.of_outcome(outcome)
-        if outcome is None:
+        if changed_after:
+            status, text = "pending", (f"vmd: not verified: the files changed after the verified commit "
+                                       f"{changed_after[:10]}")
+        elif outcome is None:
             status, text = "pending", "vmd did not verify this commit: the session did not finish"
         else:
             # Gitea's commit status: success only for a check that needs the work.

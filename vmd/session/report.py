@@ -72,7 +72,8 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
         outcome = {"status": verdict.status, "proven": verdict.proven, "attempts": verdict.attempts,
                    **{k: outcome_event.get(k) for k in ("command", "cwd", "exit_code", "expect_exit",
                                                          "timed_out", "duration", "output_tail",
-                                                         "baseline")}}
+                                                         "baseline", "candidate", "setup_command")},
+                   "where": verdict.where}
     else:
         outcome = {"status": "unverified", "proven": None, "attempts": len(attempts), "command": None,
                    "exit_code": None, "expect_exit": None, "output_tail": ""}
@@ -85,7 +86,9 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
     md.append("")
     if outcome_event:
         mark = f"{MARKS[verdict.status]} {verdict.label()}"
-        line = (f"**Outcome: {mark}** — vmd ran `{outcome['command']}` itself: exit code "
+        where = (f" on a fresh machine holding commit `{outcome['candidate'][:10]}`" if outcome.get("candidate")
+                 else " in the session's own machine" if verdict.where == "session" else "")
+        line = (f"**Outcome: {mark}** — vmd ran `{outcome['command']}` itself{where}: exit code "
                 f"**{outcome['exit_code']}** (expected {outcome['expect_exit']}"
                 f"{', timed out' if outcome.get('timed_out') else ''})")
         baseline = outcome.get("baseline") or {}
@@ -110,6 +113,7 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
     if outcome_event:
         md += ["", "## Verification", "",
                f"- command: `{outcome['command']}`" + (f" in `{outcome['cwd']}`" if outcome.get("cwd") else ""),
+               *([f"- setup first: `{outcome['setup_command']}`"] if outcome.get("setup_command") else []),
                f"- exit code: {outcome['exit_code']} (expected {outcome['expect_exit']})",
                f"- took {outcome.get('duration') or 0:.1f} s"]
         if outcome.get("output_tail"):
@@ -178,6 +182,9 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
         else:
             line += f" — **not pushed**: {close.get('push_error')}"
         md.append(line)
+        if close.get("changed_after"):
+            md += ["", f"**Not verified**: the project folder changed after vmd verified commit "
+                       f"`{close['changed_after'][:12]}`; this commit's later files were never checked."]
         for warning in close.get("warnings") or (later or {}).get("warnings") or []:
             md.append(f"- {warning}")
     if close and close.get("left_out"):

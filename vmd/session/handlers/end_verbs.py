@@ -16,8 +16,9 @@ from vmd.errors import refused, sentence
 from vmd.projects.push_state import after_close, pending_text
 from vmd.session import boot as session_boot
 from vmd.session import disk
+from vmd.session import check_flow
 from vmd.session import verification as check
-from vmd.session.handlers.output import streamed
+from vmd.session.clean_room import RoomUnavailable
 from vmd.session.session import Session
 
 
@@ -37,43 +38,52 @@ def finish(session: Session, p: V.Finish, notify) -> dict:
 
 
 def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
-    """vmd runs the check itself. A failure is work left (refused) until the allowed
-    failures are spent; a pass is checked against the baseline (vmd/session/verification.py).
-    A refusal after the run is kept like any attempt (session.json's verifications, the
-    record's "verification" line) and carries it as its data (FinishRefusalData)."""
-    machine = session.ready_machine()
-    command, expect = p.verification.command, p.verification.expect_exit
-    cwd = session.s.facts.get("project_path") or machine.project_path if session.s.project_dir else None
-    tail = session.config.output_tail_chars
-    with streamed(notify) as sink:
-        run = check.run_check(machine.guest, command, expect, cwd, session.verify_timeout, sink, tail)
-    baseline = None
-    if run.passed:
-        archive = check.baseline_archive(_repository(session), session.s.base_commit) if session.s.project_dir else b""
-        baseline = check.run_baseline(machine.guest, command, expect, archive, session.verify_timeout, tail)
+    """vmd runs the check itself, on a fresh machine holding the candidate commit
+    (vmd/session/check_flow.py). A failure is work left (refused) until the allowed
+    failures are spent; a pass is checked against the baseline. A refusal after the run is
+    kept like any attempt (session.json's verifications, the record's "verification" line)
+    and carries it as its data (FinishRefusalData). No fresh machine: refused, nothing
+    counted, never run in the session's guest instead."""
+    v = p.verification
+    command, expect = v.command, v.expect_exit
+    try:
+        got = check_flow.verify(session, v, notify)
+    except RoomUnavailable as exc:
+        session.record.append("verification", event="no_clean_room", command=command, error=str(exc))
+        raise refused(f"the check could not run on a fresh machine: {exc}. Nothing was counted; "
+                      "finish again.") from None
+    run, baseline = got.run, got.baseline
+    setup_failed = got.setup is not None and not got.setup.passed and got.where == "clean_room"
+    passed = run.passed and not setup_failed
+    extra = {"where": got.where, "candidate": got.candidate, "setup_command": v.setup,
+             "setup": got.setup.model_dump() if got.setup else None, "check_files": got.check_files,
+             "left_out": got.left_out, "rooms": got.rooms}
     attempt = {"attempt": len(session.s.verifications) + 1, "command": command, "expect_exit": expect,
-               **run.model_dump(), "baseline": baseline.model_dump() if baseline else None}
+               **run.model_dump(), "passed": passed, "baseline": baseline.model_dump() if baseline else None,
+               **extra}
     with session.lock:
         session.s.verifications.append({k: v for k, v in attempt.items() if k != "output_tail"})
         session.save()
     session.record.append("verification", **attempt)
-    failures = sum(1 for v in session.s.verifications if not v["passed"])
+    failures = sum(1 for a in session.s.verifications if not a["passed"])
     allowed = session.config.max_failed_verifications
-    if not run.passed and failures < allowed:
-        raise refused(check.failed_text(run, command, expect, failures, allowed), {"attempt": attempt})
+    if not passed and failures < allowed:
+        text = (check.setup_failed_text(got.setup, v.setup, failures, allowed) if setup_failed else
+                check.failed_text(run, command, expect, failures, allowed))
+        raise refused(text + check.left_out_note(got.left_out), {"attempt": attempt})
     proven = None
-    if baseline is not None and baseline.error is None:
+    if passed and baseline is not None and baseline.error is None:
         proven = not baseline.passed
         if not proven and not session.s.baseline_refused:
             with session.lock:
                 session.s.baseline_refused = True
                 session.save()
-            raise refused(check.not_proven_text(command, baseline), {"attempt": attempt})
-    outcome = {"command": command, "cwd": cwd, "expect_exit": expect, "exit_code": run.exit_code,
-               "passed": run.passed, "proven": proven if run.passed else None,
+            raise refused(check.not_proven_text(command, baseline, got.check_files), {"attempt": attempt})
+    outcome = {"command": command, "cwd": got.cwd, "expect_exit": expect, "exit_code": run.exit_code,
+               "passed": passed, "proven": proven if passed else None,
                "timed_out": run.timed_out, "duration": run.duration, "output_tail": run.output_tail,
                "baseline": baseline.model_dump() if baseline else None,
-               "attempts": len(session.s.verifications)}
+               "attempts": len(session.s.verifications), **extra}
     with session.lock:
         session.s.outcome = outcome
         session.s.summary = p.summary
@@ -82,9 +92,11 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
         session.save()
     session.record.append("outcome", **outcome, summary=p.summary)
     verdict = V.Verdict.of_outcome(outcome).sentence()
-    if run.passed and proven is None and baseline is not None and baseline.error:
+    if passed and proven is None and baseline is not None and baseline.error:
         verdict += f" ({baseline.error})"
-    text = (f"Finished. vmd ran `{command}` itself: exit {run.exit_code} (expected {expect}"
+    where = (f"on a fresh machine holding commit {got.candidate[:10]}" if got.where == "clean_room" and got.candidate
+             else "on a fresh machine" if got.where == "clean_room" else "in the session's own machine")
+    text = (f"Finished. vmd ran `{command}` itself {where}: exit {run.exit_code} (expected {expect}"
             f"{', timed out' if run.timed_out else ''}): {verdict}.\nOutput tail:\n{run.output_tail[-1500:]}")
     return {"accepted": True, "outcome": outcome, "text": text}
 
@@ -117,6 +129,7 @@ def _close(session: Session, reason: str | None) -> dict:
         session.record.append("session", event="ended_by_vmd", reason=reason)
     commit = web_url = None
     push: dict = {}
+    changed_after = None
     files: list[str] = []
     error = None
     commit_failed = False
@@ -130,6 +143,9 @@ def _close(session: Session, reason: str | None) -> dict:
                 committed = session.store.commit(project_dir, owner, project, _commit_message(session),
                                                  allow_empty=True)
             commit, left_out = committed["sha"], committed["left_out"]
+            changed_after = _changed_after(session, commit)
+            if changed_after:
+                commit = session.store.reword_head(owner, project, _commit_message(session, changed_after))
         except Exception as exc:
             commit_failed = True
             error = sentence(exc, "committing the project folder failed")
@@ -141,7 +157,8 @@ def _close(session: Session, reason: str | None) -> dict:
             except Exception as exc:  # the list is for the report; the commit stands
                 session.record.append("close", event="files_unknown", error=sentence(exc, "git diff failed"))
             try:
-                push = session.store.push(owner, project, session.s.task, session.s.branch, session.s.outcome)
+                push = session.store.push(owner, project, session.s.task, session.s.branch, session.s.outcome,
+                                          changed_after=changed_after)
             except Exception as exc:
                 push = {"pushed": False, "retry": True, "error": sentence(exc, "the push failed")}
             web_url = push.get("web_url")
@@ -169,6 +186,9 @@ def _close(session: Session, reason: str | None) -> dict:
         body = f"Committed {commit[:10] if commit else 'nothing new'}; not yet pushed: {error} {pending_text(push_state)}"
     else:
         body = f"Committed {commit[:10] if commit else 'nothing'}; NOT pushed: {error}"
+    if changed_after:
+        body += (f" The project folder changed after vmd verified commit {changed_after[:10]}: the later "
+                 "files are committed but NOT verified (a new finish would have verified them).")
     if left_out:
         body += (f" Left out of the commit ({len(left_out)}): "
                  + " ".join(left_out[:10]) + (" …" if len(left_out) > 10 else ""))
@@ -182,7 +202,7 @@ def _close(session: Session, reason: str | None) -> dict:
               "remote": push.get("remote_display"), "pushed": bool(push.get("pushed")),
               "push_error": error, "warnings": push.get("warnings") or [], "files": files,
               "machine_destroyed": destroyed, "machine": machine, "left_out": left_out,
-              "ended_by": "vmd" if reason else "client", "reason": reason,
+              "ended_by": "vmd" if reason else "client", "reason": reason, "changed_after": changed_after,
               "push": push_state.view() if push_state else None, "text": text}
     with session.lock:
         session.s.push = push_state
@@ -194,13 +214,32 @@ def _close(session: Session, reason: str | None) -> dict:
     return closed
 
 
-def _commit_message(session: Session) -> str:
+def _changed_after(session: Session, commit: str | None) -> str | None:
+    """The verified commit, when the close's commit holds other files than it (a process
+    the model left running changed the folder after the check): those are not verified."""
+    candidate = (session.s.outcome or {}).get("candidate")
+    if not candidate or not commit:
+        return None
+    if session.store.same_tree(session.s.owner, session.s.project or "", commit, candidate):
+        return None
+    return candidate
+
+
+def _commit_message(session: Session, changed_after: str | None = None) -> str:
     title = (session.s.task.strip().splitlines() or ["vmagent session"])[0][:72]
     body = [f"vmagent session {session.s.id}", "", "Tasks:", session.tasks.render()]
-    if session.s.outcome:
+    if session.s.outcome and changed_after:
         o = session.s.outcome
-        body += ["", f"Verification by vmd: `{o['command']}` exited {o['exit_code']} (expected "
-                     f"{o['expect_exit']}): {V.Verdict.of_outcome(o).sentence()}; {o.get('attempts', 1)} attempt(s)."]
+        body += ["", f"NOT verified by vmd: its check (`{o['command']}`) ran on commit {changed_after}, "
+                     "and the project folder changed after it; these files were never checked."]
+    elif session.s.outcome:
+        o = session.s.outcome
+        where = (f" on a fresh machine holding {o['candidate'][:10]}" if o.get("candidate") else
+                 " in the session's own machine" if o.get("where") == "session" else "")
+        setup = f" after the setup `{o['setup_command']}`" if o.get("setup_command") else ""
+        body += ["", f"Verification by vmd: `{o['command']}`{setup} exited {o['exit_code']} (expected "
+                     f"{o['expect_exit']}){where}: {V.Verdict.of_outcome(o).sentence()}; "
+                     f"{o.get('attempts', 1)} attempt(s)."]
     else:
         body += ["", "Not verified by vmd: the session did not finish."]
     return title + "\n\n" + "\n".join(body)
