@@ -14,6 +14,7 @@ import hashlib
 from tests.loop_harness import call, calls, is_summary_request
 from tests.ollama_server import Turn
 from vmagent.eval.tasks import EvalTask
+from vmd.session.verification import TEST_NAME
 
 OBVIOUS = "python3 -m unittest"
 
@@ -41,7 +42,9 @@ def turns_for(task: EvalTask) -> list[Turn]:
     if task.meta.kind == "check-proves-nothing":
         turns.append(call("finish", {"summary": "the tests pass", "verification": OBVIOUS}))
     if files:
-        path, text = next(iter(files.items()))
+        # A file of the work, not a test: vmd lays the work's tests over the baseline (they
+        # are the check's own), so a digest of one would pass there too.
+        path, text = next(((p, t) for p, t in files.items() if not TEST_NAME.search(p)), next(iter(files.items())))
         turns.append(call("finish", {"summary": "done", "verification": proof(path, text)}))
     else:
         turns.append(call("finish", {"summary": "nothing to change: the tests pass", "verification": OBVIOUS}))

@@ -27,9 +27,11 @@ from vmagent.eval.tasks import EvalTaskError, load_task, load_tasks
 EVALS = Path(__file__).resolve().parent.parent / "evals"
 BUGGY = "def greet(name):\n    return 'hallo ' + name\n"
 FIXED = "def greet(name):\n    return 'hello ' + name\n"
-# The hidden check: a test file the agent never sees, run in the project folder.
-CHECK = ("import sys\nsys.path.insert(0, '.')\nimport greet\n"
-         "assert greet.greet('ann') == 'hello ann', greet.greet('ann')\nprint('hidden check ok')\n")
+# The hidden check: a test file the agent never sees, run in the project folder; the
+# project's code runs in a child (vmdcheck.values), and a pass writes vmd's nonce back.
+CHECK = ("import os, sys\nsys.path.insert(0, os.environ['CHECK_DIR'])\nimport vmdcheck\n"
+         "got = vmdcheck.values('greet', [('greet', ['ann'])])\n"
+         "assert got == [{'value': 'hello ann'}], got\nvmdcheck.solved('hidden check ok')\n")
 SECRET = "hidden check ok"
 
 
@@ -40,7 +42,7 @@ def make_task(root: Path, name: str = "greet", **toml: str) -> Path:
     (folder / "project" / "greet.py").write_text(BUGGY)
     (folder / "check" / "check_greet.py").write_text(CHECK)
     (folder / "task.md").write_text("greet.py says hallo; make greet('ann') return 'hello ann'.\n")
-    lines = {"kind": '"fix-failing-test"', "check": "'python3 \"$CHECK_DIR/check_greet.py\"'", **toml}
+    lines = {"kind": '"fix-failing-test"', "check": "'/usr/bin/python3 -I \"$CHECK_DIR/check_greet.py\"'", **toml}
     (folder / "task.toml").write_text("".join(f"{k} = {v}\n" for k, v in lines.items()))
     return folder
 
@@ -193,17 +195,22 @@ def _check_here(task, with_solution: bool, tmp_path: Path) -> int:
         (project / rel).write_text(text)
     project.mkdir(parents=True, exist_ok=True)
     check.mkdir()
-    for name, text in task.check_files.items():
+    for name, text in task.hidden_check().files.items():  # with vmdcheck.py, as vmd gets them
         (check / name).write_text(text)
+    (check / ".nonce").write_text("n0nce")
     solution = task.folder / "solution"
     if with_solution and solution.is_dir():
         for path in (p for p in solution.rglob("*") if p.is_file()):
             (project / path.relative_to(solution)).parent.mkdir(parents=True, exist_ok=True)
             (project / path.relative_to(solution)).write_bytes(path.read_bytes())
-    result = subprocess.run(["bash", "-c", f"export CHECK_DIR='{check}'; {task.meta.check}"], cwd=project,
+    result = subprocess.run(["bash", "-c", f"export CHECK_DIR='{check}' CHECK_RESULT='{check}/.result'; "
+                             f"{task.meta.check}"], cwd=project,
                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True, text=True,
                             timeout=600)
-    return result.returncode
+    # As vmd reads it: an exit without vmd's nonce written back is no pass (99: never expected).
+    wrote = (check / ".result").is_file() and (check / ".result").read_text() == "n0nce"
+    assert not (check / ".nonce").exists(), f"{task.name}: the check left the nonce where the project could read it"
+    return result.returncode if wrote or result.returncode != task.meta.expect_exit else 99
 
 
 @pytest.mark.parametrize("task", [t for t in load_tasks(EVALS) if t.meta.kind != "gui"], ids=lambda t: t.name)
@@ -320,7 +327,7 @@ def test_the_gui_tasks_check_clicks_the_button_and_reads_the_file_it_writes(tmp_
         time.sleep(1.5)
         check = tmp_path / "check"
         check.mkdir()
-        for name, text in task.check_files.items():
+        for name, text in task.hidden_check().files.items():
             (check / name).write_text(text)
 
         def clicked(clicker: str) -> subprocess.CompletedProcess:

@@ -167,10 +167,14 @@ def test_every_verb_over_the_socket(vmd):
     finished = c.call("finish", summary="done", verification="grep -q there a.txt")
     assert finished["accepted"] is True and finished["outcome"]["exit_code"] == 0
     # The eval's check: its files in a folder of their own, the command in the project folder.
-    hidden = c.call("hidden_check", command='test -f a.txt && test "$(cat "$CHECK_DIR/want")" = there',
-                    files={"want": "there"})
-    assert hidden["passed"] is True and hidden["exit_code"] == 0
+    # A pass is an exit as expected and vmd's nonce written back out of band.
+    hidden = c.call("hidden_check", command='test -f a.txt && test "$(cat "$CHECK_DIR/want")" = there && '
+                    'cat "$CHECK_DIR/.nonce" > "$CHECK_RESULT"', files={"want": "there"})
+    assert hidden["passed"] is True and hidden["exit_code"] == 0 and hidden["where"] == "clean_room"
+    assert hidden["candidate"] == c.call("session_status")["outcome"]["candidate"]  # nothing changed since
     assert c.call("hidden_check", command="exit 4")["passed"] is False
+    bare = c.call("hidden_check", command="test -f a.txt")  # exit 0 alone
+    assert bare["passed"] is False and bare["exited_as_expected"] is True and "wrote no result" in bare["text"]
     assert not (config.projects_dir / "alice" / "everything" / "want").exists(), "the check's files stay out"
     report = c.call("report")
     assert "# vmagent session" in report["markdown"] and report["outcome"]["status"] == "passed"

@@ -33,7 +33,9 @@ Kind = Literal["cli-with-tests", "fix-failing-test", "c-make", "python-package",
 TASK_CHARS = 20_000
 PROJECT_FILES = 200
 PROJECT_FILE_BYTES = 1024 * 1024
-CHECK_FILES = 64
+CHECK_FILES = 63  # and vmdcheck.py beside them
+# The check's helper for vmd's out-of-band result, written beside every task's check files.
+VMDCHECK = (Path(__file__).parent / "in_room" / "vmdcheck.py").read_text()
 
 
 class EvalTaskError(ValueError):
@@ -68,8 +70,9 @@ class EvalTask:
     answer: str | None = None
 
     def hidden_check(self) -> HiddenCheck:
-        return HiddenCheck(command=self.meta.check, files=self.check_files, expect_exit=self.meta.expect_exit,
-                           timeout=self.meta.check_timeout_s)
+        return HiddenCheck(command=self.meta.check, files={**self.check_files, "vmdcheck.py": VMDCHECK},
+                           expect_exit=self.meta.expect_exit, timeout=self.meta.check_timeout_s,
+                           desktop=self.meta.kind == "gui")
 
 
 def load_task(folder: Path) -> EvalTask:

@@ -1,3 +1,4 @@
+import os, sys; sys.path.insert(0, os.environ["CHECK_DIR"]); import vmdcheck  # first: it takes vmd's nonce
 text = open("greeting.txt", encoding="utf-8").read().strip()
 assert text == "Guten Tag", repr(text)
-print("greeting ok")
+vmdcheck.solved("greeting ok")

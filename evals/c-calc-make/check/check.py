@@ -1,3 +1,4 @@
+import os, sys; sys.path.insert(0, os.environ["CHECK_DIR"]); import vmdcheck  # first: it takes vmd's nonce
 import subprocess
 subprocess.run(["make", "clean"], capture_output=True, timeout=60)
 b = subprocess.run(["make"], capture_output=True, text=True, timeout=120)
@@ -10,4 +11,4 @@ for args in (("1", "/", "0"), ("1", "%", "2")):
 subprocess.run(["make", "clean"], capture_output=True, timeout=60)
 import os; assert not os.path.exists("calc"), "make clean left calc"
 subprocess.run(["make"], capture_output=True, timeout=120)
-print("calc ok")
+vmdcheck.solved("calc ok")

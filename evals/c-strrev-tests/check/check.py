@@ -1,3 +1,4 @@
+import os, sys; sys.path.insert(0, os.environ["CHECK_DIR"]); import vmdcheck  # first: it takes vmd's nonce
 import os, subprocess
 check = os.environ["CHECK_DIR"]
 t = subprocess.run(["make", "test"], capture_output=True, text=True, timeout=120)
@@ -7,4 +8,4 @@ b = subprocess.run(["gcc", "-Wall", "-Werror", "-I.", "-o", os.path.join(check, 
 assert b.returncode == 0, b.stderr
 r = subprocess.run([os.path.join(check, "h")], capture_output=True, text=True, timeout=10)
 assert r.returncode == 0, r.stdout + r.stderr
-print("strrev ok")
+vmdcheck.solved("strrev ok")

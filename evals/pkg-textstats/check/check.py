@@ -1,3 +1,4 @@
+import os, sys; sys.path.insert(0, os.environ["CHECK_DIR"]); import vmdcheck  # first: it takes vmd's nonce
 import os, shutil, subprocess, sys, tempfile
 d = tempfile.mkdtemp()
 subprocess.run([sys.executable, "-m", "venv", os.path.join(d, "v")], check=True, timeout=300)
@@ -6,7 +7,13 @@ pip = subprocess.run([os.path.join(d, "v", "bin", "pip"), "install", "--no-index
                      capture_output=True, text=True, timeout=600)
 assert pip.returncode == 0, pip.stdout[-1500:] + pip.stderr[-1500:]
 shutil.rmtree(src)
-r = subprocess.run([os.path.join(d, "v", "bin", "python"), os.path.join(os.environ["CHECK_DIR"], "use.py")], cwd=d,
-                   capture_output=True, text=True, timeout=60)
-print(r.stdout, r.stderr)
-assert r.returncode == 0
+# The installed package runs only in the venv's child; its answers are compared here.
+r = vmdcheck.run([os.path.join(d, "v", "bin", "python"), os.path.join(vmdcheck.CHECK_DIR, "use.py")], cwd=d, timeout=60)
+head, sep, answers = r.stdout.rpartition("@@answers@@")
+assert sep, (r.stdout[-800:], r.stderr[-800:])
+import json
+got = json.loads(answers)
+assert got[0] == {"the": 3, "cat": 1, "and": 1, "hat": 1, "end": 1}, got
+assert got[1] == [["b", 3], ["a", 2]] and got[2] == [["x", 1], ["y", 1]], got
+assert got[3] == {"don't": 1, "stop": 1}, got
+vmdcheck.solved("textstats ok")

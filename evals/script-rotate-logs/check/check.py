@@ -1,3 +1,4 @@
+import os, sys; sys.path.insert(0, os.environ["CHECK_DIR"]); import vmdcheck  # first: it takes vmd's nonce
 import os, subprocess, tempfile
 d = tempfile.mkdtemp()
 open(os.path.join(d, "a.log"), "w").write("third\n")
@@ -12,4 +13,4 @@ assert not os.path.exists(os.path.join(d, "a.log.3")) and read("keep.txt") == "x
 for bad in (["bash", "rotate.sh"], ["bash", "rotate.sh", "/nonexistent", "2"]):
     r = subprocess.run(bad, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.strip(), (bad, r)
-print("rotate ok")
+vmdcheck.solved("rotate ok")

@@ -1,3 +1,4 @@
+import os, sys; sys.path.insert(0, os.environ["CHECK_DIR"]); import vmdcheck  # first: it takes vmd's nonce
 import os, shutil, subprocess, sys, tempfile
 src = os.path.abspath("todo.py")
 with tempfile.TemporaryDirectory() as d:
@@ -12,4 +13,4 @@ with tempfile.TemporaryDirectory() as d:
     assert os.path.exists(os.path.join(d, "todo.json"))
 r = subprocess.run([sys.executable, "-m", "unittest", "test_todo"], capture_output=True, text=True, timeout=120)
 assert r.returncode == 0 and "Ran 0 tests" not in r.stderr, r.stderr[-800:]
-print("todo ok")
+vmdcheck.solved("todo ok")

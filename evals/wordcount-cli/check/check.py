@@ -1,3 +1,4 @@
+import os, sys; sys.path.insert(0, os.environ["CHECK_DIR"]); import vmdcheck  # first: it takes vmd's nonce
 import os, subprocess, sys, tempfile
 def run(args, stdin=None):
     return subprocess.run([sys.executable, "wc.py", *args], input=stdin, capture_output=True, text=True, timeout=30)
@@ -9,4 +10,4 @@ with tempfile.TemporaryDirectory() as d:
     r = run([os.path.join(d, "nope")]); assert r.returncode == 1 and r.stderr.strip(), r
 t = subprocess.run([sys.executable, "-m", "unittest", "-v", "test_wc"], capture_output=True, text=True, timeout=120)
 assert t.returncode == 0 and " ok" in t.stderr and t.stderr.count(" ok") >= 2, t.stderr[-800:]
-print("wordcount ok")
+vmdcheck.solved("wordcount ok")

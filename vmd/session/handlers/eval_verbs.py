@@ -1,10 +1,14 @@
-"""The eval's hidden check (`hidden_check`, asked by `vmagent eval`, never by the model):
-after the agent's work and before the close, vmd writes the check's files to a fresh
-folder in the session's guest, outside the project folder, and runs the check's command
-in the project folder, bounded like every run. The agent never saw the files: they come
-after its last turn, and the folder is removed after the run. Like the baseline run
-(vmd/session/verification.py), this is vmd's own run; the verb's line in the record keeps
-the run."""
+"""The eval's hidden check (`hidden_check`, asked by `vmagent eval`, never by the model),
+in a clean room (vmd/session/clean_room.py): vmd commits the project folder (the guest
+paused), boots a fresh machine holding that commit, and only then writes the check's
+files to a fresh folder there, outside the project. The model's guest never sees them
+and cannot touch the run: no planted interpreter, no `sitecustomize.py` on a path, no
+process left behind reaches the room.
+
+A bare exit 0 is not "solved": vmd leaves a nonce in `$CHECK_DIR/.nonce` and counts the
+check as passed only when the check wrote it to `$CHECK_RESULT` (the check's own helper
+takes it before any of the project's code runs: vmagent/eval/in_room/vmdcheck.py).
+The verb's line in the record keeps the run."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import shlex
 from vmd import verbs as V
 from vmd.errors import refused
 from vmd.session import verification as check
+from vmd.session.check_flow import _candidate
+from vmd.session.clean_room import CleanRoom, RoomUnavailable
 from vmd.session.session import Session
 
 # Outside the project share, so that nothing of the check is committed or pushed, and on
@@ -25,23 +31,44 @@ def hidden_check(session: Session, p: V.HiddenCheck, notify) -> dict:
     if (session.s.os_family or "linux") != "linux":
         raise refused(f"a hidden check runs on Linux guests only; this session's guest is "
                       f"{session.s.os_family}. Run the eval on a Linux image (--os debian).")
-    machine = session.ready_machine()
+    session.ready_machine()
+    nonce = secrets.token_hex(16)
     folder = f"{CHECK_ROOT}/vmd-check-{secrets.token_hex(6)}"
-    for name, text in p.files.items():
-        machine.guest.write_file(f"{folder}/{name}", text)
-    cwd = session.s.facts.get("project_path") or machine.project_path if session.s.project_dir else None
-    command = f"export CHECK_DIR={shlex.quote(folder)}; mkdir -p \"$CHECK_DIR\"; {p.command}"
+    result_file = f"{folder}/.result"
     timeout = min(p.timeout, session.verify_timeout)
-    run = check.run_check(machine.guest, command, p.expect_exit, cwd, timeout, None,
-                          session.config.output_tail_chars)
     try:
-        machine.guest.run(f"rm -rf {shlex.quote(folder)}", timeout=60)
-    except Exception:  # the machine is destroyed at the close anyway
-        pass
-    verdict = "passed" if run.passed else ("timed out" if run.timed_out else "failed")
+        candidate, _left_out = _candidate(session) if session.s.project_dir else (None, [])
+        repo = session.store.remote(session.s.owner, session.s.project or "").repository()
+        with CleanRoom(session, "eval") as room:
+            room.lay_out(repo, candidate)
+            machine = room.boot(desktop=p.desktop)
+            for name, text in p.files.items():
+                machine.guest.write_file(f"{folder}/{name}", text)
+            machine.guest.write_file(f"{folder}/.nonce", nonce)
+            command = (f"chmod 700 {shlex.quote(folder)}; export CHECK_DIR={shlex.quote(folder)} "
+                       f"CHECK_RESULT={shlex.quote(result_file)}; {p.command}")
+            got = room.run(None, command, p.expect_exit, timeout, None, session.config.output_tail_chars)
+            wrote = _result(machine, result_file)
+    except RoomUnavailable as exc:
+        raise refused(f"the hidden check could not run on a fresh machine: {exc}") from None
+    run = got.check
+    solved = run.passed and wrote == nonce
+    verdict = ("passed" if solved else "timed out" if run.timed_out else
+               "failed: it exited as expected but wrote no result (a bare exit is not a pass)" if run.passed
+               else "failed")
     text = (f"The hidden check {verdict}: exit {run.exit_code} (expected {p.expect_exit}) after "
-            f"{run.duration:.1f} s.\nOutput tail:\n{run.output_tail[-1500:]}")
-    return {**run.model_dump(), "command": p.command, "expect_exit": p.expect_exit, "text": text}
+            f"{run.duration:.1f} s on a fresh machine holding commit {(candidate or 'none')[:10]}.\n"
+            f"Output tail:\n{run.output_tail[-1500:]}")
+    return {**run.model_dump(), "passed": solved, "exited_as_expected": run.passed, "result_written": wrote == nonce,
+            "where": "clean_room", "candidate": candidate, "command": p.command, "expect_exit": p.expect_exit,
+            "text": text}
+
+
+def _result(machine, path: str) -> str:
+    try:
+        return machine.guest.read_file(path, 0, 200).content.strip()
+    except Exception:  # no result file: the check did not say it passed
+        return ""
 
 
 HANDLERS = {
