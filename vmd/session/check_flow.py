@@ -57,7 +57,7 @@ def verify(session: Session, v: V.Verification, notify) -> Checked:
             run = check.run_check(machine.guest, v.command, v.expect_exit, cwd, timeout, sink, tail)
         return Checked(where="session", run=run, cwd=cwd, setup=setup)
     session.ready_machine()  # the work is done in the session's machine: its boot is over
-    candidate, left_out = _candidate(session)
+    candidate, left_out = candidate_commit(session)
     repo = session.store.remote(session.s.owner, session.s.project or "").repository()
     with CleanRoom(session, "check") as room:
         room.lay_out(repo, candidate)
@@ -81,7 +81,7 @@ def verify(session: Session, v: V.Verification, notify) -> Checked:
     return checked
 
 
-def _candidate(session: Session) -> tuple[str | None, list[str]]:
+def candidate_commit(session: Session) -> tuple[str | None, list[str]]:
     """The project folder's bytes committed while the guest is paused: the candidate."""
     attempt = len(session.s.verifications) + 1
     message = (f"The work as finish {attempt} checks it\n\nvmagent session {session.s.id}\n\n"

@@ -18,7 +18,7 @@ import shlex
 from vmd import verbs as V
 from vmd.errors import refused
 from vmd.session import verification as check
-from vmd.session.check_flow import _candidate
+from vmd.session.check_flow import candidate_commit
 from vmd.session.clean_room import CleanRoom, RoomUnavailable
 from vmd.session.session import Session
 
@@ -37,7 +37,7 @@ def hidden_check(session: Session, p: V.HiddenCheck, notify) -> dict:
     result_file = f"{folder}/.result"
     timeout = min(p.timeout, session.verify_timeout)
     try:
-        candidate, _left_out = _candidate(session) if session.s.project_dir else (None, [])
+        candidate, _left_out = candidate_commit(session) if session.s.project_dir else (None, [])
         repo = session.store.remote(session.s.owner, session.s.project or "").repository()
         with CleanRoom(session, "eval") as room:
             room.lay_out(repo, candidate)
