@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from vmd.session import verification
 from vmd.guests.guest import CommandResult, GuestError
 from vmd.guests.os_verbs import LinuxVerbs
 
@@ -51,14 +50,4 @@ def test_the_internet_probe():
     assert linux.check_internet("probe.internal") == (True, "reachable")
     assert linux.commands == [("timeout 8 bash -c 'exec 3<>/dev/tcp/probe.internal/80' && echo reachable", 20)]
 
-
-def test_linux_runs_the_baseline_check_as_the_guest_user_over_the_project_path():
-    guest = Linux(exit_code=1)
-    run = verification.run_baseline(guest, "pytest -q", 0, b"tar bytes", 60, 100)
-    assert run.exit_code == 1 and run.passed is False and run.error is None
-    [(path, data)] = guest.files.items()
-    assert path.startswith("/tmp/vmd-baseline-") and path.endswith(".tar") and data == b"tar bytes"
-    [(command, timeout)] = guest.commands
-    assert timeout == 60 and f"sudo tar -xf {path}" in command and "mount --bind" in command
-    assert "/mnt/project" in command and "runuser -u agent -- bash -c" in command and "pytest -q" in command
 

@@ -24,7 +24,6 @@ from vmd.guests.ssh import SshConnection
 from vmd.guests.windows import WindowsGuest
 from vmd.guests.windows_scripts import EXIT_TAIL, TIMEOUT_LINE
 from vmd.machines import screen_text as st
-from vmd.session import verification
 
 
 def _parses(script: str) -> None:
@@ -277,31 +276,6 @@ def test_facts_desktop_and_internet_probes_read_their_answers(win):
     win.answers.insert(0, lambda e: Reply(stdout="garbage\r\n") if "'os='" in e.command else None)
     with pytest.raises(GuestError, match="could not read facts from the Windows guest"):
         win.guest.facts()
-
-
-def test_the_baseline_check_runs_on_a_connection_of_its_own_with_the_copy_at_the_drive(win):
-    win.answers.append(lambda e: Reply(stdout="1 failed\r\n", exit_code=1) if "pytest" in e.command else None)
-    run = verification.run_baseline(win.guest, "python -m pytest -q", 0, b"tar bytes", 60, 100)
-    assert run.exit_code == 1 and run.passed is False and run.error is None
-    setup, check, cleanup = win.server.recorded.execs
-    assert {setup.connection, check.connection, cleanup.connection} == {win.server.recorded.connections}
-    assert win.server.recorded.connections == 1  # the guest's own connection was never used
-    folder = setup.command.split("New-Item -ItemType Directory -Force -Path '")[1].split("'")[0]
-    assert folder.startswith("C:\\vmd\\baseline-")
-    assert f"& tar.exe -xf '{folder}.tar' -C '{folder}'" in setup.command
-    assert f"& subst.exe Z: '{folder}'" in setup.command and "MAP_SHARE" not in setup.wrapper
-    assert "if ($false -and -not (Test-Path" in setup.wrapper  # the drive is left free for the copy
-    assert check.cwd == "Z:\\" and check.command.startswith("python -m pytest -q\n") and check.seconds == 60
-    assert "& subst.exe Z: /D" in cleanup.command
-    assert (win.server.root / "C" / "vmd" / f"{folder.split(chr(92))[-1]}.tar").read_bytes() == b"tar bytes"
-
-
-def test_a_baseline_that_cannot_be_shown_is_not_checked(win):
-    win.answers.append(lambda e: Reply(stderr="vmd-baseline: the drive is in use in this logon session too\r\n",
-                                       exit_code=125) if "subst.exe Z: 'C" in e.command else None)
-    run = verification.run_baseline(win.guest, "python -m pytest -q", 0, b"", 60, 100)
-    assert run.exit_code is None and "the baseline could not be unpacked in the guest" in run.error
-    assert len(win.server.recorded.execs) == 2  # setup and cleanup: the check never ran
 
 
 def _new_identity(win, restart_after: float | None):

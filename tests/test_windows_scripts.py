@@ -23,7 +23,7 @@ SAMPLE = dict(SECONDS=300, MAP_SHARE=True, DRIVE_ROOT=quoted("Z:\\"), DRIVE="Z:"
               JOB_DLL=quoted("vmd\\" + ws.JOB_DLL), WINDOWS_DLL=quoted("vmd\\" + ws.WINDOWS_DLL), INNER=quoted(base64.b64encode("'x'".encode("utf-16-le")).decode()),
               TIMEOUT_LINE=quoted(ws.TIMEOUT_LINE), CWD_B64=quoted(b64_utf8("Z:\\src")),
               FILE_B64=quoted(b64_utf8(r"C:\vmd\run\1.ps1")), HOST=quoted("example.com"), TASK=quoted("vmd-launch"),
-              MILLIS=1764662400000, FOLDER=quoted(r"C:\vmd\baseline-1"), ARCHIVE=quoted(r"C:\vmd\baseline-1.tar"))
+              MILLIS=1764662400000)
 
 
 def powershell_problems(script: str) -> list[str]:

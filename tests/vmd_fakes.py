@@ -9,14 +9,11 @@ cycle on `LocalMachine` itself."""
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
 import json
 import os
-import shutil
 import socket
 import subprocess
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -93,17 +90,6 @@ class LocalGuest(Guest):
     def check_internet(self, host):
         self.machine.factory.probes.append(host)
         return False, "egress closed"
-
-    def run_baseline(self, command, archive, timeout):
-        """The check in a copy of the baseline (the fake has no mount namespace to show it
-        at the project's own path; the real guest does, see vmd/guests/os_verbs.py)."""
-        self.machine.reachable()
-        folder = Path(tempfile.mkdtemp(prefix="vmd-fake-baseline-"))
-        try:
-            _extract(archive, folder)
-            return self._bash(command, folder, timeout)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
 
     # What the machine asks of its guest: this stand-in has no boot, share or desktop of its
     # own (LocalMachine.ready says what it has), so these answer as a headless guest would.
@@ -385,20 +371,3 @@ class RpcClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _extract(archive: bytes, folder: Path) -> None:
-    """A tar of the baseline unpacked as tarfile's "data" filter would: plain files and
-    folders under `folder` only. The filter came in Python 3.11.4; Debian 12's python3 is
-    3.11.2, so there the same rule is applied here."""
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(folder, filter="data")
-            return
-        root = folder.resolve()
-        for member in tar.getmembers():
-            target = (root / member.name).resolve()
-            if not (member.isfile() or member.isdir()) or not target.is_relative_to(root):
-                raise tarfile.TarError(f"{member.name!r} is not a plain file or folder inside the archive's root")
-            member.mode = (member.mode | 0o600) & 0o755  # as the filter does: no setuid, owner may write
-        tar.extractall(folder)

@@ -3,7 +3,7 @@
 Callers (the session, the tests, the benchmark) use `Guest` and never learn whether it
 is Linux over SSH (vmd/guests/linux.py) or Windows over SSH with PowerShell
 (vmd/guests/windows.py). The verbs whose command differs by OS (launch_app, check_internet,
-run_baseline, list_windows, ...) are in vmd/guests/os_verbs.py and windows_verbs.py, one class
+list_windows, ...) are in vmd/guests/os_verbs.py and windows_verbs.py, one class
 per OS mixed into that OS's guest. Every error a person or the model will read is a
 `GuestError` with a sentence that says what to do; a guest raises nothing else on purpose.
 """
@@ -188,9 +188,6 @@ class Guest(ABC):
 
     @abstractmethod
     def check_internet(self, host: str) -> tuple[bool, str]: ...
-
-    @abstractmethod
-    def run_baseline(self, command: str, archive: bytes, timeout: float) -> CommandResult: ...
 
     @abstractmethod
     def close(self) -> None: ...

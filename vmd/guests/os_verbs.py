@@ -1,6 +1,5 @@
 """The verbs of a Linux guest whose command differs by OS: start a program on the desktop
-(`launch_app`), probe the internet (`check_internet`), run the check against the baseline
-(`run_baseline`, vmd/session/verification.py), list the windows (`list_windows`,
+(`launch_app`), probe the internet (`check_internet`), list the windows (`list_windows`,
 vmd/guests/x11_windows.py), and what the machine asks of its guest (facts, desktop, share,
 reboot, identity). `LinuxVerbs` is mixed into `LinuxGuest` (vmd/guests/linux.py) and built on
 its `run` and `write_file`, so that no caller (the session, the verb handlers, the machine
@@ -11,7 +10,6 @@ Failures are `GuestError`s: the verb's handler turns one into the verb's error w
 from __future__ import annotations
 
 import logging
-import secrets
 import shlex
 
 from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow
@@ -49,7 +47,7 @@ class LinuxVerbs:
     """The OS verbs of a Linux guest (bash, X on :0, sudo, util-linux)."""
 
     project_path: str
-    user: str  # the account the agent's commands run as; the baseline check runs as it too
+    user: str  # the account the agent's commands run as
     share: str  # "9p" or "smb" (Guest.share)
 
     def launch_app(self, path: str, args: list[str]) -> str:
@@ -62,14 +60,6 @@ class LinuxVerbs:
         """(whether a TCP connection to `host`:80 opens, what the guest said)."""
         command = f"timeout 8 bash -c 'exec 3<>/dev/tcp/{host}/80' && echo reachable"
         return probed(self.run(command, timeout=PROBE_TIMEOUT_S))
-
-    def run_baseline(self, command: str, archive: bytes, timeout: float) -> CommandResult:
-        """The check with the project path showing the baseline (vmd/session/verification.py says why
-        this way): the archive is unpacked in the guest and bound over the project path in a
-        private mount namespace, where only the check runs."""
-        path = f"/tmp/vmd-baseline-{secrets.token_hex(4)}.tar"
-        self.write_file(path, archive)
-        return self.run(linux_baseline_command(command, self.project_path, self.user, path), timeout=timeout)
 
     # --- what the machine asks of its guest ---------------------------------------------
 
@@ -131,17 +121,3 @@ def linux_smb_mount(project_path: str, server: str = "10.0.2.4", share: str = "p
                         "file_mode=0644,dir_mode=0755,actimeo=1")
     return (f"sudo -n mkdir -p {shlex.quote(project_path)} && sudo -n mount -t cifs //{server}/{share} "
             f"{shlex.quote(project_path)} -o {fixed},uid=$(id -u),gid=$(id -g)")
-
-
-def linux_baseline_command(command: str, project_path: str, user: str, archive_path: str) -> str:
-    """A shell line for a Linux guest: unpack the baseline, bind it over the project
-    path in a private mount namespace, run the check there as the guest user."""
-    folder = f"/tmp/vmd-baseline-{secrets.token_hex(4)}"
-    inner = (f"mount --bind {shlex.quote(folder)} {shlex.quote(project_path)} && "
-             f"cd {shlex.quote(project_path)} && exec runuser -u {shlex.quote(user)} -- bash -c "
-             f"{shlex.quote(command)}")
-    return (f"set -o pipefail; sudo mkdir -p {folder} && sudo tar -xf {shlex.quote(archive_path)} -C {folder} "
-            f"&& sudo chown -R {shlex.quote(user)}: {folder} || exit 125; "
-            f"sudo unshare --mount --propagation private -- sh -c {shlex.quote(inner)}; rc=$?; "
-            f"sudo rm -rf {folder} {shlex.quote(archive_path)}; exit $rc")
-

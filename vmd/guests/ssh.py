@@ -206,7 +206,7 @@ class SshConnection:
 
     def another(self) -> "SshConnection":
         """A second connection to the same guest as the same user (a Windows guest gives each
-        SSH logon a logon session of its own: vmd/guests/windows_verbs.py `run_baseline`)."""
+        SSH logon a logon session of its own)."""
         other = SshConnection(self.host, self.port, self.user, self.key_path, self.connect_timeout)
         other.request_timeout, other.sftp_reply_timeout = self.request_timeout, self.sftp_reply_timeout
         return other

@@ -60,10 +60,9 @@ class WindowsGuest(WindowsVerbs, Guest):
     # (vmd/guests/output.py OutputBounds); None keeps _CappedStream's defaults.
     output = None
 
-    def __init__(self, ssh: SshConnection, project_path: str = PROJECT_PATH, *, map_share: bool = True):
+    def __init__(self, ssh: SshConnection, project_path: str = PROJECT_PATH):
         self.ssh = ssh
         self.project_path = windows_path(project_path, PROJECT_PATH)
-        self.map_share = map_share  # a baseline's own connection leaves the drive free for its copy
         self.drive = self.project_path[:2]
         self.share_unc = SHARE_UNC if self.drive.upper() == SHARE_LETTER.upper() else None
 
@@ -77,7 +76,7 @@ class WindowsGuest(WindowsVerbs, Guest):
         """The exec line of one command: the wrapper, with the command's own script inside it."""
         inner = render(RUN_INNER, CWD_B64=quoted(b64_utf8(cwd)), FILE_B64=quoted(b64_utf8(command_file)))
         inner_b64 = base64.b64encode(inner.encode("utf-16-le")).decode("ascii")
-        wrapper = render(RUN_WRAPPER, SECONDS=seconds, MAP_SHARE=self.map_share and self.share_unc is not None,
+        wrapper = render(RUN_WRAPPER, SECONDS=seconds, MAP_SHARE=self.share_unc is not None,
                          DRIVE_ROOT=quoted(self.drive + "\\"), DRIVE=self.drive,
                          SHARE_UNC=quoted(self.share_unc or ""), JOB_DLL=quoted("vmd\\" + JOB_DLL),
                          INNER=quoted(inner_b64), TIMEOUT_LINE=quoted(TIMEOUT_LINE))
@@ -212,11 +211,6 @@ class WindowsGuest(WindowsVerbs, Guest):
                               long_names="255 bytes of UTF-8")
 
         return self._sftp_call("list_dir", full, listing)
-
-    def another(self, **kwargs) -> "WindowsGuest":
-        """A guest on a second SSH connection to the same machine: on Windows a logon session of
-        its own, with its own drive letters (the baseline shows its copy at the project's drive)."""
-        return WindowsGuest(self.ssh.another(), self.project_path, **kwargs)
 
     def close(self) -> None:
         self.ssh.close()

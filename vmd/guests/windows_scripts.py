@@ -241,28 +241,6 @@ try {
 }
 """
 
-# Unpacks the baseline for a check in a logon session of its own (a second SSH connection,
-# vmd/guests/windows_verbs.py): the drive is free there, and `subst` shows the copy at it.
-# Exit 125 with "vmd-baseline" in stderr: the baseline could not be shown (the check did not run).
-BASELINE_SETUP = """$ErrorActionPreference = 'Stop'
-try {
-    if (Test-Path -LiteralPath {{DRIVE_ROOT}}) { throw ('the drive is in use in this logon session too') }
-    $null = New-Item -ItemType Directory -Force -Path {{FOLDER}}
-    & tar.exe -xf {{ARCHIVE}} -C {{FOLDER}}
-    if ($LASTEXITCODE -ne 0) { throw ('tar.exe exit ' + $LASTEXITCODE) }
-    & subst.exe {{DRIVE}} {{FOLDER}}
-    if ($LASTEXITCODE -ne 0) { throw ('subst exit ' + $LASTEXITCODE) }
-} catch {
-    [Console]::Error.WriteLine('vmd-baseline: ' + $_.Exception.Message)
-    exit 125
-}
-"""
-
-BASELINE_CLEANUP = """& subst.exe {{DRIVE}} /D 2>&1 | Out-Null
-Remove-Item -LiteralPath {{FOLDER}} -Recurse -Force -ErrorAction SilentlyContinue
-Remove-Item -LiteralPath {{ARCHIVE}} -Force -ErrorAction SilentlyContinue
-"""
-
 # The top-level windows of the user's desktop, front first (EnumWindows' Z order): run in the
 # user's session by the launch task (sshd's session 0 has a desktop of its own, with nothing
 # on it; its user32 calls compiled once per guest, as the job's are), written to the file its

@@ -1,6 +1,5 @@
 """The OS verbs of a Windows guest (vmd/guests/windows.py `WindowsGuest` mixes them in): start a
-program on the desktop, probe the internet, run the check against the baseline, list the
-windows, and what the machine asks of its guest (facts, desktop, share, clock, reboot). Every
+program on the desktop, probe the internet, list the windows, and what the machine asks of its guest (facts, desktop, share, clock, reboot). Every
 script is a template of vmd/guests/windows_scripts.py; failures are `GuestError`s.
 
 Two things sshd's session cannot do itself, because it runs in session 0, whose desktop no
@@ -18,7 +17,7 @@ import time
 from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, screen_coordinate
 from vmd.guests.powershell import quoted
 from vmd.guests.ssh import SshConnection
-from vmd.guests.windows_scripts import (BASELINE_CLEANUP, BASELINE_SETUP, CHECK_INTERNET, DESKTOP_PROBE, FACTS,
+from vmd.guests.windows_scripts import (CHECK_INTERNET, DESKTOP_PROBE, FACTS,
                                         LIST_WINDOWS, MOUNT_SHARE, NEW_IDENTITY, REBOOT, REMAP_SHARE, RUN_LAUNCH_TASK,
                                         SET_CLOCK, WINDOWS_DLL, render)
 from vmd.windows_image.guest_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
@@ -118,32 +117,6 @@ class WindowsVerbs:
     def check_internet(self, host: str) -> tuple[bool, str]:
         result = self._ps(CHECK_INTERNET, PROBE_TIMEOUT_S, HOST=quoted(host))
         return result.exit_code == 0, (result.stdout + result.stderr).strip()[-300:]
-
-    def run_baseline(self, command: str, archive: bytes, timeout: float) -> CommandResult:
-        """The check with the project's drive showing the baseline (vmd/session/verification.py
-        says why): on a second SSH connection, a logon session of its own where the drive is
-        free, the archive is unpacked and `subst` puts it at the drive; only the check runs
-        there. Exit 125 with "vmd-baseline" in stderr: it could not be shown."""
-        token = secrets.token_hex(4)
-        folder = f"{GUEST_VMD_DIR}\\baseline-{token}"
-        archive_path = f"{GUEST_VMD_DIR}\\baseline-{token}.tar"
-        places = {"FOLDER": quoted(folder), "ARCHIVE": quoted(archive_path), "DRIVE": self.drive,
-                  "DRIVE_ROOT": quoted(self.drive + "\\")}
-        other = self.another(map_share=False)
-        try:
-            other._write("run_baseline", archive_path, archive, "wb")
-            setup = other.run(render(BASELINE_SETUP, **places), timeout=120, cwd="C:\\")
-            if setup.exit_code != 0:
-                if "vmd-baseline" not in setup.stderr:
-                    setup = setup.model_copy(update={"stderr": "vmd-baseline: " + setup.stderr})
-                return setup.model_copy(update={"exit_code": 125})
-            return other.run(command, timeout=timeout, cwd=self.project_path)
-        finally:
-            try:
-                other.run(render(BASELINE_CLEANUP, **places), timeout=60, cwd="C:\\")
-            except GuestError:
-                pass
-            other.close()
 
     # --- what the machine asks of its guest ---------------------------------------------
 

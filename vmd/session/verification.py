@@ -1,34 +1,21 @@
-"""vmd's own run of the agent's check, and whether the check needs the work.
+"""vmd's own run of a command of the agent's check, the files that are the check's own,
+and the words of a refusal. Where the runs happen (fresh machines: the candidate's and the
+baseline's) is vmd/session/check_flow.py and vmd/session/clean_room.py.
 
-A check proves the work only if it needs the work. After the agent's check passes in the
-guest, vmd runs the same command, at the same path, against the project as it was when
-the session opened (the *baseline*: vmd's commit of that moment, or nothing for a new
-project). A check that passes there too — `true`, `test -d /mnt/project`, a test file
-that asserts nothing — is reported as passed-not-proven, never as verified.
-
-How the baseline is shown to the command (on Linux: vmd/guests/os_verbs.py
-`linux_baseline_command`): in a private mount namespace in the guest, a copy of the
-baseline is bind-mounted over the project path, and only the check runs in that
-namespace. Why not swap the host folder: QEMU's 9p server holds the export by its
-directory, so a swap would have to move the work out of the folder and back, and a vmd
-that died in between would leave the guest looking at the wrong files. This way the
-host folder is never touched (nothing can be lost whatever dies), and every other
-process in the guest keeps seeing the work where it was. On Windows
-(vmd/guests/windows_verbs.py `run_baseline`) the same holds by another means: the check
-runs over a second SSH connection, a logon session of its own, where `subst` shows the
-unpacked copy at the project's drive letter while the session's own Z: stays the share.
+A check proves the work only if it needs the work: after it passes on the candidate,
+vmd runs it on the project as it was when the session opened (the *baseline*: vmd's
+commit of that moment, or nothing for a new project) with the check's own files laid
+over it. A check that passes there too (`true`, `test -d .git`, a test file that
+asserts nothing) is reported as passed-not-proven, never as verified.
 """
 
 from __future__ import annotations
 
-import io
 import posixpath
 import re
 import shlex
-import tarfile
 from typing import TYPE_CHECKING, Callable
 
-from vmd.projects.repository import Repository
 from vmd.verb_results import CheckRunResult
 
 if TYPE_CHECKING:
@@ -57,32 +44,6 @@ def _checked(result: CommandResult, expect_exit: int, tail_chars: int) -> CheckR
 def run_check(guest: Guest, command: str, expect_exit: int, cwd: str | None, timeout: float,
               sink: OutputSink, tail_chars: int) -> CheckRun:
     return _checked(guest.run(command, timeout=timeout, cwd=cwd, on_output=sink), expect_exit, tail_chars)
-
-
-def baseline_archive(repo: Repository, base_commit: str | None) -> bytes:
-    """The project as it was when the session opened, as a tar: vmd's commit of that
-    moment, or an empty archive for a new project."""
-    if base_commit and repo.exists():
-        result = repo.git("archive", "--format=tar", base_commit)
-        return result.stdout
-    buffer = io.BytesIO()
-    tarfile.open(fileobj=buffer, mode="w").close()
-    return buffer.getvalue()
-
-
-def run_baseline(guest: Guest, command: str, expect_exit: int, archive: bytes, timeout: float,
-                 tail_chars: int) -> CheckRun:
-    """The check against the baseline (the guest's `run_baseline`: on Linux,
-    vmd/guests/os_verbs.py). A guest that cannot show a baseline gives an error, which the
-    outcome reports as not checked."""
-    try:
-        result = guest.run_baseline(command, archive, timeout)
-    except Exception as exc:  # the proof is not checked; the work is not at stake
-        return CheckRun(exit_code=None, passed=False, error=f"{type(exc).__name__}: {exc}"[:400])
-    if result.exit_code == 125 and "vmd-baseline" in (result.stderr or ""):
-        return CheckRun(exit_code=None, passed=False, error="the baseline could not be unpacked in the guest: "
-                        + _tail(result, 300))
-    return _checked(result, expect_exit, tail_chars)
 
 
 # What looks like a test by its name: a tests/ or spec/ folder, test_x.py, x_test.go,

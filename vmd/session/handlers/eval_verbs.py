@@ -17,7 +17,6 @@ import shlex
 
 from vmd import verbs as V
 from vmd.errors import refused
-from vmd.session import verification as check
 from vmd.session.check_flow import candidate_commit
 from vmd.session.clean_room import CleanRoom, RoomUnavailable
 from vmd.session.session import Session
