@@ -102,6 +102,13 @@ class Verdict(BaseModel):
                     "prove the work")
         return "whether the check needs the work could not be checked"
 
+    def place(self, candidate: str | None, quote: str = "") -> str:
+        """Where vmd ran the check, as a clause: " on a fresh machine holding commit abc…"
+        (the finish's answer, the report, the commit; `quote` marks the sha in Markdown)."""
+        if self.where == "session":
+            return " in the session's own machine"
+        return f" on a fresh machine holding commit {quote}{candidate[:10]}{quote}" if candidate else ""
+
     def sentence(self) -> str:
         """label: reason -- the line people read in the report, the job's end and the commit."""
         return f"{self.label()}: {self.reason()}"

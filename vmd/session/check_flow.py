@@ -71,7 +71,7 @@ def verify(session: Session, v: V.Verification, notify) -> Checked:
         return checked
     changed = repo.changed_files(session.s.base_commit, candidate) if candidate else []
     checked.check_files = check.check_files(changed, v.command, v.tests, v.setup)
-    overlay = {path: _blob(repo, candidate, path) for path in checked.check_files}
+    overlay = {path: _blob(repo, candidate, path) for path in checked.check_files} if candidate else {}
     with CleanRoom(session, "base") as base_room:
         base_room.lay_out(repo, session.s.base_commit if repo.exists() else None,
                           {p: data for p, data in overlay.items() if data is not None})
@@ -95,9 +95,9 @@ def candidate_commit(session: Session) -> tuple[str | None, list[str]]:
     return committed["sha"], list(committed.get("left_out") or [])
 
 
-def _blob(repo, commit: str | None, path: str) -> bytes | None:
+def _blob(repo, commit: str, path: str) -> bytes | None:
     """A file of the candidate by its path (None: not a plain file there, e.g. a link)."""
-    listed = repo.git("ls-tree", "-z", commit or "HEAD", "--", path, check=False).stdout
+    listed = repo.git("ls-tree", "-z", commit, "--", path, check=False).stdout
     if not listed.startswith((b"100644 ", b"100755 ")):
         return None
     return repo.git("cat-file", "blob", f"{commit}:{path}").stdout

@@ -86,8 +86,7 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
     md.append("")
     if outcome_event:
         mark = f"{MARKS[verdict.status]} {verdict.label()}"
-        where = (f" on a fresh machine holding commit `{outcome['candidate'][:10]}`" if outcome.get("candidate")
-                 else " in the session's own machine" if verdict.where == "session" else "")
+        where = verdict.place(outcome.get("candidate"), quote="`")
         line = (f"**Outcome: {mark}** — vmd ran `{outcome['command']}` itself{where}: exit code "
                 f"**{outcome['exit_code']}** (expected {outcome['expect_exit']}"
                 f"{', timed out' if outcome.get('timed_out') else ''})")

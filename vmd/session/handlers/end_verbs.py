@@ -53,7 +53,7 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
         raise refused(f"the check could not run on a fresh machine: {exc}. Nothing was counted; "
                       "finish again.") from None
     run, baseline = got.run, got.baseline
-    setup_failed = got.setup is not None and not got.setup.passed and got.where == "clean_room"
+    setup_failed = got.setup is not None and not got.setup.passed
     passed = run.passed and not setup_failed
     extra = {"where": got.where, "candidate": got.candidate, "setup_command": v.setup,
              "setup": got.setup.model_dump() if got.setup else None, "check_files": got.check_files,
@@ -94,9 +94,8 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
     verdict = V.Verdict.of_outcome(outcome).sentence()
     if passed and proven is None and baseline is not None and baseline.error:
         verdict += f" ({baseline.error})"
-    where = (f"on a fresh machine holding commit {got.candidate[:10]}" if got.where == "clean_room" and got.candidate
-             else "on a fresh machine" if got.where == "clean_room" else "in the session's own machine")
-    text = (f"Finished. vmd ran `{command}` itself {where}: exit {run.exit_code} (expected {expect}"
+    where = V.Verdict.of_outcome(outcome).place(got.candidate)
+    text = (f"Finished. vmd ran `{command}` itself{where}: exit {run.exit_code} (expected {expect}"
             f"{', timed out' if run.timed_out else ''}): {verdict}.\nOutput tail:\n{run.output_tail[-1500:]}")
     return {"accepted": True, "outcome": outcome, "text": text}
 
@@ -234,8 +233,7 @@ def _commit_message(session: Session, changed_after: str | None = None) -> str:
                      "and the project folder changed after it; these files were never checked."]
     elif session.s.outcome:
         o = session.s.outcome
-        where = (f" on a fresh machine holding {o['candidate'][:10]}" if o.get("candidate") else
-                 " in the session's own machine" if o.get("where") == "session" else "")
+        where = V.Verdict.of_outcome(o).place(o.get("candidate"))
         setup = f" after the setup `{o['setup_command']}`" if o.get("setup_command") else ""
         body += ["", f"Verification by vmd: `{o['command']}`{setup} exited {o['exit_code']} (expected "
                      f"{o['expect_exit']}){where}: {V.Verdict.of_outcome(o).sentence()}; "
