@@ -299,11 +299,18 @@ def short_socket_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="vmd-", dir="/tmp"))
 
 
+# Every vmd of the suite keeps its clean rooms' templates (vmd/machines/room_templates.py)
+# here, outside any test's folder: one template of the image serves the whole run, and the
+# next, as the image cache does (a template of another build of the image is made anew).
+ROOM_TEMPLATES = Path("/var/tmp/vmagent-tests/room-templates")
+
+
 def make_config(tmp_path: Path, **overrides):
     from vmd.config import VmdConfig
     values = {"socket": short_socket_dir() / "vmd.sock", "state_dir": tmp_path / "state",
               "images_dir": tmp_path / "images", "boot_timeout_s": 30, "verify_timeout_s": 60,
-              "warm_pool_size": 0}  # tests/conftest.py: no warm pool unless a test asks for one
+              "warm_pool_size": 0,  # tests/conftest.py: no warm pool unless a test asks for one
+              "room_templates_dir": ROOM_TEMPLATES}
     values.update(overrides)
     return VmdConfig.load(env={}, **values)
 

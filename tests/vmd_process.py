@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.vmd_fakes import short_socket_dir
+from tests.vmd_fakes import ROOM_TEMPLATES, short_socket_dir
 from vmagent.client import Vmd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,8 @@ class VmdProcess:
 
     def start(self) -> "VmdProcess":
         env = {**os.environ, "VMD_BOOT_TIMEOUT_S": "900", "VMD_VERIFY_TIMEOUT_S": "300",
-               "VMD_REAPER_INTERVAL_S": "1", "VMD_WARM_POOL_SIZE": "0"}  # a test that wants a pool says so
+               "VMD_REAPER_INTERVAL_S": "1", "VMD_WARM_POOL_SIZE": "0",  # a test that wants a pool says so
+               "VMD_ROOM_TEMPLATES_DIR": str(ROOM_TEMPLATES)}
         for name in ("VMD_CONFIG", "GITEA_URL", "GITEA_TOKEN", "VMD_STATE_DIR", "VMD_SOCKET",
                      "VMD_ORPHAN_GRACE_S", "VMD_QUESTION_KEEP_S"):
             env.pop(name, None)

@@ -47,6 +47,8 @@ ENV_FIELDS = {
     "VMD_PUSH_RETRY_BACKOFF_MAX_S": "push_retry_backoff_max_s",
     "VMD_ACCEL": "accel",
     "VMD_WARM_POOL_SIZE": "warm_pool_size",
+    "VMD_ROOM_TEMPLATES": "room_templates",
+    "VMD_ROOM_TEMPLATES_DIR": "room_templates_dir",
     "VMD_GUEST_MEMORY_MIB": "guest_memory_mib",
     "VMD_GUEST_VCPUS": "guest_vcpus",
     "VMD_SLOT_READY_S": "slot_ready_s",
@@ -199,6 +201,13 @@ class VmdConfig(BaseModel):
     # "auto" sizes the pool for the host (vmd/machines/host_room.py host_pool_size: one slot per two
     # cores, within memory, at most 4); 0 turns it off and every session boots cold.
     warm_pool_size: int | Literal["auto"] = "auto"
+    # Clean rooms (vmd/machines/room_templates.py): how many rooms of one image may run at
+    # once restored from a saved template (one template each, made on first use: a boot,
+    # and its memory image on disk) instead of booting cold; 0: every room boots cold.
+    # Two: two sessions of a host finishing at once both get one. Where the templates are:
+    # <state_dir>/room-templates unless set (a test suite shares one folder among its vmds).
+    room_templates: int = Field(default=2, ge=0, le=8)
+    room_templates_dir: Path | None = None
 
     # A guest's memory and vCPUs (vmd/machines/machine.py). 2 GiB runs the Debian desktop, a
     # browser and a test suite without swapping; the warm pool sizes itself by the memory

@@ -22,6 +22,7 @@ from vmd.machines.host import Host, local_host
 from vmd.machines.images import ImageMissing, find_image
 from vmd.machines.machine import Machine, accel, timeout_scale, undefine
 from vmd.machines.port import DesktopMissing, MachineError, MachineSpec, SessionMachine
+from vmd.machines.room_templates import RoomTemplates
 from vmd.machines.screen import Screen
 from vmd.machines.warm_pool import WarmPool
 from vmd.verbs import SESSION_ID
@@ -87,6 +88,7 @@ class LibvirtMachines:
         self.config = config
         self.hosts = {h.name: h for h in (hosts or [local_host(config.libvirt_uri)])}
         self.pools: dict[str, WarmPool] = {}  # per host name, once started (start_pool)
+        self.templates = {h.name: RoomTemplates(config, h) for h in self.hosts.values()}
         self.guard = EgressGuard.from_config(config)
 
     def host(self, name: str | None = None) -> Host:
@@ -168,6 +170,10 @@ class LibvirtMachines:
         image = self._image(spec)
         host = self._host_of(spec)
         note = None
+        if spec.for_check:
+            room = self._room(spec, image, host)
+            if room is not None:
+                return room
         pool = self.pools.get(host.name)
         if pool is not None:
             machine, note = pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir,
@@ -188,6 +194,33 @@ class LibvirtMachines:
                                  qemu_user=self.config.share_user, config=self.config,
                                  owner=self._owner(spec))
         return self._adapter(machine, image, came_note=note)
+
+    def _room(self, spec: MachineSpec, image, host: Host) -> SessionMachine | None:
+        """A clean room's machine from the host's room templates, or None (it boots cold)."""
+        try:
+            got = self.templates[host.name].room(image, workdir=spec.workdir, project_dir=spec.project_dir,
+                                                 session_id=spec.session_id)
+        except Exception as exc:  # the templates' folder, libvirt: the room boots cold instead
+            log.warning("a clean room of session %s could not come from a template: %s", spec.session_id, exc)
+            return None
+        if got is None:
+            return None
+        machine, release = got
+        adapter = self._adapter(machine, image, came="template")
+        if spec.egress and self.egress_problem() is None:  # saved without egress, as a slot is
+            try:
+                adapter.set_egress(True)
+            except Exception as exc:
+                log.warning("a clean room of session %s: egress could not be opened: %s", spec.session_id, exc)
+
+        def destroy() -> None:
+            try:
+                machine.destroy()
+            finally:
+                release()  # the template serves the next room
+
+        adapter.destroy = destroy
+        return adapter
 
     def _owner(self, spec: MachineSpec):
         return VmdOwner(state_dir=str(self.config.state_dir), session=spec.session_id)

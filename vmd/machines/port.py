@@ -44,6 +44,10 @@ class MachineSpec:
     # Where the guest runs (vmd/machines/host.py): the session's `MachineFactory.host(name)`
     # for the name its state keeps. None: the factory's first host (a spec made by hand).
     host: Host | None = None
+    # A clean room's machine (vmd/session/clean_room.py), for one check: restored from the
+    # host's room template when it has one (vmd/machines/room_templates.py), never a warm
+    # slot, which is a session's.
+    for_check: bool = False
 
 
 @dataclass

@@ -108,29 +108,35 @@ class WarmPool:
     def ready_slots(self, image: Image) -> list[Path]:
         return ready_slots_in(self._image_dir(image))
 
-    def make_slot(self, image: Image) -> Path:
-        """Boots one slot of `image` and saves it; returns its folder."""
+    def make_slot(self, image: Image, into: Path | None = None, name: str | None = None) -> Path:
+        """Boots one slot of `image` and saves it; returns its folder. `into` and `name`: a
+        room template's folder and domain name (vmd/machines/room_templates.py), made the same
+        way but no session's to wait for."""
 
         slot_id = uuid.uuid4().hex[:12]
-        folder = self._image_dir(image) / f".{slot_id}.making"  # not a slot until renamed
+        parent = into.parent if into is not None else self._image_dir(image)
+        folder = parent / f".{slot_id}.making"  # not a slot until renamed
         share = folder / "share"
         # Private folders QEMU may pass through (vmd/private_fs.py); the placeholder share
         # is QEMU's own, as a session's project folder is.
         gid = qemu_gid(self.qemu_user)
-        for place in (self.dir, self._image_dir(image)):
+        for place in (self.dir, parent) if into is None else (parent,):
             passable_dir(place, gid)
         passable_dir(folder, gid)
-        _give_to_qemu(share, self.qemu_user)
-        name = SLOT_PREFIX + slot_id
+        give_to_qemu(share, self.qemu_user)
+        name = name or SLOT_PREFIX + slot_id
         started = time.monotonic()
-        with self._changed:
-            self._making, self._making_since = name, started
+        if into is None:
+            with self._changed:
+                self._making, self._making_since = name, started
         machine = None
         try:
             machine = Machine.create(image, name=name, workdir=folder, project_dir=share, host=self.host,
                                      qemu_user=self.qemu_user, config=self.config,
                                      owner=VmdOwner(state_dir=str(self.dir.parent), session=None))
-            if self._waited_for != name:  # a session waits for it: it boots at the sessions' priority
+            # A slot a session waits for boots at the sessions' priority, and so does a template
+            # (a room's check waits for it).
+            if into is None and self._waited_for != name:
                 _renice(name)
             machine.ready(self.config.slot_ready_s * timeout_scale(machine.accel) * boot_factor(image), desktop=True)
             try:
@@ -148,7 +154,7 @@ class WarmPool:
                             made_at=time.time())
             write_private(folder / "slot.json", info.model_dump_json())
             private_file(folder / "saved.img")  # the guest's memory: vmd's alone
-            final = self._image_dir(image) / slot_id
+            final = into if into is not None else parent / slot_id
             # The saved XML names the folder it was made in; a hand-out edits those paths.
             os.rename(folder, final)
             self.made += 1
@@ -164,9 +170,10 @@ class WarmPool:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         finally:
-            with self._changed:
-                self._making = None
-                self._changed.notify_all()
+            if into is None:
+                with self._changed:
+                    self._making = None
+                    self._changed.notify_all()
 
     def take(self, image: Image) -> Path | None:
         """Claims a ready slot of `image` (renamed to `<id>.taken`), or None."""
@@ -193,7 +200,7 @@ class WarmPool:
             share = project_dir
             if share is None:  # a session without a project folder: an empty share of its own
                 share = workdir / "share"
-                _give_to_qemu(share, self.qemu_user)
+                give_to_qemu(share, self.qemu_user)
             for part in SLOT_FILES:
                 if (claimed / part).exists():
                     shutil.move(str(claimed / part), str(workdir / part))
@@ -408,7 +415,7 @@ def _renice(name: str, niceness: int = 10) -> None:
         pass  # not QEMU here (the test driver), or it went meanwhile
 
 
-def _give_to_qemu(share: Path, qemu_user: str) -> None:
+def give_to_qemu(share: Path, qemu_user: str) -> None:
     """An empty share folder of QEMU's user, 0700, as the project folders are."""
     private_dir(share)
     owner = share_owner(qemu_user)

@@ -3,8 +3,9 @@
 The session's guest is the model's: it had root there (the agent user has passwordless
 sudo), so anything a check run there says (a planted `/usr/local/bin/python3`, a
 `sitecustomize.py`, a process left running under `setsid`) may be the model's own word.
-A clean room is a **fresh machine of the session's image** (a warm slot when one is
-ready, else a cold boot: the session's `MachineFactory.create`), whose project folder is
+A clean room is a **fresh machine of the session's image** (restored from the host's
+room template, a guest saved once and never written again, else a cold boot: the
+session's `MachineFactory.create` with `for_check`; vmd/machines/room_templates.py), whose project folder is
 a new host folder holding one commit of vmd's repository as a git work tree (with
 `.git`), at the same path as in the session. The session's guest has no path to it: no
 shared folder, no network between them. Its egress follows the session's approval. The
@@ -48,7 +49,7 @@ class RoomRun:
     setup: check.CheckRun | None
     check: check.CheckRun
     project_path: str  # where the project was in the room's guest (the session's path)
-    came: str  # "warm" or "cold": how the room's machine came
+    came: str  # "template" or "cold": how the room's machine came (vmd/machines/room_templates.py)
     seconds: float  # the room's whole cost: its tree, its machine, its runs, its end
 
 
@@ -139,7 +140,7 @@ class CleanRoom:
         s = self.session.s
         spec = MachineSpec(session_id=s.id, os=s.os, name=f"{s.machine_name or 'vmagent-' + s.id}-{self.label}",
                            workdir=self.dir / "machine", project_dir=self.project, egress=s.egress,
-                           host=self.session.machines.host(s.host))
+                           host=self.session.machines.host(s.host), for_check=True)
         try:
             self.machine = self.session.machines.create(spec)
             self.machine.ready(self.session.boot_timeout, desktop=desktop)
