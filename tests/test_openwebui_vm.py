@@ -11,7 +11,7 @@ The story: the agent plans, records the guest's boot id in the project folder, a
 a question. The guest is paused while the question waits; then vmd and the job service
 are both stopped and started again; the answer resumes the same guest (the boot id read
 after the answer is the one read before it), and the agent finishes with a check that
-vmd re-runs itself.
+vmd re-runs itself on a fresh machine.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ PROJECT = "greeting"
 QUESTION = "Which greeting should greet.txt hold?"
 ANSWER = "hello there"
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
-# vmd re-runs this at finish: the greeting is there and the guest never rebooted.
-CHECK = ("cd /mnt/project && grep -qx 'hello there' greet.txt && "
-         f"test \"$({BOOT_ID})\" = \"$(cat boot_id.before)\"")
+# vmd re-runs this at finish, on a fresh machine with the committed project: the greeting
+# is there. (That the session's guest never rebooted is the test's to read: boot_id.after.)
+CHECK = "cd /mnt/project && grep -qx 'hello there' greet.txt"
 
 SCRIPT = [
     call("plan_tasks", {"tasks": ["record the boot id", "ask which greeting to write",
