@@ -79,6 +79,9 @@ def test_a_run_that_solves_the_task_scores_solved_and_proven(tmp_path):
     assert (row.outcome, row.hidden, row.check, row.solved, row.proven, row.expected) == (
         "done", "passed", "verified and proven", True, True, True), row
     assert row.turns == 5 and row.prompt_tokens > 0 and row.reply_tokens > 0 and row.model_s >= 0
+    # Where vmd ran the hidden check is in the row and the table: a fresh machine, never the agent's.
+    assert row.hidden_on == "fresh machine", row
+    assert "fresh machine" in table(rows, totals_of(rows), "qwen3:32b")
     # The starting project was vmd's first commit, so the agent's check was proven against it.
     assert (project / "greet.py").read_text() == FIXED and not (project / "check_greet.py").exists()
     # vmd ran the hidden check after the finish and before the close, in the record.

@@ -28,7 +28,7 @@ def read_results(out_dir: Path) -> dict:
     return json.loads((out_dir / "results.json").read_text(encoding="utf-8"))
 
 
-HEAD = ["task", "#", "kind", "outcome", "hidden check", "agent's check", "turns", "model s", "prompt tokens",
+HEAD = ["task", "#", "kind", "outcome", "hidden check", "checked on", "agent's check", "turns", "model s", "prompt tokens",
         "reply tokens", "wall s", "report"]
 STYLE = ("body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
          "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}td.n{text-align:right}"
@@ -43,7 +43,7 @@ def page(rows: list[Row], totals: Totals, meta: dict) -> str:
         report = f'<a href="{e(r.report)}">report</a>' if r.report else ""
         why = f'<div class="why">{e(r.reason)} {e(r.hidden_detail)}</div>' if not r.solved else ""
         cells = [f"<td>{e(r.task)}{why}</td>", f'<td class="n">{r.round}</td>', f"<td>{e(r.kind)}</td>",
-                 f"<td>{e(r.outcome)}</td>", f'<td class="{e(r.hidden)}">{e(r.hidden)}</td>',
+                 f"<td>{e(r.outcome)}</td>", f'<td class="{e(r.hidden)}">{e(r.hidden)}</td>', f"<td>{e(r.hidden_on or '-')}</td>",
                  f"<td>{e(r.check)}</td>", f'<td class="n">{r.turns}</td>', f'<td class="n">{r.model_s:.1f}</td>',
                  f'<td class="n">{r.prompt_tokens}</td>', f'<td class="n">{r.reply_tokens}</td>',
                  f'<td class="n">{r.wall_s:.1f}</td>', f"<td>{report}</td>"]
@@ -52,8 +52,9 @@ def page(rows: list[Row], totals: Totals, meta: dict) -> str:
     summary = "".join(f"<li>{e(line)}</li>" for line in summary_lines(totals))
     return (f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{e(title)}</title>'
             f"<style>{STYLE}</style></head><body>\n<h1>{e(title)}</h1>\n"
-            f"<p>Solved means the task's hidden check, run by vmd in the guest after the agent stopped, "
-            f"passed. The agent's check is vmd's run of the check the agent named: proven when it also "
+            f"<p>Solved means the task's hidden check, run by vmd after the agent stopped on a fresh "
+            f"machine holding the committed project (never the agent's), passed with the result it writes "
+            f"back. The agent's check is vmd's run of the check the agent named: proven when it also "
             f"failed on the project as it was before.</p>\n<ul>{summary}</ul>\n"
             f"<table><tr>{head}</tr>\n" + "\n".join(body) + "\n</table>\n</body></html>\n")
 

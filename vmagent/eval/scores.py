@@ -26,6 +26,9 @@ class Row(BaseModel):
     check: str  # the agent's check as vmd judged it, in its words (vmd/verdict.py Verdict.label)
     hidden: str  # passed, failed, not run
     hidden_detail: str
+    # Where vmd ran the hidden check: "fresh machine" (a clean room with the committed tree,
+    # vmd/session/clean_room.py), "session's machine", or "" when it did not run.
+    hidden_on: str = ""
     solved: bool  # the hidden check passed
     proven: bool  # the agent's own check was proven
     expected: bool  # what an honest run shows for this task (expect_proven), seen
@@ -70,6 +73,7 @@ def row_of(run: TaskRun, relative_to=None) -> Row:
         detail = f"exit {hidden.get('exit_code')}" + (", timed out" if hidden.get("timed_out") else "")
         if not hidden.get("passed"):
             detail += ": " + " ".join(str(hidden.get("output_tail") or "").split())[-300:]
+    hidden_on = {"clean_room": "fresh machine", "session": "session's machine"}.get(str(hidden.get("where")), "")
     check = agent_check(run)
     proven = run.outcome.verification.status == "passed"
     usage = o.usage or {}
@@ -77,7 +81,7 @@ def row_of(run: TaskRun, relative_to=None) -> Row:
     if run.report_path is not None:
         report = str(run.report_path.relative_to(relative_to)) if relative_to else str(run.report_path)
     return Row(task=run.task.name, kind=run.task.meta.kind, round=run.round, outcome=o.state, reason=o.reason,
-               check=check, hidden=verdict, hidden_detail=detail, solved=verdict == "passed", proven=proven,
+               check=check, hidden=verdict, hidden_detail=detail, hidden_on=hidden_on, solved=verdict == "passed", proven=proven,
                expected=(verdict == "passed" and proven == run.task.meta.expect_proven), turns=o.steps,
                model_s=round(float(usage.get("seconds") or 0.0), 1),
                prompt_tokens=int(usage.get("prompt_tokens") or 0), reply_tokens=int(usage.get("reply_tokens") or 0),
@@ -102,7 +106,7 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-COLUMNS = [("task", 28), ("#", 2), ("outcome", 9), ("hidden", 8), ("agent's check", 19), ("turns", 5),
+COLUMNS = [("task", 28), ("#", 2), ("outcome", 9), ("hidden", 8), ("checked on", 13), ("agent's check", 19), ("turns", 5),
            ("model s", 8), ("prompt tok", 10), ("reply tok", 9), ("wall s", 7)]
 
 
@@ -110,13 +114,13 @@ def table(rows: list[Row], totals: Totals, model: str) -> str:
     """The table for a terminal: one line per run, then the totals and the failures' reasons."""
     def line(values: list[Any]) -> str:
         # Names left, figures (from "turns" on) right.
-        return "  ".join(str(v)[:w].rjust(w) if i >= 5 else str(v)[:w].ljust(w)
+        return "  ".join(str(v)[:w].rjust(w) if i >= 6 else str(v)[:w].ljust(w)
                          for i, (v, (_, w)) in enumerate(zip(values, COLUMNS)))
 
     out = [f"vmagent eval: {model}, {totals.runs} run{'s' if totals.runs != 1 else ''}", "",
            line([name for name, _ in COLUMNS]), line(["-" * w for _, w in COLUMNS])]
     for r in rows:
-        out.append(line([r.task, r.round, r.outcome, r.hidden, r.check, r.turns, f"{r.model_s:.1f}",
+        out.append(line([r.task, r.round, r.outcome, r.hidden, r.hidden_on or "-", r.check, r.turns, f"{r.model_s:.1f}",
                          r.prompt_tokens, r.reply_tokens, f"{r.wall_s:.1f}"]))
     out += ["", *summary_lines(totals)]
     notes = [f"  {r.task} #{r.round}: {r.outcome}: {r.reason} Hidden check {r.hidden}: {r.hidden_detail}"
