@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from vmagent.client import VmdError
+from vmagent.client import Vmd, VmdError
 from tests.vmd_wire import WireVmd
 from vmd.server import rpc
 from vmd.errors import PARSE_ERROR, REFUSED
@@ -426,6 +426,12 @@ def test_a_connection_over_the_limit_gets_one_line_and_is_closed(tmp_path, monke
         assert "connection limit" in refusal["error"]["message"] and "retry later" in refusal["error"]["message"]
         assert third.reply() is None  # closed after that one line
         third.close()
+        # vmagent's client says so as vmd's refusal (BUSY, the call never ran), not as a
+        # connection lost mid-call, whether its request was written before the close or not.
+        for _ in range(5):
+            with pytest.raises(VmdError) as refused:
+                Vmd(config.socket, timeout=10).connect().call("session_status")
+            assert refused.value.code == rpc.BUSY and "connection limit" in str(refused.value)
         assert first.call({"id": "still", "method": "session_status"})["id"] == "still"
         first.close()
         deadline = time.monotonic() + 15  # the server notices the close in a moment; a loaded host is slow

@@ -217,6 +217,16 @@ class Vmd:
         try:
             sock.sendall(line.encode())
         except OSError as exc:
+            # vmd may have refused the connection (its one line, then closed) before the
+            # request was written: that line is still there to read, and says why.
+            try:
+                sock.settimeout(1)
+                self._read_reply(reader, request_id, method)
+            except VmdError:
+                self._drop()
+                raise
+            except Exception:
+                pass
             self._drop()
             raise VmdUnavailable(f"lost the connection to vmd before {method} was sent: {exc}") from exc
         try:
@@ -245,6 +255,12 @@ class Vmd:
             message = bounded_json(raw)
             if message.get("id") == request_id:
                 return message
+            if message.get("id") is None and "id" in message and isinstance(message.get("error"), dict):
+                # An error for no request (JSON-RPC's null id): vmd refused the connection
+                # before reading any (its connection limit), so the call never ran.
+                error = message["error"]
+                raise VmdError(int(error.get("code") or BUSY), str(error.get("message") or "vmd refused"),
+                               method, data=error.get("data") if isinstance(error.get("data"), dict) else None)
             if "method" in message and "id" not in message:
                 if self.on_notify is not None:
                     try:
