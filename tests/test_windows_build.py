@@ -94,6 +94,7 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
                            install=fake_install(seen))
     steps = [line.split(" ", 2)[1] for line in out.getvalue().splitlines() if line.startswith("STEP ")]
     assert steps == [f"{n}/8" for n in range(1, 9)]
+    assert "  product key: yours (--key)" in out.getvalue().splitlines()
 
     dom = seen["xml"]
     assert dom.get("type") == "kvm" and dom.find("os/type").get("machine") == "q35"

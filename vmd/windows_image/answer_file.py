@@ -6,7 +6,7 @@ InstallFrom/MetaData, UserData/ProductKey; Microsoft-Windows-Shell-Setup | UserA
 AutoLogon, OOBE, FirstLogonCommands; Microsoft-Windows-International-Core[-WinPE]); dockur/
 windows' assets/win11x64.xml is a working example of the same shape. Passes used:
 windowsPE (language, disk, image, key, Windows 11 requirement bypass), specialize (computer
-name, BypassNRO) and oobeSystem (language, account, autologon, OOBE, first logon commands).
+name, BypassNRO) and oobeSystem (language, accounts, autologon, OOBE, the first logon command).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from vmd.windows_image import guest_contract as contract
 from vmd.windows_image.editions import Edition
+from vmd.windows_image.product_keys import generic_key
 
 UNATTEND_NS = "urn:schemas-microsoft-com:unattend"
 WCM_NS = "http://schemas.microsoft.com/WMIConfig/2002/State"
@@ -116,18 +117,34 @@ class ImageChoice:
 
 @dataclass
 class UserData:
-    """EULA accepted; the user's own product key when they gave one."""
+    """EULA accepted, and the key that keeps Setup off its product key page: the user's own,
+    else the edition's generic key (product_keys.py), else an empty ProductKey."""
     product_key: str | None = None
 
-    def write(self, setup: ET.Element) -> None:
+    def key_form(self, edition: Edition) -> tuple[str, str | None]:
+        """("yours" | "generic" | "none", the key written)."""
+        if self.product_key:
+            return "yours", self.product_key
+        generic = generic_key(edition)
+        return ("generic", generic) if generic else ("none", None)
+
+    def write(self, setup: ET.Element, edition: Edition) -> None:
         data = _sub(setup, "UserData")
         _sub(data, "AcceptEula", "true")
         _sub(data, "FullName", contract.ADMIN_USER)
         _sub(data, "Organization", "vmagent")
-        if self.product_key:
-            key = _sub(data, "ProductKey")
-            _sub(key, "Key", self.product_key)
+        form, value = self.key_form(edition)
+        key = _sub(data, "ProductKey")
+        if value:
+            _sub(key, "Key", value)
+        if form != "generic":
+            # Never: Setup shows no key page to wait at (for the build's 2 h bound), as before
+            # for the user's key. No key known: dockur's fallback for such media (src/answer.sh,
+            # removeEmbeddedProductKeys) keeps the ProductKey node without a Key; Never hides
+            # the page where the media would show it.
             _sub(key, "WillShowUI", "Never")
+        # A generic key is written as dockur writes it (assets/win11x64.xml, win2022.xml,
+        # win2025.xml: Key alone, WillShowUI left at its default, OnError).
 
 
 @dataclass
@@ -137,12 +154,19 @@ class AdminAccount:
     name: str = contract.ADMIN_USER
 
     def write(self, shell: ET.Element) -> None:
-        accounts = _sub(_sub(shell, "UserAccounts"), "LocalAccounts")
+        users = _sub(shell, "UserAccounts")
+        accounts = _sub(users, "LocalAccounts")
         account = _sub(accounts, "LocalAccount", attrs=ADD)
         _sub(account, "Name", self.name)
         _sub(account, "DisplayName", self.name)
         _sub(account, "Group", "Administrators")
         self._password(account)
+        # Windows Server's OOBE stops at "Customize settings" to ask the built-in
+        # Administrator's password unless the answer file sets it; dockur's win2022.xml and
+        # win2025.xml (and its client files) set it here, after LocalAccounts. The same
+        # password as the agent's, so the image folder keeps one (admin-password); client
+        # editions keep that account disabled.
+        self._password(_sub(users, "AdministratorPassword"), wrap=False)
         logon = _sub(shell, "AutoLogon")
         _sub(logon, "Username", self.name)
         _sub(logon, "Enabled", "true")
@@ -150,8 +174,9 @@ class AdminAccount:
         _sub(logon, "LogonCount", "1")
         self._password(logon)
 
-    def _password(self, parent: ET.Element) -> None:
-        password = _sub(parent, "Password")
+    def _password(self, parent: ET.Element, wrap: bool = True) -> None:
+        # LocalAccount and AutoLogon hold a Password element; AdministratorPassword is one.
+        password = _sub(parent, "Password") if wrap else parent
         _sub(password, "Value", self.password)
         _sub(password, "PlainText", "true")
 
@@ -176,29 +201,49 @@ def _reg_dword(key: str, value: str) -> str:
     return f'reg.exe add "{key}" /v {value} /t REG_DWORD /d 1 /f'
 
 
+# FirstLogonCommands' CommandLine holds at most 1024 characters (Microsoft's SynchronousCommand/
+# CommandLine page).
+COMMAND_LINE_MAX = 1024
+
+
+def _ps_quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
 @dataclass
 class FirstLogon:
-    """Copy vmd's folder off the seed (found by its volume label) and run firstlogon.ps1."""
+    """Copy vmd's folder off the seed (found by its volume label) and run firstlogon.ps1, in
+    one command: Windows now starts the SynchronousCommand entries of FirstLogonCommands
+    at the same time (Microsoft's SynchronousCommand/Order page), so a second entry that runs
+    the script could start before the first one has copied it."""
     width: int
     height: int
 
-    def lines(self) -> list[str]:
-        copy = (f"$d = (Get-Volume -FileSystemLabel {contract.SEED_LABEL}).DriveLetter; "
-                f"Copy-Item -Recurse -Force ($d + ':\\$OEM$\\$1\\vmd') 'C:\\'")
-        script = (f"-File {contract.GUEST_VMD_DIR}\\firstlogon.ps1 -User {contract.ADMIN_USER} "
-                  f"-Width {self.width} -Height {self.height} -LaunchTask {contract.VMD_LAUNCH_TASK} "
-                  f"-LaunchRequest {contract.LAUNCH_REQUEST} -Share {contract.SHARE_UNC} "
-                  f"-ShareLetter {contract.SHARE_LETTER} -ReadyMarker {contract.READY_MARKER}")
-        powershell = "powershell.exe -NoProfile -ExecutionPolicy Bypass"
-        return [f'{powershell} -Command "{copy}"', f"{powershell} {script}"]
+    def command(self) -> str:
+        script = f"{contract.GUEST_VMD_DIR}\\firstlogon.ps1"
+        params = {"User": contract.ADMIN_USER, "Width": str(self.width), "Height": str(self.height),
+                  "LaunchTask": contract.VMD_LAUNCH_TASK, "LaunchRequest": contract.LAUNCH_REQUEST,
+                  "Share": contract.SHARE_UNC, "ShareLetter": contract.SHARE_LETTER,
+                  "ReadyMarker": contract.READY_MARKER}
+        # Quoted, since -Command parses them as PowerShell (the old -File form took them raw).
+        arguments = " ".join(f"-{name} {value if value.isdigit() else _ps_quote(value)}"
+                             for name, value in params.items())
+        # Stop: a failed copy must not go on to run a script that is not there. The build
+        # reads the outcome on COM1 (the script's steps), not this command's exit status.
+        body = (f"$ErrorActionPreference = 'Stop'; "
+                f"$d = (Get-Volume -FileSystemLabel {contract.SEED_LABEL}).DriveLetter; "
+                f"Copy-Item -Recurse -Force ($d + ':\\$OEM$\\$1\\vmd') 'C:\\'; "
+                f"& {_ps_quote(script)} {arguments}")
+        line = f'powershell.exe -NoProfile -ExecutionPolicy Bypass -Command "{body}"'
+        if len(line) > COMMAND_LINE_MAX or '"' in body:
+            raise ValueError(f"the first logon command cannot be written in one CommandLine: {line}")
+        return line
 
     def write(self, shell: ET.Element) -> None:
-        listing = _sub(shell, "FirstLogonCommands")
-        for order, line in enumerate(self.lines(), 1):
-            item = _sub(listing, "SynchronousCommand", attrs=ADD)
-            _sub(item, "Order", str(order))
-            _sub(item, "CommandLine", line)
-            _sub(item, "RequiresUserInput", "false")
+        item = _sub(_sub(shell, "FirstLogonCommands"), "SynchronousCommand", attrs=ADD)
+        _sub(item, "Order", "1")
+        _sub(item, "CommandLine", self.command())
+        _sub(item, "RequiresUserInput", "false")
 
 
 @dataclass
@@ -217,7 +262,7 @@ class AnswerFile:
         setup = _component(pe, "Microsoft-Windows-Setup")
         self.disk.write(setup)
         ImageChoice(self.edition.index).write(setup, self.disk)
-        self.user_data.write(setup)
+        self.user_data.write(setup, self.edition)
         if self.edition.is_windows11:
             _commands(setup, "RunSynchronous", "RunSynchronousCommand", "Path",
                       [_reg_dword(r"HKLM\SYSTEM\Setup\LabConfig", v) for v in WIN11_LABCONFIG])

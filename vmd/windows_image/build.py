@@ -39,8 +39,14 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # The files that decide what the installed guest is (its answer file, its first logon, its
 # media, its install machine, the contract it keeps): a change to one rebuilds the image
 # (40 minutes); the build's own plumbing and the doctor's check do not.
-RECIPE_FILES = ("guest_contract.py", "answer_file.py", "firstlogon.ps1", "seed.py", "install_domain.py")
+RECIPE_FILES = ("guest_contract.py", "answer_file.py", "product_keys.py", "firstlogon.ps1", "seed.py",
+                "install_domain.py")
 IMAGE_NAME = "windows"
+# What step 4 says of the key, so a build that stops at Setup's key page has been warned.
+KEY_FORMS = {"yours": "yours (--key)",
+             "generic": "the edition's generic key (it installs the edition and activates nothing)",
+             "none": "none known for this edition (evaluation media need none); if Setup stops at its "
+                     "product key page, rebuild with --key"}
 TOTAL_STEPS = 8
 DEFAULT_RESOLUTION = (1280, 800)  # the Debian image's, so screenshots cost the model the same
 HASH_CHUNK = 4 * 1024 * 1024
@@ -162,8 +168,10 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     password = admin_password()
     write_private(partial / PASSWORD_FILE, password + "\n")
     public_key = login_key(partial)
+    user_data = UserData(options.key)
     answer = AnswerFile(edition, Language(language), AdminAccount(password),
-                        FirstLogon(*options.resolution), UserData(options.key)).to_xml()
+                        FirstLogon(*options.resolution), user_data).to_xml()
+    print(f"  product key: {KEY_FORMS[user_data.key_form(edition)[0]]}", file=out, flush=True)
 
     step(5, "write the seed medium (answer file, drivers, first logon script)", out)
     seed = write_seed(seed_files(answer, public_key, edition, options.virtio_win, options.openssh_msi),

@@ -1,11 +1,12 @@
 # vmd's first logon script for a Windows guest image (vmd/windows_image/).
 #
-# Windows Setup runs it once, as the autologon user, from the answer file's FirstLogonCommands
-# (vmd/windows_image/answer_file.py passes every argument, from guest_contract.py). It leaves
-# the guest the way vmd's Windows backend (vmd/guests/windows.py) expects it: OpenSSH Server with
-# PowerShell as its shell and vmd's key, the desktop awake and unlocked, a task that starts
-# programs in the logged-on session, the project share mapped at logon; then it writes the
-# ready marker on COM1, which the image build waits for on the serial log.
+# Windows Setup runs it once, as the autologon user, from the answer file's one first logon
+# command, which copies it off the seed first (vmd/windows_image/answer_file.py passes every
+# argument, from guest_contract.py). It leaves the guest the way vmd's Windows backend
+# (vmd/guests/windows.py) expects it: OpenSSH Server with PowerShell as its shell and vmd's
+# key, the desktop awake and unlocked, a task that starts programs in the logged-on session,
+# the project share mapped at logon; then it writes the ready marker on COM1, which the image
+# build waits for on the serial log.
 param(
     [string]$User = 'agent',
     [int]$Width = 1280,
@@ -71,8 +72,10 @@ try {
     New-Item -ItemType Directory -Path $sshDir -Force | Out-Null
     $keys = Join-Path $sshDir 'administrators_authorized_keys'
     Copy-Item -Path (Join-Path $here 'vmd_key.pub') -Destination $keys -Force
-    # sshd ignores this file unless only Administrators and SYSTEM may write it.
-    & icacls.exe $keys /inheritance:r /grant 'Administrators:F' /grant 'SYSTEM:F' | Out-Null
+    # sshd ignores this file unless only Administrators and SYSTEM may write it. Granted by
+    # SID (BUILTIN\Administrators, LocalSystem): the names are translated on non-English
+    # media (German: Administratoren), where icacls fails on the English ones.
+    & icacls.exe $keys /inheritance:r /grant '*S-1-5-32-544:F' /grant '*S-1-5-18:F' | Out-Null
     if ($LASTEXITCODE -ne 0) { throw "icacls failed on $keys" }
     Set-Service -Name sshd -StartupType Automatic
     Start-Service sshd
