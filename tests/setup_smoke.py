@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     verification = job.get("verification") or {}
     print(f"setup smoke: state {job['state']}, verification {verification}, "
-          f"{job.get('steps')} steps, {len(server.chat_requests)} model turns")
+          f"{job.get('turns')} turns, {job.get('tool_calls')} tool calls "
+          f"({len(server.chat_requests)} requests to the model server)")
     if job["state"] != "done" or not verification.get("passed") or not verification.get("proven"):
         print(job.get("report") or job.get("status_line") or "(no report)")
         return 1

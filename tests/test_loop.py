@@ -185,7 +185,7 @@ def test_step_cap_closes_the_session_and_reports(tmp_path):
         outcome = run(tmp_path, vmd, server, config=agent_config(server, max_steps=5))
     assert outcome.state == "failed" and outcome.steps == 5
     assert_closed_with_report(vmd, outcome)
-    assert "step cap (5 model turns)" in outcome.report
+    assert "turn cap (5 model turns)" in outcome.report
     assert outcome.verification_passed is None and "not verified" in outcome.report
 
 
@@ -341,7 +341,7 @@ def test_a_task_list_that_does_not_move_gets_a_reminder(tmp_path):
     with running_vmd(tmp_path) as vmd, start_ollama([PLAN], default=idle) as server:
         run(tmp_path, vmd, server, config=agent_config(server, max_steps=16, stall_reminder_steps=12))
     reminders = [i for i, body in enumerate(server.chat_requests)
-                 if any("has not changed in 12 steps" in t for t in user_texts(body))]
+                 if any("has not changed in 12 turns" in t for t in user_texts(body))]
     assert reminders and reminders[0] == 13
     text = next(t for t in user_texts(server.chat_requests[13]) if "has not changed" in t)
     assert "1. write hello.py" in text

@@ -85,7 +85,7 @@ def test_session_to_gitea_record_and_report_hold_no_token_and_link_the_commit(tm
     assert "`A hello.py`" in md
     assert closed["web_url"] in md and closed["commit"][:12] in md
     assert "turn 2: starting with the file" in md
-    assert "steps (" in md and "command run" in md  # one run in this session
+    assert "calls (" in md and "command run" in md  # one run in this session
     assert md.index("## Verification") < md.index("## Tasks") < md.index("## Files changed") < md.index("## Commit")
 
 

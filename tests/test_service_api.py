@@ -415,8 +415,12 @@ def test_real_worker_runs_a_job_to_a_verified_report(tmp_path):
             assert done["verification"] == {"passed": True, "proven": True, "attempts": 1}
             assert done["session_id"] and done["preview_ready"] is True
             assert done["machine"]["came"] == "cold", done["machine"]  # the stand-in machines boot
+            # One count: the model's turns and its tool calls, as the report states them.
+            assert (done["turns"], done["steps"], done["tool_calls"]) == (6, 6, 8)
+            assert "6 model turns, 8 tool calls" in done["report"]
             events = alice.get(f"/jobs/{job['id']}/events", params={"follow": "false"}).text
             assert '"command": "python3 hello.py"' in events and '"line": "hello"' in events
+            assert '6 turns, 7 tool calls' in events and '"turns": 6, "tool_calls": 7' in events
         finally:
             svc.stop()
             stop_workers(svc)

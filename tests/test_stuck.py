@@ -126,7 +126,7 @@ def test_a_round_of_six_calls_repeated_ends_the_job_at_its_second_hit(tmp_path):
 def test_a_build_polled_with_changing_output_is_not_stuck(tmp_path):
     poll = call("run", {"command": "sleep 0.01; date +%N >> build.log; tail -n 1 build.log; wc -l < build.log"})
     outcome, _, server = stuck_run(tmp_path, [PLAN], default=poll, max_steps=14)
-    assert outcome.state == "failed" and "step cap (14 model turns)" in outcome.report
+    assert outcome.state == "failed" and "turn cap (14 model turns)" in outcome.report
     assert "stuck" not in outcome.report
     assert not any("[vmagent:" in r for r in tool_results(server.chat_requests[-1]))
 
@@ -136,7 +136,7 @@ def test_a_model_that_changes_approach_after_the_notice_goes_on(tmp_path):
     other = call("run", {"command": "ls"})
     script = [PLAN, same, same, same, other, same, same, other, same, same, other]
     outcome, _, _ = stuck_run(tmp_path, script, max_steps=len(script))
-    assert "step cap" in outcome.report and "stuck" not in outcome.report
+    assert "turn cap" in outcome.report and "stuck" not in outcome.report
 
 
 # --- a poll waits on purpose: stuck only after stuck_poll_s with nothing changing ----------

@@ -296,7 +296,22 @@ def test_the_report_counts_refusals_by_their_code(tmp_path):
     record.verb("finish", {}, result={"accepted": False, "text": "REFUSED: tasks still open"})
     record.verb("session_status", {}, result={"text": "ready"})
     md = build_report(record.path).markdown
-    assert "5 steps (0 commands run, 1 call failed with an error, 3 refusals)" in md, md
+    # No agent told its counts: the report counts the calls vmd served.
+    assert "5 calls (0 commands run, 1 call failed with an error, 3 refusals)" in md, md
+
+
+def test_the_report_states_the_agents_turns_and_tool_calls_as_it_last_told_them(tmp_path):
+    record = Record(tmp_path)
+    record.append("session", event="open", session_id="s-20260101-000000-abcdef", args={"task": "count"})
+    record.verb("session_status", {"turns": 1, "tool_calls": 0}, result={"text": "ready"})
+    record.verb("plan_tasks", {"tasks": ["one"]}, result={"text": "planned"})
+    record.verb("session_status", {"turns": 2, "tool_calls": 1}, result={"text": "ready"})
+    record.verb("run", {"command": "true"}, result={"exit_code": 0})
+    record.verb("session_status", {"turns": None, "tool_calls": 0}, result={"text": "ready"})  # a watcher
+    record.verb("session_status", {"turns": 2, "tool_calls": 2}, result={"text": "ready"})  # the job's end
+    md = build_report(record.path).markdown
+    assert "## Turns and time" in md and "step" not in md.lower(), md
+    assert "2 model turns, 2 tool calls (1 command run, 0 calls failed with an error, 0 refusals)" in md, md
 
 
 def test_session_json_keeps_the_state_as_the_contract_names_it(tmp_path):

@@ -131,8 +131,9 @@ class AgentConfig(BaseModel):
     image_tokens: int = Field(1300, ge=0)
 
     # --- guards --------------------------------------------------------------------
-    # Steps before the loop stops with a report: 110 covered every task of the bench that
-    # finished at all; sessions past it were going in circles.
+    # Model turns (calls of the model) before the loop stops with a report, the turn cap: 110
+    # covered every task of the bench that finished at all; sessions past it were going in
+    # circles. The name is older than the word.
     max_steps: int = Field(110, ge=1)
     # Wall-clock limit of a session in seconds (2 h): the promise made to the person.
     deadline_s: float = Field(7200, gt=0)
@@ -142,20 +143,20 @@ class AgentConfig(BaseModel):
     # The same command with the same result this many times gets a notice appended, so
     # the model stops polling something that will not change.
     repeat_notice_after: int = Field(3, ge=2)
-    # Steps without the task list moving before a reminder shows it again.
+    # Model turns without the task list moving before a reminder shows it again.
     stall_reminder_steps: int = Field(12, ge=1)
     # The stuck detector (vmagent/loop_guards.py), over the tool calls of the whole job.
     # The same call with the same answer this many times in a row: a poll of something
     # that does not change. Output that changes (a build log tailed every 30 s) is not one.
     stuck_same_answer: int = Field(3, ge=2)
     # The same call refused (REFUSED or ERROR) this many times in a row: a finish while a
-    # task is open was refused 100 times in a row until the step cap, before this guard.
+    # task is open was refused 100 times in a row until the turn cap, before this guard.
     stuck_refused: int = Field(3, ge=2)
     # Calls in an A-B-A-B run of two calls whose answers do not change (OpenHands: 6).
     stuck_alternation: int = Field(6, ge=4)
     # A run of up to this many calls repeated stuck_cycle_repeats times in a row, each call
     # answered the same each time: a model that lost its place (a screen job repeated six
-    # calls 17 times, to the step cap, before this; OpenHands catches repeating patterns too).
+    # calls 17 times, to the turn cap, before this; OpenHands catches repeating patterns too).
     stuck_cycle_len: int = Field(8, ge=3)
     stuck_cycle_repeats: int = Field(3, ge=2)
     # Hits of one pattern that end the job: the first is told to the model with what to do

@@ -65,11 +65,20 @@ def _seconds(values: Iterable[float]) -> str:
     return f"{sum(values):.0f} s in all, the longest {max(values):.0f} s"
 
 
-def loop_notes(job: Job) -> str:
+def loop_notes(job: Job, counts: bool = False) -> str:
+    """The loop's notes on the end; `counts`: with its turns and tool calls, which vmd's
+    report states itself (the loop tells them to vmd, vmd/session/report.py)."""
     lines = ["", "## How the session ended", ""]
     lines += [f"- {note}" for note in job.notes]
-    lines.append(f"- {job.steps} model turns.")
+    if counts:
+        lines.append(f"- {count_words(job.steps, job.tool_calls)}.")
     return "\n".join(lines) + "\n"
+
+
+def count_words(turns: int, tool_calls: int) -> str:
+    """"7 model turns, 14 tool calls": one turn is one call of the model."""
+    return (f"{turns} model turn{'' if turns == 1 else 's'}, "
+            f"{tool_calls} tool call{'' if tool_calls == 1 else 's'}")
 
 
 def local_report(job: Job, ending: Ending, vmd_error: str | None) -> str:
@@ -90,7 +99,7 @@ def local_report(job: Job, ending: Ending, vmd_error: str | None) -> str:
     commands = [c for c in _commands_run(job.messages)][-10:]
     if commands:
         md += ["", "## Last commands", "", fence("\n".join(f"$ {c}" for c in commands), info="sh")]
-    return "\n".join(md) + "\n" + loop_notes(job)
+    return "\n".join(md) + "\n" + loop_notes(job, counts=True)
 
 
 def _commands_run(messages: list[dict[str, Any]]):

@@ -50,7 +50,8 @@ class Outcome(BaseModel):
     question: str | None
     verification_passed: bool | None  # verification.passed, kept for older readers
     verification: Verification = Field(default_factory=Verification)
-    steps: int
+    steps: int  # the model's turns (the loop's count; the turn cap, max_steps, is of these)
+    tool_calls: int = 0  # the tool calls its model made in them
     # vmd's push at close ({state: pending|pushed|failed, attempts, sha, web_url, pushed_at,
     # next_try, retry_until, error}); None without a close or a remote. A pending push is
     # retried by vmd after the job ended, and the job service asks vmd how it went.
@@ -118,7 +119,8 @@ class Job:
     transcript_path: Path
     session_id: str | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
-    steps: int = 0
+    steps: int = 0  # model turns: one call of the model each
+    tool_calls: int = 0  # the tool calls in the model's replies that the loop ran
     phase: str = "planning"  # planning | working
     desktop: bool = False
     boot_seconds: float | None = None
@@ -164,6 +166,7 @@ class Job:
             "machine_came": self.machine_came,
             "machine_text": self.machine_text,
             "steps": self.steps,
+            "tool_calls": self.tool_calls,
             "started_at": self.started_at,
             "active_seconds": round(self.active_seconds(), 3),
             "saved_at": time.time(),
@@ -186,6 +189,7 @@ class Job:
         job.session_id = data.get("session_id")
         job.messages = list(data.get("messages") or [])
         job.steps = int(data.get("steps") or 0)
+        job.tool_calls = int(data.get("tool_calls") or 0)
         job.phase = data.get("phase") or "planning"
         job.desktop = bool(data.get("desktop"))
         job.boot_seconds = data.get("boot_seconds")

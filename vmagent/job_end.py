@@ -29,11 +29,14 @@ def end_job(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Mod
     question = None
     push = hidden = None
     reachable, vmd_error = bool(job.session_id), None if job.session_id else "no session was opened"
+    # The loop's final counts go to vmd's record, whose report states them (vmd/session/report.py).
+    counts = {"turns": job.steps, "tool_calls": job.tool_calls}
     try:
         if reachable and ending.state in WAITING_STATES:
-            status = vmd.call("session_status")
+            status = vmd.call("session_status", **counts)
             question = status.question if ending.state == "question" else status.unfreeze_request
         elif reachable:
+            _quietly(vmd, "session_status", **counts)
             if ending.state == "cancelled":
                 _quietly(vmd, "session_cancel")
             hidden = _hidden_check(job, vmd)
@@ -60,7 +63,7 @@ def end_job(job: Job, vmd: SessionLink, ending: Ending, events: Events, llm: Mod
     save_quietly(job)
     outcome = Outcome(state=ending.state, report=report, session_id=job.session_id, question=question,
                       verification_passed=verification.passed, verification=verification, steps=job.steps,
-                      push=push, reason=ending.reason, usage=asdict(job.usage), hidden_check=hidden)
+                      tool_calls=job.tool_calls, push=push, reason=ending.reason, usage=asdict(job.usage), hidden_check=hidden)
     state_event: Event = {"type": "state", "state": ending.state}
     if question:
         state_event["question"] = question
@@ -77,7 +80,7 @@ def end_without_session(job: Job, events: Events, reason: str) -> Outcome:
     save_quietly(job)
     outcome = Outcome(state="failed", report=report, session_id=job.session_id, question=None,
                       verification_passed=None, verification=Verification(), steps=job.steps, reason=reason,
-                      usage=asdict(job.usage))
+                      tool_calls=job.tool_calls, usage=asdict(job.usage))
     events.emit({"type": "state", "state": "failed"})
     events.emit({"type": "done", "outcome": outcome.model_dump()})
     return outcome
@@ -95,10 +98,10 @@ def _hidden_check(job: Job, vmd: SessionLink) -> dict | None:
         return {"error": str(exc)}
 
 
-def _quietly(vmd: SessionLink, verb: str) -> Result | None:
+def _quietly(vmd: SessionLink, verb: str, **params) -> Result | None:
     """One of `end_job`'s calls; vmd's refusal is logged, vmd gone (VmdUnavailable) is raised."""
     try:
-        return vmd.call(verb)
+        return vmd.call(verb, **params)
     except VmdError as exc:
         log.warning("%s failed: %s", verb, exc)
         return None

@@ -219,7 +219,7 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
     if ending:
         return ending
 
-    status = vmd.call("session_status")
+    status = vmd.call("session_status", turns=job.steps + 1, tool_calls=job.tool_calls)  # this turn counted
     _show_status(job, status, events)
     ending = machine_gone(status)
     if ending:
@@ -268,6 +268,7 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
 
     sees_images = llm.sees_images()
     for call in reply.tool_calls:
+        job.tool_calls += 1
         outcome = _call_tool(job, vmd, call.name, call.arguments, offered, config, events, notice, sees_images, web)
         notice = ""
         if outcome.state in WAITING_STATES:
@@ -358,7 +359,7 @@ def _show_status(job: Job, status: SessionStatusResult, events: Events) -> None:
     line = status.status_line
     if line and line != job.status_line:
         job.status_line = line
-        events.emit({"type": "status", "text": line})
+        events.emit({"type": "status", "text": line, "turns": status.turns, "tool_calls": status.tool_calls})
 
 
 def _deadline_at(job: Job, config: AgentConfig) -> float:

@@ -37,7 +37,7 @@ def past_deadline(job: Job, config: AgentConfig) -> Ending | None:
 def at_step_cap(job: Job, config: AgentConfig) -> Ending | None:
     # Past the cap the bench's sessions were going in circles; a report helps more.
     if job.steps >= config.max_steps:
-        return Ending("failed", f"Stopped at the step cap ({config.max_steps} model turns) without a finish.")
+        return Ending("failed", f"Stopped at the turn cap ({config.max_steps} model turns) without a finish.")
     return None
 
 
@@ -115,20 +115,20 @@ def repeat_notice(job: Job, params: dict, result: dict, config: AgentConfig) -> 
 
 
 def stall_reminder(job: Job, config: AgentConfig) -> None:
-    # A task list that has not moved for many steps usually means the agent forgot it,
+    # A task list that has not moved for many turns usually means the agent forgot it,
     # or is stuck on one task; showing it again is cheap.
     if job.guards.steps_since_tasks_moved < config.stall_reminder_steps:
         return
     job.guards.steps_since_tasks_moved = 0
     job.messages.append({"role": "user", "content": (
-        f"[vmagent: the task list has not changed in {config.stall_reminder_steps} steps.] Check it "
+        f"[vmagent: the task list has not changed in {config.stall_reminder_steps} turns.] Check it "
         "against what you have done: mark finished tasks done (with how you verified them), mark "
         "a task blocked if it cannot be done, or change approach.\n\n" + (job.tasks_text or "(no tasks)"))})
 
 
 # --- the stuck detector -------------------------------------------------------------------
 # A model in a loop does not get out by itself: one that repeated a refused finish got the
-# same refusal 100 times, to the step cap. Every tool call of the job leaves a step (its
+# same refusal 100 times, to the turn cap. Every tool call of the job leaves a step (its
 # call and its answer, as digests); each pattern below is one way of going in circles,
 # read over the newest steps. Answers are compared, not only calls: a build polled with
 # `sleep 30; tail log` whose output changes is work, not a loop. The first hit of a

@@ -107,8 +107,8 @@ def rerun_job(
 
 def _start_over(job: Job) -> None:
     """The job's state as a new machine finds it: no plan, no machine yet. What the loop
-    counts across runs stays: the steps, the time worked (the deadline is the job's), the
-    tokens, the notes and the conversation itself."""
+    counts across runs stays: the turns and tool calls, the time worked (the deadline is the
+    job's), the tokens, the notes and the conversation itself."""
     job.state, job.question = "running", None
     job.phase = "planning"
     job.desktop = False

@@ -122,7 +122,11 @@ class SessionStatusResult(TextResult):
     question: str  # the open question while the state is "question", else ""
     unfreeze_request: str  # the open request while the state is "unfreeze", else ""
     cancelled: bool
-    steps: int
+    steps: int  # the verbs vmd served that count as steps (vmd/verbs.py POLICY)
+    # The agent's model turns (the one under way included) and its model's tool calls, as it
+    # last told them (session_status's params); None while none told.
+    turns: int | None = None
+    tool_calls: int = 0
     machine: str  # booting | ready | suspended | destroyed | "failed: <why>"
     machine_came: Literal["warm", "cold"] | None = None  # how the machine came, once it did
     machine_seconds: float | None = None  # its boot or warm hand-out, in seconds

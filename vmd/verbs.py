@@ -94,8 +94,16 @@ class SessionReady(Params):
 
 
 class Empty(Params):
-    """No params: session_status, session_cancel, session_close, peek, report,
+    """No params: session_cancel, session_close, peek, report,
     check_internet, reboot_vm, host_info (their results: RESULTS)."""
+
+
+class SessionStatus(Params):
+    """-> SessionStatusResult. The agent's own counts, told so that the status line and the
+    report count as it does: its model turns (the one under way included) and the tool calls
+    its model made. Left out (any other client, a watcher), the counts told last stand."""
+    turns: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    tool_calls: int = Field(default=0, ge=0, le=MAX_COUNT)
 
 
 class Note(Params):
@@ -311,7 +319,7 @@ VERBS: dict[str, type[Params]] = {
     "session_open": SessionOpen,
     "session_attach": SessionAttach,
     "session_ready": SessionReady,
-    "session_status": Empty,
+    "session_status": SessionStatus,
     "session_cancel": Empty,
     "session_close": Empty,
     "session_resume": Answer,

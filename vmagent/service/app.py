@@ -186,7 +186,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             **{k: job[k] for k in ("id", "owner", "chat_id", "message_id", "task", "os", "project",
                                    "model", "state", "question", "report", "session_id", "steps",
                                    "status_line", "created", "updated")},
-            web=bool(job.get("web", 1)),
+            web=bool(job.get("web", 1)), turns=job["steps"], tool_calls=job.get("tool_calls") or 0,
             verification_passed=_flag(job["verification_passed"]),
             verification=VerificationView(passed=_flag(job["verification_passed"]),
                                           proven=_flag(job["verification_proven"]),

@@ -37,7 +37,7 @@ MAX_GIT_OUTPUT = 64 * 1024
 def gather_sources(store: Store, job: dict, question: str, config: ServiceConfig) -> list[tuple[str, str]]:
     sources: list[tuple[str, str]] = [
         ("job", f"Task: {job['task']}\nOS: {job['os']}\nProject: {job['project'] or '(none)'}\n"
-                f"State: {job['state']}\nSteps: {job['steps']}\n"
+                f"State: {job['state']}\nModel turns: {job['steps']}; tool calls: {job.get('tool_calls') or 0}\n"
                 f"Verification passed: {job['verification_passed']}; proven (it failed on the "
                 f"project before the job): {job['verification_proven']}; check runs: "
                 f"{job['verification_attempts']}"),

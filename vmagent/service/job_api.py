@@ -122,7 +122,9 @@ class JobView(BaseModel):
     verification: VerificationView
     push: PushView | None  # None: nothing to push (no project, no Gitea) or not closed yet
     machine: MachineView | None  # None: no machine is up yet (or the job never got one)
-    steps: int
+    turns: int  # the model's turns (one call of the model each); the turn cap counts these
+    tool_calls: int  # the tool calls the model made in them
+    steps: int  # the same as turns, kept for older clients
     status_line: str
     tasks: str
     preview_ready: bool

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     verification_proven INTEGER,
     verification_attempts INTEGER NOT NULL DEFAULT 0,
     steps INTEGER NOT NULL DEFAULT 0,
+    tool_calls INTEGER NOT NULL DEFAULT 0,
     status_line TEXT NOT NULL DEFAULT '',
     tasks_text TEXT NOT NULL DEFAULT '',
     preview_ready INTEGER NOT NULL DEFAULT 0,
@@ -72,7 +73,7 @@ _COLUMNS = (
     "question", "report", "session_id", "verification_passed", "verification_proven",
     "verification_attempts", "steps", "status_line", "tasks_text", "preview_ready",
     "screenshot_seq", "preview_secret", "worker_pid", "frames_offset", "created", "updated",
-    "ended", "push_json", "machine_came", "machine_seconds", "web",
+    "ended", "push_json", "machine_came", "machine_seconds", "web", "tool_calls",
 )
 # Columns added after the first release, added to an older database: (name, SQL type,
 # the value its rows get, as SQL over their other columns; None leaves the default).
@@ -90,6 +91,8 @@ _ADDED_COLUMNS = (
     ("machine_seconds", "REAL", None),
     # Whether the person let the job use the web tools (the Open WebUI user valve): older jobs did.
     ("web", "INTEGER NOT NULL DEFAULT 1", None),
+    # The tool calls of the model's turns (`steps` counts the turns); older jobs kept none.
+    ("tool_calls", "INTEGER NOT NULL DEFAULT 0", None),
 )
 
 
@@ -142,7 +145,7 @@ class Store:
             "tasks_text": "", "preview_ready": 0, "screenshot_seq": 0,
             "preview_secret": secrets.token_hex(32), "worker_pid": None, "frames_offset": 0,
             "created": now, "updated": now, "ended": None, "push_json": None,
-            "machine_came": None, "machine_seconds": None, "web": 1 if web else 0,
+            "machine_came": None, "machine_seconds": None, "web": 1 if web else 0, "tool_calls": 0,
         }
         # Other threads start any queued job they see (WorkerPool.pump: another request's, a
         # finishing job's follower). So the folder comes first, and the row, its first event

@@ -297,7 +297,10 @@ class WorkerPool:
                 frame[key] = value[:MAX_LINE_CHARS] + " …"
         self.store.add_event(job_id, frame)
         if kind == "status" and isinstance(frame.get("text"), str):
-            self.store.update_job(job_id, status_line=frame["text"])
+            counts = {}  # the loop's status lines carry its counts (the turn under way included)
+            if isinstance(frame.get("turns"), int) and isinstance(frame.get("tool_calls"), int):
+                counts = {"steps": frame["turns"], "tool_calls": frame["tool_calls"]}
+            self.store.update_job(job_id, status_line=frame["text"], **counts)
         elif kind == "tasks" and isinstance(frame.get("text"), str):
             self.store.update_job(job_id, tasks_text=frame["text"])
         elif kind == "command":
@@ -340,6 +343,7 @@ class WorkerPool:
             "question": outcome.get("question") if state in ("needs_input", "needs_approval") else None,
             **verification_fields(outcome),
             "steps": int(outcome.get("steps") or 0),
+            "tool_calls": int(outcome.get("tool_calls") or 0),
             "status_line": {"needs_input": "waiting for an answer",
                             "needs_approval": "waiting for approval"}.get(state, state),
         }

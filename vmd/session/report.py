@@ -192,12 +192,12 @@ def build_report(record_path: str | Path, events: list[dict] | None = None) -> R
         if len(close["left_out"]) > 50:
             md.append(f"- … and {len(close['left_out']) - 50} more")
 
-    md += ["", "## Steps and time", ""]
+    md += ["", "## Turns and time", ""]
     first, last = (_time(events[0]), _time(events[-1])) if events else (None, None)
     runs = sum(1 for e in verbs if e.get("verb") == "run" and "error" not in e)
     refused = sum(1 for e in verbs if _refused(e))
     failed = sum(1 for e in verbs if "error" in e and not _refused(e))
-    line = (f"{_count(len(verbs), 'step')} ({_count(runs, 'command')} run, "
+    line = (f"{_counts(events, len(verbs))} ({_count(runs, 'command')} run, "
             f"{_count(failed, 'call')} failed with an error, {_count(refused, 'refusal')})")
     if first and last:
         line += f" over {_duration((last - first).total_seconds())}"
@@ -279,6 +279,16 @@ def _refused(event: dict) -> bool:
     if "error" in event:
         return event.get("code") == REFUSED
     return event.get("verb") == "finish" and (event.get("result") or {}).get("accepted") is False
+
+
+def _counts(events: list[dict], served: int) -> str:
+    """The agent's model turns and tool calls as it last told them (session_status's params,
+    vmd/verbs.py SessionStatus), else the calls vmd served."""
+    told = next((e["args"] for e in reversed(events) if e["kind"] == "verb" and e.get("verb") == "session_status"
+                 and (e.get("args") or {}).get("turns") is not None), None)
+    if told:
+        return f"{_count(told['turns'], 'model turn')}, {_count(told.get('tool_calls') or 0, 'tool call')}"
+    return _count(served, "call")
 
 
 def _count(n: int, noun: str) -> str:

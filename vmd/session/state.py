@@ -42,7 +42,11 @@ class SessionState(BaseModel):
     branch: str = "main"  # the Gitea branch the history came from and goes back to
     tasks: list[dict] = []
     runs: int = 0
-    steps: int = 0
+    steps: int = 0  # the verbs served that count as steps (POLICY counts_as_step)
+    # The agent's model turns and its model's tool calls, as it last told them
+    # (session_status); None while no agent told any.
+    turns: int | None = None
+    tool_calls: int = 0
     question: str = ""
     unfreeze_request: str = ""
     answer: str = ""

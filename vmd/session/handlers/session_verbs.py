@@ -55,8 +55,23 @@ def _minutes(seconds: float) -> str:
     return f"{seconds // 60} m {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
-def session_status(session: Session, p, notify) -> dict:
+def session_status(session: Session, p: V.SessionStatus, notify) -> dict:
+    if p.turns is not None:  # the agent's counts (vmd/verbs.py SessionStatus); kept with the next save
+        with session.lock:
+            session.s.turns, session.s.tool_calls = p.turns, p.tool_calls
     return status(session)
+
+
+def counts_text(turns: int | None, tool_calls: int, steps: int) -> str:
+    """The counts as people read them: the agent's turns and tool calls when it told them,
+    else the calls vmd served."""
+    if turns is not None:
+        return f"{_count(turns, 'turn')}, {_count(tool_calls, 'tool call')}"
+    return _count(steps, "call")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def status(session: Session) -> dict:
@@ -75,7 +90,7 @@ def status(session: Session) -> dict:
     if s.machine_came and s.boot_seconds is not None:
         parts[-1] += f" ({s.machine_came}, {s.boot_seconds:.1f} s)"
     parts.append(session.tasks.summary_line() if session.tasks.planned else "no plan yet")
-    parts += [f"{s.steps} steps", f"{s.runs} runs", _minutes(time.time() - s.created)]
+    parts += [counts_text(s.turns, s.tool_calls, s.steps), _count(s.runs, "run"), _minutes(time.time() - s.created)]
     if s.outcome:
         parts.append(f"verification exit {s.outcome['exit_code']}"
                      f" ({'passed' if s.outcome['passed'] else 'failed'})")
@@ -91,7 +106,8 @@ def status(session: Session) -> dict:
             "tasks": session.tasks.render(), "status_line": " · ".join(parts),
             "question": s.question if s.state == "question" else "",
             "unfreeze_request": s.unfreeze_request if s.state == "unfreeze" else "",
-            "cancelled": s.cancelled, "steps": s.steps, "machine": machine,
+            "cancelled": s.cancelled, "steps": s.steps, "turns": s.turns, "tool_calls": s.tool_calls,
+            "machine": machine,
             "machine_came": s.machine_came, "machine_seconds": s.boot_seconds, "came_note": s.came_note,
             "outcome": s.outcome, "text": " · ".join(parts)}
 
