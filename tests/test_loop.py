@@ -148,7 +148,7 @@ def test_vmds_report_status_becomes_the_jobs_verification(outcome, verification)
 def test_the_planning_turn_offers_every_tool_says_which_wait_then_the_machine_is_handed_over(tmp_path):
     # Mask, don't remove: the tool list is the same in both phases (a changed list would
     # make the model server evaluate the whole prompt again); the opening message says
-    # which tools wait for the machine, and vmd refuses them until the plan exists.
+    # which tools work before the machine is up, and vmd refuses the others until the plan exists.
     with running_vmd(tmp_path) as vmd, start_ollama(finish_script()) as server:
         run(tmp_path, vmd, server)
     first, second = server.chat_requests[0], server.chat_requests[1]
@@ -156,8 +156,8 @@ def test_the_planning_turn_offers_every_tool_says_which_wait_then_the_machine_is
     assert set(PLANNING_TOOLS) < set(OFFERED_TOOLS) and "run" in OFFERED_TOOLS and "finish" in OFFERED_TOOLS
     opening = user_texts(first)[0]
     assert "write hello.py" in opening and "plan_tasks" in opening
-    waiting = opening.split("these wait for the machine:", 1)[1].split(".", 1)[0]
-    assert "run" in waiting and "finish" in waiting and "plan_tasks" not in waiting
+    working = opening.split("Until the machine is up only", 1)[1].split(" work;", 1)[0]
+    assert "plan_tasks" in working and "update_task" in working and "run" not in working
     handover = user_texts(second)[-1]
     assert handover.startswith("The machine is up: it took") and "project_path" in handover
     assert "1. write hello.py" in handover

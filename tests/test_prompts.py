@@ -103,11 +103,12 @@ def test_the_repositorys_prompts_name_only_tools_that_exist():
 
 
 def test_the_repositorys_prompt_says_what_a_good_check_is():
-    text = (prompts.REPO_PROMPTS_DIR / "prompt.md").read_text()
+    text = " ".join((prompts.REPO_PROMPTS_DIR / "prompt.md").read_text().split())  # as read, unwrapped
     assert "fails before your work and passes after it" in text
-    assert "`true`, `test -d`, or a test that asserts nothing" in text
-    assert "project as it was before the session" in text and "passed, not proven" in text
-    assert "A check that fails means the work is not done: `finish` is refused" in text
+    assert "never `true` or a test that asserts nothing" in text
+    assert "project as it was before: passing there too proves nothing" in text
+    assert "fresh machine holding that" in text and "give install steps as `setup`" in text
+    assert "A failing check is refused: fix the cause and finish again" in text
 
 
 def test_the_prompts_state_runs_default_timeout_as_the_contract_has_it():

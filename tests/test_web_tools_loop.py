@@ -129,5 +129,7 @@ def test_the_opening_message_says_the_web_tools_work_while_the_machine_boots(tmp
         run_job(JobSpec(task="t", project="p"), on_event=lambda e: None, transcript_path=tmp_path / "job" / "t.json",
                 config=agent_config(model, searxng_url=searx.url), vmd_socket=vmd.socket)
     opening = user_texts(model.chat_requests[0])[0]
-    assert opening.endswith(" web_search and read_page run outside the machine and work now: look up what you "
-                            "are not sure of (an API, an error message) instead of guessing.")
+    now = opening.split("Until the machine is up only ", 1)[1].split(" work;", 1)[0]
+    assert "web_search" in now and "read_page" in now and "run" not in now.split(", ")
+    assert opening.endswith(" Use web_search and read_page (outside the machine) to look up what you are not sure "
+                            "of instead of guessing.")

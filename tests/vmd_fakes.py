@@ -222,11 +222,14 @@ class LocalMachine:
 
 class LocalMachines:
     def __init__(self, boot_seconds: float = 0.0, fail: str | None = None, attach_seconds: float = 0.0,
-                 came: str | None = None, os_family: str | None = "linux"):
+                 came: str | None = None, os_family: str | None = "linux", desktop: bool | None = None):
         self.boot_seconds = boot_seconds
         # The family every image is said to be of, as an image manifest says it (None: as vmd
         # answers for an image it does not have). The guest still runs bash on this host.
         self.family = os_family
+        # Whether the images are said to have a desktop (a manifest's `desktop`); the guest
+        # has none whatever this says, as a real one whose desktop did not come up.
+        self.desktop = desktop
         self.came = came  # "warm": the machines say they came from vmd's pool (cold by default)
         # How long re-binding a machine takes (libvirt lookups after a vmd restart).
         self.attach_seconds = attach_seconds
@@ -263,6 +266,9 @@ class LocalMachines:
 
     def os_family(self, os):
         return self.family  # LocalGuest's unless a test says otherwise
+
+    def image_desktop(self, os):
+        return self.desktop  # None (as a vmd that does not say) unless a test says
 
     # What vmd asks of its factory besides machines: these machines run at KVM's pace, leave
     # nothing behind a cut-short create, keep no warm pool and no guest no session owns.

@@ -42,11 +42,13 @@ def hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: E
     facts = ready.facts.model_dump()  # shown to the model as they are (vmagent/loop_words.py)
     job.boot_seconds = ready.seconds
     job.machine_came = ready.came
-    job.desktop = ready.facts.desktop or job.os_family == "windows"
+    # A guest whose image said it has no desktop is offered no screen tools all job long
+    # (the fixed prompt is decided at the start), whatever its facts say now.
+    job.desktop = (ready.facts.desktop or job.os_family == "windows") and job.screen is not False
     # The screen's rules come with the hand-over when the desktop was not known at the
     # start; the system prompt is never written again (the head of every request).
     screen_rules = None
-    if job.desktop and job.os_family != "windows":
+    if job.desktop and job.screen is None:
         screen_rules = load_prompts(job.os_family, desktop=False, config=config).screen
     job.phase = "working"
     came = f" ({job.machine_came})" if job.machine_came else ""

@@ -123,6 +123,11 @@ class Job:
     tool_calls: int = 0  # the tool calls in the model's replies that the loop ran
     phase: str = "planning"  # planning | working
     desktop: bool = False
+    # Whether the fixed prompt holds the screen tools and rules, decided when the job starts
+    # from the image (session_open's `desktop`; a Windows guest always): False, a guest with no
+    # desktop is offered none all job long; None, a vmd that did not say: every tool is offered
+    # and the rules come with the hand-over if a desktop is found.
+    screen: bool | None = None
     boot_seconds: float | None = None
     machine_came: str | None = None  # "warm" (vmd's pool) or "cold" (booted), as vmd said
     machine_text: str = ""  # the machine's facts told at the hand-over, restated by a compaction
@@ -162,6 +167,7 @@ class Job:
             "question": self.question,
             "phase": self.phase,
             "desktop": self.desktop,
+            "screen": self.screen,
             "boot_seconds": self.boot_seconds,
             "machine_came": self.machine_came,
             "machine_text": self.machine_text,
@@ -192,6 +198,8 @@ class Job:
         job.tool_calls = int(data.get("tool_calls") or 0)
         job.phase = data.get("phase") or "planning"
         job.desktop = bool(data.get("desktop"))
+        screen = data.get("screen")
+        job.screen = screen if isinstance(screen, bool) else None  # an older transcript: as before
         job.boot_seconds = data.get("boot_seconds")
         job.machine_came = data.get("machine_came")
         job.machine_text = str(data.get("machine_text") or "")

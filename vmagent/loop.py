@@ -97,13 +97,16 @@ def run_job(
         return end_without_session(job, events, f"vmd could not open a session: {exc}")
     job.session_id = opened.session_id
     job.answered_os_family = opened.os_family  # None from an older vmd: the name is read
+    # A Windows guest always has a desktop; else the image says (None from an older vmd).
+    job.screen = True if job.os_family == "windows" else opened.desktop
     web = WebTools.from_config(config) if spec.web else WebTools(None, None, 0)
     job.web_tools = list(web.names)  # decided once: the tool list stays the same all job long
     link = _link(vmd, config, events, cancel)
     events.emit({"type": "session", "session_id": job.session_id})
     try:
-        # A Windows guest always has a desktop: its screen rules join the prompt at once.
-        system = _prompts(job, config, desktop=job.os_family == "windows").system
+        # The screen's rules join the prompt at once where the screen tools are offered from
+        # the start; never where there is no desktop, and with the hand-over where vmd did not say.
+        system = _prompts(job, config, desktop=bool(job.screen)).system
     except PromptMissing as exc:  # gone since the check above: the session is closed again
         return end_job(job, link, Ending("failed", f"The job could not start: {exc}"), events)
     events.emit({"type": "status", "text": f"session {job.session_id} open; the machine boots while the agent plans"})
@@ -233,9 +236,11 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
     # The same tool list in every phase; while planning every call goes to vmd, whose gate
     # refuses what needs a plan. Once working, a screen tool on a guest without a desktop is
     # answered here (tool_results.py): vmd has no screen to refuse it with.
-    offered = list(tools.OFFERED_TOOLS) if job.phase == "planning" else tools.tool_names(job.phase, job.desktop)
+    # A guest with no desktop at the start is offered no screen tool (job.desktop stays False).
+    screen = job.screen is not False
+    offered = tools.offered_names((), screen) if job.phase == "planning" else tools.tool_names(job.phase, job.desktop)
     offered += job.web_tools  # run on the host: no plan or machine needed
-    schemas = tools.offered_schemas(job.os_family, job.web_tools)
+    schemas = tools.offered_schemas(job.os_family, job.web_tools, screen)
     pinned = PinnedContext(task_list=job.tasks_text or "(no tasks planned yet)", verification=job.verification,
                            machine=job.machine_text or None)
     job.messages, compacted = compactor.maybe_compact(job.messages, schemas, pinned)

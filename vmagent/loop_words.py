@@ -22,26 +22,21 @@ def result_lost(verb: str, seconds: float) -> str:
     return (RESULT_LOST_RUN if verb == "run" else RESULT_LOST).format(verb=verb, seconds=seconds)
 
 
-def waiting_tools() -> list[str]:
-    """The tools listed from the start that wait for the machine (all but the planning ones)."""
-    return [name for name in tools.OFFERED_TOOLS if name not in tools.PLANNING_TOOLS]
-
-
 def opening_message(spec: JobSpec, opened: SessionOpenResult,
                     web_tools: "list[str] | tuple[str, ...]" = ()) -> str:
     where = tools.OS_WORDS[tools.os_family_of(spec.os, opened.os_family)]
     storage = opened.storage
-    web = (f" {' and '.join(web_tools)} run outside the machine and work now: look up what you are "
-           "not sure of (an API, an error message) instead of guessing." if web_tools else "")
+    # The tools that work now are named, not the many that wait: this message is in every
+    # request of the job, so each word of it costs every turn.
+    now = list(tools.PLANNING_TOOLS) + list(web_tools)
+    web = (f" Use {' and '.join(web_tools)} (outside the machine) to look up what you are not sure of "
+           "instead of guessing." if web_tools else "")
     return (
         f"The task:\n\n{spec.task.strip()}\n\n"
         f"A {spec.os} machine is booting for you now ({where['shell']}; the project folder "
         f"will be {where['project']}). {('Storage: ' + storage + '.') if storage else ''}\n"
-        "First write the task list with plan_tasks: short, checkable steps in the order you "
-        "will do them, the last one the check that proves the result. Every tool is listed "
-        f"from the start, but these wait for the machine: {', '.join(waiting_tools())}. vmd "
-        "refuses the machine's tools until the plan exists; a message says when the machine is up."
-        + web
+        f"Plan first with plan_tasks. Until the machine is up only {', '.join(now)} work; a message "
+        "says when it is up." + web
     )
 
 
@@ -62,7 +57,9 @@ def machine_facts(job: Job, facts: dict, screen_rules: str | None = None) -> str
     else:
         lines = [f"The machine is up: it took {job.boot_seconds or 0:.0f} s to boot."]
     lines += [f"- {k}: {v}" for k, v in shown.items()]
-    if job.desktop:
+    if job.screen is False:
+        lines.append("It has no desktop.")  # its image said so: no screen tool was ever offered
+    elif job.desktop:
         lines.append(f"It has a desktop: the screen tools work ({', '.join(tools.SCREEN_TOOLS)}).")
         if screen_rules:
             lines.append(screen_rules.strip())

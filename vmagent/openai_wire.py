@@ -84,7 +84,7 @@ def request_body(model: str, messages: list[dict[str, Any]], tools: list[dict[st
         "stream_options": {"include_usage": True},
     }
     if tools:
-        body["tools"] = list(tools)
+        body["tools"] = [_spelt_out_once(tool) for tool in tools]
     if max_tokens is not None:
         # A max_tokens of the settings is a ceiling for every reply, a summary's too.
         ceiling = body.get("max_tokens")
@@ -93,6 +93,20 @@ def request_body(model: str, messages: list[dict[str, Any]], tools: list[dict[st
         # How vLLM, SGLang and llama.cpp switch a template's thinking (Qwen3, DeepSeek).
         body["chat_template_kwargs"] = {"enable_thinking": think}
     return body
+
+
+def _spelt_out_once(tool: dict[str, Any]) -> dict[str, Any]:
+    """The tool as an OpenAI-compatible server gets it: a nested object parameter keeps its
+    own fields' schemas here, so the description that spells those fields out in one line
+    (for Ollama's client, which drops them: vmagent/tool_table.py `finish`) is left out."""
+    function = tool.get("function")
+    params = function.get("parameters") if isinstance(function, Mapping) else None
+    if not isinstance(params, Mapping) or not isinstance(params.get("properties"), Mapping):
+        return tool
+    properties = {name: ({k: v for k, v in node.items() if k != "description"}
+                         if isinstance(node, Mapping) and node.get("properties") else node)
+                  for name, node in params["properties"].items()}
+    return {**tool, "function": {**function, "parameters": {**params, "properties": properties}}}
 
 
 def _call(call: Any, position: int, n: int) -> dict[str, Any]:

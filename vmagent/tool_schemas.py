@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vmagent.tool_table import OFFERED_TOOLS, TOOLS, Phase, Tool, _words, os_family_of, tool_names
+from vmagent.tool_table import OFFERED_TOOLS, SCREEN_TOOLS, TOOLS, Phase, Tool, _words, os_family_of, tool_names
 
 
 def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
@@ -57,9 +57,38 @@ def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
     return schema
 
 
+# Bounds that guard vmd from a runaway value, not words a model needs: each costs prompt
+# tokens in every request, and llama.cpp turns a maxLength into a grammar rule it walks at
+# every token (tests/test_llamacpp_real.py). vmd validates them all the same (vmd/verbs.py).
+_GUARD_KEYS = ("maxLength", "minLength", "maxItems")
+_GUARD_LIMIT = 1_000  # a maximum or minimum this far out is a guard, not a range to use
+
+
+def _lean(node: Any) -> Any:
+    """The schema as offered: without vmd's guard bounds, a floor of 0 (no count, offset or
+    time is negative) and empty defaults ("", [], false): none says what a model does not
+    assume, and each costs tokens in every request."""
+    if isinstance(node, list):
+        return [_lean(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in _GUARD_KEYS or (key in ("maximum", "minimum") and type(value) in (int, float)
+                                  and abs(value) >= _GUARD_LIMIT):
+            continue
+        if key in ("minimum", "exclusiveMinimum") and value == 0 and type(value) in (int, float):
+            continue
+        if key == "default" and value in ("", [], False, None) and type(value) is not int:
+            continue
+        out[key] = {name: _lean(v) for name, v in value.items()} if key == "properties" else _lean(value)
+    return out
+
+
 def parameters(tool: Tool, os_family: str) -> dict:
     """The tool's params schema with the table's description of each field (worded for the
-    guest, with the field's default and maximum as the model states them)."""
+    guest, with the field's default and maximum as the model states them), less the guard
+    bounds (`_lean`)."""
     schema = json_schema(tool.args, os_family)
     for path, text in tool.fields.items():
         node = schema
@@ -67,14 +96,24 @@ def parameters(tool: Tool, os_family: str) -> dict:
             node = node["properties"][name]
         limits = {key: f"{node[key]:g}" for key in ("default", "maximum") if type(node.get(key)) in (int, float)}
         node["description"] = _words(text, os_family, limits)
-    return schema
+        for key in limits:  # said in the words once: not again as a key of the schema
+            if "{" + key + "}" in text:
+                node.pop(key)
+    return _lean(schema)
 
 
-def offered_schemas(os_family: str, web_tools: "tuple[str, ...] | list[str]" = ()) -> list[dict]:
+def offered_names(web_tools: "tuple[str, ...] | list[str]" = (), screen: bool = True) -> list[str]:
+    """The names of the tools every request of a job offers: OFFERED_TOOLS, less the screen
+    tools for a guest known to have no desktop (`screen` False), then the web tools."""
+    return [n for n in OFFERED_TOOLS if screen or n not in SCREEN_TOOLS] + list(web_tools)
+
+
+def offered_schemas(os_family: str, web_tools: "tuple[str, ...] | list[str]" = (), screen: bool = True) -> list[dict]:
     """The tool list of every request of a job, whatever its phase: the same bytes from
     the planning turn to the last, so the model server's cache of the prompt's head holds.
-    `web_tools`: the host's web tools this job offers, decided once when it starts."""
-    return _schemas_of(os_family, OFFERED_TOOLS + tuple(web_tools))
+    `web_tools`: the host's web tools this job offers; `screen`: whether it offers the screen
+    tools (False for a guest whose image has no desktop); both decided once when it starts."""
+    return _schemas_of(os_family, offered_names(web_tools, screen))
 
 
 def schemas(os_family: str, phase: Phase, desktop: bool) -> list[dict]:

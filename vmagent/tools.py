@@ -2,8 +2,8 @@
 
 Three jobs, in the order a turn meets them, each in a module of its own:
 
-- `offered_schemas(os_family)` (vmagent/tool_schemas.py) — the function schemas offered
-  to the model, the same in every phase (`schemas(os_family, phase, desktop)`: those a
+- `offered_schemas(os_family, web_tools, screen)` (vmagent/tool_schemas.py) — the function
+  schemas offered to the model, decided when the job starts and the same in every phase (`schemas(os_family, phase, desktop)`: those a
   phase allows): each verb's params model from vmd/verbs.py (the one contract)
   with the tool table's descriptions (vmagent/tool_table.py), worded for the guest's
   shell (bash and /mnt/project, or PowerShell 5.1 and Z:\\).
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from vmagent.tool_parsing import ParsedArguments, _tool_name, parse_arguments
 from vmagent.tool_results import ToolOutcome, call
-from vmagent.tool_schemas import json_schema, offered_schemas, schemas, shape
+from vmagent.tool_schemas import json_schema, offered_names, offered_schemas, schemas, shape
 from vmagent.tool_table import (OFFERED_TOOLS, OS_WORDS, PLANNING_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS, OsFamily,
                                 Phase, Tool, os_family_of, tool_names)
 
 __all__ = [
     "OsFamily", "Phase", "ParsedArguments", "_tool_name", "parse_arguments", "ToolOutcome", "call",
-    "json_schema", "offered_schemas", "schemas", "shape", "OFFERED_TOOLS", "OS_WORDS", "PLANNING_TOOLS",
+    "json_schema", "offered_names", "offered_schemas", "schemas", "shape", "OFFERED_TOOLS", "OS_WORDS", "PLANNING_TOOLS",
     "SCREEN_TOOLS", "TOOLS", "WEB_TOOLS", "Tool", "os_family_of", "tool_names",
 ]

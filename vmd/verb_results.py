@@ -64,6 +64,9 @@ class SessionOpenResult(TextResult):
     # The guest's family from its image ("linux", "windows"), so no client guesses it from
     # the name; None when vmd has no such image (the boot then says so).
     os_family: str | None = None
+    # Whether the image has a desktop (its manifest), so the agent's fixed prompt holds the
+    # screen tools from the start or never; None when vmd has no such image, or an older vmd.
+    desktop: bool | None = None
     project: str | None
     project_share: bool  # the session has a project folder (shared with the guest)
     storage: str  # where the work is kept, in words

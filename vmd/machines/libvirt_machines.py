@@ -163,6 +163,12 @@ class LibvirtMachines:
         except ImageMissing:
             return None  # the boot says what is missing, in the session's words
 
+    def image_desktop(self, os: str) -> bool | None:
+        try:
+            return find_image(os, self.config.images_dir).desktop
+        except ImageMissing:
+            return None
+
     def _image(self, spec: MachineSpec):
         return find_image(spec.os, self.config.images_dir)
 

@@ -101,6 +101,9 @@ class MachineFactory(Protocol):
     # The family of the guest an `os` boots (its image manifest's os_family: "linux",
     # "windows"), which picks its Guest class; None when there is no such image yet.
     def os_family(self, os: str) -> str | None: ...
+    # Whether that image's guests have a desktop (its manifest's `desktop`), so the agent's
+    # fixed prompt holds the screen tools from the start or never; None: no such image yet.
+    def image_desktop(self, os: str) -> bool | None: ...
     def timeout_scale(self) -> float: ...  # how much longer than on KVM its guests take
     # Destroys what a create cut short left behind for `spec`; True when there was something.
     def discard(self, spec: MachineSpec) -> bool: ...

@@ -159,7 +159,8 @@ class Connection:
             self.bind(self.server.sessions.open(params))
             s = self.session.s
             return checked_result(verb, {
-                "session_id": s.id, "os": s.os, "os_family": s.os_family, "project": s.project,
+                "session_id": s.id, "os": s.os, "os_family": s.os_family, "desktop": s.desktop,
+                "project": s.project,
                 "project_share": bool(s.project_dir),
                 "storage": s.storage, "state": s.state,
                 "text": f"Session {s.id} is open; the {s.os} machine boots in the background. "

@@ -95,6 +95,7 @@ class Session:
                              owner=params.owner, task=params.task, chat_id=params.chat_id,
                              machine_name=f"vmagent-{sid}", host=machines.host().name)
         state.os_family = machines.os_family(state.os)
+        state.desktop = machines.image_desktop(state.os)
         session = cls(state, config, machines, store)
         started = time.monotonic()
         if state.project:

@@ -24,6 +24,7 @@ class SessionState(BaseModel):
     id: str
     os: str
     os_family: str | None = None  # the image's (vmd/machines/port.py MachineFactory.os_family)
+    desktop: bool | None = None  # whether the image has a desktop (MachineFactory.image_desktop)
     project: str | None = None
     owner: str = ""
     task: str = ""
