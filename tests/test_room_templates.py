@@ -133,3 +133,19 @@ def test_the_restore_moves_the_ssh_forward_to_a_port_of_the_rooms_own():
     moved = with_ssh_port(xml, 40001, 45555)
     assert "hostfwd=tcp:127.0.0.1:45555-:22" in moved and "40001" not in moved
     assert "ssh-port=\"45555\"" in moved and "<name>vmagent-r-1</name>" in moved
+
+
+def test_a_templates_dir_in_folders_that_do_not_exist_yet_is_passable_all_the_way(tmp_path):
+    # The suite's shared dir once sat in a folder vmd made 0700: QEMU could not reach it, and
+    # every room of a whole CI run booted cold ("cannot pass through ... (mode 700)").
+    import grp
+    import stat
+
+    gid = grp.getgrnam("nogroup").gr_gid
+    t = Recorded(make_config(tmp_path, libvirt_uri="test:///default", share_user="nobody", room_templates=1,
+                             room_templates_dir=tmp_path / "new" / "deeper" / "rooms"))
+    got, release = room(t, image(tmp_path), tmp_path)
+    release()
+    for folder in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "rooms"):
+        st = folder.stat()
+        assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == 0o710, (folder, oct(st.st_mode))

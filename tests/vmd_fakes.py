@@ -308,7 +308,8 @@ def short_socket_dir() -> Path:
 # Every vmd of the suite keeps its clean rooms' templates (vmd/machines/room_templates.py)
 # here, outside any test's folder: one template of the image serves the whole run, and the
 # next, as the image cache does (a template of another build of the image is made anew).
-ROOM_TEMPLATES = Path("/var/tmp/vmagent-tests/room-templates")
+# Its own folder in /var/tmp: vmd makes it passable for QEMU (vmd/private_fs.py passable_dir).
+ROOM_TEMPLATES = Path("/var/tmp/vmagent-room-templates")
 
 
 def make_config(tmp_path: Path, **overrides):

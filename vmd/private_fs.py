@@ -63,11 +63,18 @@ def passable_dir(path: Path | str, gid: int | None) -> Path:
     log, which libvirt's DAC relabelling gives it; the project share); a group's x bit
     lets it reach them by name without seeing the folder's other entries, and every file
     beside them stays 0600 root's. Group rather than ownership: a folder QEMU's user owned
-    would let an escaped QEMU rename or delete vmd's records in it."""
+    would let an escaped QEMU rename or delete vmd's records in it.
+
+    The parents it makes are passable the same way: QEMU must pass through them too, and a
+    private one (0700) would stop it above the folder (a configured room_templates_dir in a
+    folder that did not exist yet was made unreachable so)."""
+    path = Path(path)
+    made = [folder for folder in (path, *path.parents) if not folder.exists()]
     path = private_dir(path, DIR_MODE)
     if gid is not None:
-        os.chown(path, -1, gid)
-        os.chmod(path, 0o710)
+        for folder in [path, *made]:
+            os.chown(folder, -1, gid)
+            os.chmod(folder, 0o710)
     return path
 
 

@@ -58,6 +58,9 @@ from vmd.projects.tree import share_owner
 log = logging.getLogger("vmd.machines.room_templates")
 
 TEMPLATE_PREFIX = "vmagent-r-"
+# How long a room waits for a template in use, at KVM's pace: about a boot (timeout_scale
+# makes it ~40 s under TCG); past it the room boots cold rather than wait more.
+WAIT_S = 10.0
 # What of vmd's own making a saved template depends on beyond the config (the domain XML
 # vmd writes, what a slot's identity reset does): raise it when that changes, so that old
 # templates are made anew rather than found unrestorable.
@@ -128,8 +131,9 @@ class RoomTemplates:
                 return number, fd
             os.close(fd)
             return None  # the making failed (logged): this room boots cold
-        # Every template is in use: a room runs for its check's length, usually less than a boot.
-        deadline = time.monotonic() + 30 * timeout_scale(accel(self.config)) * boot_factor(image)
+        # Every template is in use: a room runs for its check's length, often less than a boot,
+        # so one is waited for about a boot's time (30-45 s under TCG, ~8 s with KVM), no longer.
+        deadline = time.monotonic() + WAIT_S * timeout_scale(accel(self.config)) * boot_factor(image)
         while time.monotonic() < deadline:
             time.sleep(0.5)
             for number in range(self.most):
