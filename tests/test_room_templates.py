@@ -149,3 +149,14 @@ def test_a_templates_dir_in_folders_that_do_not_exist_yet_is_passable_all_the_wa
     for folder in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "rooms"):
         st = folder.stat()
         assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == 0o710, (folder, oct(st.st_mode))
+
+
+def test_two_templates_dirs_on_one_host_name_their_guests_apart(tmp_path):
+    # libvirt's names are the host's: the suite's templates dir and a test's own, with the same
+    # image's key, once made one domain, and each discarded the other's running room.
+    from vmd.machines.room_templates import template_domain
+
+    key = "debian-7c5d3266eb942a90-7cf2048ba9"
+    a, b = template_domain(tmp_path / "a" / key, 0), template_domain(tmp_path / "b" / key, 0)
+    assert a != b and a.startswith("vmagent-r-") and b.startswith("vmagent-r-")
+    assert template_domain(tmp_path / "a" / key, 0) == a != template_domain(tmp_path / "a" / key, 1)

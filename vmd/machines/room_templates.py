@@ -58,6 +58,15 @@ from vmd.projects.tree import share_owner
 log = logging.getLogger("vmd.machines.room_templates")
 
 TEMPLATE_PREFIX = "vmagent-r-"
+def template_domain(folder: Path, number: int) -> str:
+    """The libvirt name of template `number` in `folder`. libvirt's names are the host's, so
+    the name is of the folder's whole path, not only its key: two templates dirs on one host
+    (two vmds, or a test's own beside the suite's) with the same image would otherwise make,
+    discard and restore one domain, each destroying the other's running room."""
+    digest = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:10]
+    return f"{TEMPLATE_PREFIX}{digest}-{number}"
+
+
 # How long a room waits for a template in use, at KVM's pace: about a boot (timeout_scale
 # makes it ~40 s under TCG); past it the room boots cold rather than wait more.
 WAIT_S = 10.0
@@ -146,10 +155,11 @@ class RoomTemplates:
     def _make(self, folder: Path, number: int, image: Image) -> bool:
         target = folder / str(number)
         shutil.rmtree(target, ignore_errors=True)  # a half-made one of a vmd that died
-        Machine.discard(f"{TEMPLATE_PREFIX}{folder.name[-10:]}-{number}", target, self.host)
+        name = template_domain(folder, number)
+        Machine.discard(name, target, self.host)
         with self._making:
             try:
-                made = self._pool.make_slot(image, into=target, name=f"{TEMPLATE_PREFIX}{folder.name[-10:]}-{number}")
+                made = self._pool.make_slot(image, into=target, name=name)
             except Exception as exc:
                 log.warning("a room template of %s could not be made: %s", image.name, exc)
                 return False
