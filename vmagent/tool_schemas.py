@@ -79,7 +79,7 @@ def _lean(node: Any) -> Any:
             continue
         if key in ("minimum", "exclusiveMinimum") and value == 0 and type(value) in (int, float):
             continue
-        if key == "default" and value in ("", [], False, None) and type(value) is not int:
+        if key == "default" and (value in ("", [], None) or value is False):
             continue
         out[key] = {name: _lean(v) for name, v in value.items()} if key == "properties" else _lean(value)
     return out
