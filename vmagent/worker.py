@@ -51,6 +51,10 @@ class FrameWriter:
                 pass  # the service went away; the job goes on and its record stays in vmd
 
 
+# How long the job's end waits for the watcher's last look (one peek of a kept frame).
+LAST_LOOK_S = 15.0
+
+
 class ScreenWatcher:
     """Keeps the preview's screen live between the agent's own screenshots.
 
@@ -62,6 +66,16 @@ class ScreenWatcher:
         self.vmd_socket, self.emit, self.interval = vmd_socket, emit, interval
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
+        self.last_look = False  # one more look after stop: the frame vmd kept for a person's wait
+
+    def stop_after_last_look(self, timeout: float = LAST_LOOK_S) -> None:
+        """The session waits for a person: show the frame vmd kept before it paused the guest
+        (peek's `kept`), so the preview shows what the question is about, then stop. Waits
+        for that look, so that it lands before the job's last frame."""
+        self.last_look = True
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
 
     def watch(self, session_id: str) -> None:
         if self.interval <= 0 or self.thread is not None:
@@ -69,28 +83,36 @@ class ScreenWatcher:
         self.thread = threading.Thread(target=self._run, args=(session_id,), name="screen-watch", daemon=True)
         self.thread.start()
 
+    def _look(self, vmd, last: str | None) -> str | None:
+        """One peek; emits the screen if it changed. Returns the newest picture sent."""
+        from vmagent.client import VmdError, VmdUnavailable
+
+        try:
+            seen = vmd.call("peek")
+        except VmdError:
+            return last  # closed, or not up yet: try again next tick
+        except VmdUnavailable:
+            # vmd restarts: the next look opens a fresh connection and re-attaches it first
+            # (vmagent/client.py); the loop waits for vmd in the meantime.
+            return last
+        picture = seen.png_base64
+        if not seen.available or not picture or picture == last:
+            return last
+        self.emit({"type": "screenshot", "png_base64": picture, "width": seen.width,
+                   "height": seen.height, "watch": True, **({"kept": True} if seen.kept else {})})
+        return picture
+
     def _run(self, session_id: str) -> None:
         from vmagent.client import Vmd, VmdError, VmdUnavailable
 
-        last = None
+        last: str | None = None
         try:
             with Vmd(self.vmd_socket) as vmd:
                 vmd.call("session_attach", session_id=session_id)
                 while not self.stop.wait(self.interval):
-                    try:
-                        seen = vmd.call("peek")
-                    except VmdError:
-                        continue  # closed, or not up yet: try again next tick
-                    except VmdUnavailable:
-                        # vmd restarts: the next look opens a fresh connection and re-attaches
-                        # it first (vmagent/client.py); the loop waits for vmd in the meantime.
-                        continue
-                    picture = seen.png_base64
-                    if not seen.available or not picture or picture == last:
-                        continue
-                    last = picture
-                    self.emit({"type": "screenshot", "png_base64": picture, "width": seen.width,
-                               "height": seen.height, "watch": True})
+                    last = self._look(vmd, last)
+                if self.last_look:
+                    self._look(vmd, last)
         except (VmdUnavailable, VmdError, OSError, ValueError) as exc:
             print(f"screen watching stopped: {exc}", file=sys.stderr)
 
@@ -133,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_event(event: dict) -> None:
         if event.get("type") == "session" and event.get("session_id"):
             watcher.watch(str(event["session_id"]))
+        elif event.get("type") == "state" and event.get("state") in ("question", "unfreeze"):
+            watcher.stop_after_last_look()  # waiting: the kept frame, then nothing new to watch
         elif event.get("type") in ("state", "done"):
-            watcher.stop.set()  # the session is ending or waiting: nothing more to watch
+            watcher.stop.set()  # the session is ending: nothing more to watch
         frames.write(event)
 
     try:

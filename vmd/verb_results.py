@@ -175,6 +175,8 @@ class PeekResult(TextResult):
     png_base64: str | None = None
     width: int | None = None
     height: int | None = None
+    # True while the session waits for a person: the frame vmd kept before it paused the guest.
+    kept: bool = False
 
 
 class ReportOutcome(Result):

@@ -13,6 +13,11 @@ import json
 # The terminal keeps this many lines; a person watching reads the tail.
 TERMINAL_LINES = 300
 
+# The banner over the last frame while the job waits for a person, by the job's state
+# (the job API's) and by the loop's (a live "state" event); the page's script has the same.
+WAITING = {"needs_input": "Waiting for your answer", "question": "Waiting for your answer",
+           "needs_approval": "Waiting for your decision", "unfreeze": "Waiting for your decision"}
+
 
 def render_preview(job: dict, token: str) -> str:
     config = {
@@ -24,6 +29,7 @@ def render_preview(job: dict, token: str) -> str:
     # "</" inside a script would end it early: escape it.
     config_json = json.dumps(config).replace("</", "<\\/")
     screen_src = f"screen.png?token={html.escape(token)}&n={job['screenshot_seq']}" if job["screenshot_seq"] else ""
+    waiting = WAITING.get(job["state"])
     return _PAGE.format(
         title=html.escape(job["task"][:80]),
         task=html.escape(job["task"][:300]),
@@ -33,7 +39,11 @@ def render_preview(job: dict, token: str) -> str:
         screen_src=screen_src,
         screen_hidden="" if screen_src else "hidden",
         screen_shown="hidden" if screen_src else "",
+        waiting_hidden="" if waiting else "hidden",
+        waiting=html.escape(waiting or ""),
+        question=html.escape(job.get("question") or ""),
         config_json=config_json,
+        waiting_json=json.dumps(WAITING),
     )
 
 
@@ -54,6 +64,9 @@ _PAGE = """<!DOCTYPE html>
   main {{ display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 8px; }}
   @media (max-width: 700px) {{ main {{ grid-template-columns: 1fr; }} }}
   #screen {{ width: 100%; height: auto; border: 1px solid #8886; border-radius: 4px; }}
+  #waiting {{ padding: 6px 8px; margin-bottom: 6px; border-radius: 4px; background: #e8b34b33;
+             border: 1px solid #e8b34b; }}
+  #waiting b {{ font-weight: 600; }}
   #noscreen {{ padding: 24px; text-align: center; border: 1px dashed #8886; border-radius: 4px; opacity: .7; }}
   pre {{ margin: 0; white-space: pre-wrap; word-break: break-all; }}
   #terminal {{ background: #111; color: #ddd; padding: 6px; border-radius: 4px; height: 320px;
@@ -69,8 +82,9 @@ _PAGE = """<!DOCTYPE html>
 <div id="task">{task}</div>
 <main>
   <section>
+    <div id="waiting" {waiting_hidden}><b id="waitingtitle">{waiting}</b>: <span id="question">{question}</span></div>
     <img id="screen" alt="the guest's screen" src="{screen_src}" {screen_hidden}>
-    <div id="noscreen" {screen_shown}>No screenshot yet.</div>
+    <div id="noscreen" {screen_shown}>No screenshot yet: the screen shows here once the machine is up.</div>
   </section>
   <section>
     <h2>Tasks</h2><pre id="tasks">{tasks}</pre>
@@ -112,15 +126,24 @@ _PAGE = """<!DOCTYPE html>
     screen.hidden = false;
     noscreen.hidden = true;
   }}
+  var WAITING = {waiting_json};
   function setState(state, question) {{
     document.getElementById("state").textContent = state;
     if (question) document.getElementById("status").textContent = question;
+    // The last frame stays; a banner over it says the job waits, and for what.
+    var waiting = document.getElementById("waiting");
+    waiting.hidden = !WAITING[state];
+    if (WAITING[state]) {{
+      document.getElementById("waitingtitle").textContent = WAITING[state];
+      if (question) document.getElementById("question").textContent = question;
+    }}
   }}
+  function resumed() {{ document.getElementById("waiting").hidden = true; }}  // the job works again
   function handle(seq, ev) {{
     switch (ev.type) {{
-      case "status": document.getElementById("status").textContent = ev.text || ""; break;
+      case "status": resumed(); document.getElementById("status").textContent = ev.text || ""; break;
       case "tasks": document.getElementById("tasks").textContent = ev.text || ""; break;
-      case "command": addLine("$ " + (ev.command || ""), "cmd"); break;
+      case "command": resumed(); addLine("$ " + (ev.command || ""), "cmd"); break;
       case "output": addLine(ev.line || "", ev.stream === "stderr" ? "err" : ""); break;
       case "screenshot": showScreen(seq); break;
       case "speech": break;

@@ -98,6 +98,7 @@ class Worker:
         self.popen = popen
         self.cancel_requested = False
         self.got_done = False
+        self.preview_opened = False  # preview_ready is set at the first frame read
         self.exit_code: int | None = None
         # Made at the first read, from the job's stored offset and output count.
         self.reader: FrameReader | None = None

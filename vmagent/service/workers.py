@@ -277,6 +277,11 @@ class WorkerPool:
         except ValueError:
             frame = {"type": "output", "stream": "worker", "line": raw.decode(errors="replace")}
         kind = frame.get("type")
+        if not worker.preview_opened:
+            # The preview (status, tasks, terminal) opens with the job's first event, while
+            # the machine still boots: a person sees the plan being made, not a blank chat.
+            worker.preview_opened = True
+            self.store.update_job(job_id, preview_ready=1)
         if worker.output is not None:
             if kind == "output":
                 if not worker.output.admit():
@@ -303,8 +308,6 @@ class WorkerPool:
             self.store.update_job(job_id, status_line=frame["text"], **counts)
         elif kind == "tasks" and isinstance(frame.get("text"), str):
             self.store.update_job(job_id, tasks_text=frame["text"])
-        elif kind == "command":
-            self.store.update_job(job_id, preview_ready=1)
         elif kind == "state" and frame.get("question"):
             self.store.update_job(job_id, question=str(frame["question"]))
         elif kind == "session" and frame.get("session_id"):
@@ -323,14 +326,11 @@ class WorkerPool:
             self.store.add_event(job_id, {"type": "status", "text": "a screenshot arrived unreadable"})
             return
         write_private(self.store.job_dir(job_id) / "screen.png", png)
-        seq = self.store.add_event(job_id, {"type": "screenshot", "width": frame.get("width"),
-                                            "height": frame.get("height")})
-        # The preview opens when the agent itself first looks at the screen (or runs a
-        # command); the watcher's looks only keep an open preview live.
-        if frame.get("watch"):
-            self.store.update_job(job_id, screenshot_seq=seq)
-        else:
-            self.store.update_job(job_id, preview_ready=1, screenshot_seq=seq)
+        event = {"type": "screenshot", "width": frame.get("width"), "height": frame.get("height")}
+        if frame.get("kept"):
+            event["kept"] = True  # the frame vmd kept as the guest paused for a person
+        seq = self.store.add_event(job_id, event)
+        self.store.update_job(job_id, screenshot_seq=seq)
 
     def _finish(self, worker: Worker, outcome: dict) -> None:
         worker.got_done = True

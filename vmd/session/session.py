@@ -62,6 +62,9 @@ class Session:
         self.boot_error: str | None = None
         self.desktop_ready = False
         self.needs_ready = False  # attached while suspended: ready() once resumed
+        # The screen as a person's wait began (vmd/session/handlers/people_verbs.py): a suspended
+        # guest draws nothing new, and `peek` shows this frame until session_resume drops it.
+        self.kept_frame = None
         # The end (vmd/session/handlers/end_verbs.py `close`): `ending` is set when a close begins,
         # and a boot in progress stops at its next step and destroys what it made;
         # `closing` lets one close run at a time (a client's and the reaper's).

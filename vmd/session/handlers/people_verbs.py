@@ -20,10 +20,21 @@ def _wait_for_person(session: Session, state: str, field: str, value: str) -> No
         setattr(session.s, field, value)
         session.save()
     if session.machine is not None and session.boot_done.is_set() and not session.boot_error:
+        _keep_frame(session)
         try:
             session.machine.suspend()
         except Exception as exc:  # the question stands even if the guest would not pause
             session.record.append("machine", event="suspend_failed", error=sentence(exc, "suspend failed"))
+
+
+def _keep_frame(session: Session) -> None:
+    """The screen the person should see beside the question: taken before the guest is
+    paused, so the preview shows what the agent was looking at, not a blank."""
+    try:
+        session.kept_frame = session.machine.screen.screenshot()
+    except Exception as exc:  # no screen, or it would not answer: the question stands without one
+        session.kept_frame = None
+        session.record.append("machine", event="frame_not_kept", error=sentence(exc, "screenshot failed"))
 
 
 def ask_user(session: Session, p: V.AskUser, notify) -> dict:

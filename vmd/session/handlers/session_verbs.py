@@ -131,6 +131,7 @@ def session_resume(session: Session, p: V.Answer, notify) -> dict:
     # started; resuming before it is done would skip waking the paused guest.
     session.boot_done.wait(session.boot_timeout)
     machine = session.machine
+    session.kept_frame = None  # the guest draws again
     if machine is not None:
         machine.resume()
         if session.needs_ready:
@@ -170,6 +171,11 @@ def session_resume(session: Session, p: V.Answer, notify) -> dict:
 
 def peek(session: Session, p, notify) -> dict:
     machine = session.machine
+    kept = session.kept_frame
+    if session.s.state in V.WAITING_STATES and kept is not None:
+        return {"available": True, "kept": True, "png_base64": base64.b64encode(kept.png).decode(),
+                "width": kept.width, "height": kept.height,
+                "text": "the screen as it was when the session stopped to wait for a person."}
     if (session.s.state not in ("ready", "finished") or machine is None or not session.boot_done.is_set()
             or session.boot_error):
         return {"available": False, "text": f"no screen to show while the session is {session.s.state}."}
