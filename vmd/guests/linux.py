@@ -220,6 +220,9 @@ class LinuxGuest(LinuxVerbs, Guest):
             raise GuestError(f"{verb} {path}: the guest did not answer within {self.ssh.sftp_reply_timeout:g} s "
                              "(it is paused, overloaded or gone); try again, or run a command to see "
                              "whether it still answers") from None
+        except EOFError:  # paramiko's word for a connection closed under the call (vmd's close)
+            raise GuestError(f"{verb} {path}: the connection to the guest closed during the call; "
+                             "run a command to see whether the guest still answers") from None
         except (OSError, paramiko.SSHException) as exc:  # its text may be the guest's: one line, cut
             raise GuestError(f"{verb} {path}: {one_line(str(exc))[:GUEST_TEXT_CHARS]}") from None
 
