@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.answer_file import (COMMAND_LINE_MAX, UNATTEND_NS, WCM_NS, AdminAccount, AnswerFile,
                                            FirstLogon, Language, UserData)
 from vmd.windows_image.build import KEY_FORMS

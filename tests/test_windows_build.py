@@ -20,7 +20,7 @@ from tests.windows_media import make_windows_iso
 from vmd.machines.accel import kvm_works
 from vmd.machines.images import find_image
 from vmd.server import cli
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.build import WindowsBuildOptions, build_windows
 from vmd.windows_image.install import InstallFailed, host_problems, serial_says
 from vmd.windows_image.readiness import windows_readiness

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.install import InstallFailed, run_install
 from vmd.windows_image.install_domain import InstallDomain, SystemDisk, install_firmware
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.answer_file import FirstLogon
 
 tree_sitter = pytest.importorskip("tree_sitter")

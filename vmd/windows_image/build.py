@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from vmd.config import VmdConfig
 from vmd.host_env import clean_env
 from vmd.machines.accel import kvm_works
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
 from vmd.windows_image.editions import SUPPLY_HINT, MediaError, pick_edition, read_editions
 from vmd.windows_image.install import (InstallFailed, compress_base, host_problems, make_disk,
@@ -35,12 +35,13 @@ from vmd.windows_image.install import (InstallFailed, compress_base, host_proble
 from vmd.windows_image.install_domain import DISK_GB, InstallDomain, SystemDisk, install_firmware
 from vmd.windows_image.seed import seed_files, write_seed
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+VMD_DIR = Path(__file__).resolve().parents[1]
 # The files that decide what the installed guest is (its answer file, its first logon, its
-# media, its install machine, the contract it keeps): a change to one rebuilds the image
-# (40 minutes); the build's own plumbing and the doctor's check do not.
-RECIPE_FILES = ("guest_contract.py", "answer_file.py", "product_keys.py", "firstlogon.ps1", "seed.py",
-                "install_domain.py")
+# media, the contract it keeps), under vmd/: a change to one rebuilds the image (40 minutes);
+# the build's own plumbing and the doctor's check do not. The machine it is installed on is
+# hashed as its device set (install_domain.device_set_xml), not as the files that write it.
+RECIPE_FILES = ("guests/windows_contract.py", "windows_image/answer_file.py", "windows_image/product_keys.py",
+                "windows_image/firstlogon.ps1", "windows_image/seed.py")
 IMAGE_NAME = "windows"
 # What step 4 says of the key, so a build that stops at Setup's key page has been warned.
 KEY_FORMS = {"yours": "yours (--key)",
@@ -107,7 +108,7 @@ def recipe_hash(options: WindowsBuildOptions, iso_sha256: str, edition_index: in
     """RECIPE_FILES, the ISO, the chosen edition and every option (the key only as a hash)."""
     digest = hashlib.sha256()
     for name in RECIPE_FILES:
-        digest.update(name.encode() + b"\0" + (PACKAGE_DIR / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + (VMD_DIR / name).read_bytes() + b"\0")
     extras = [iso_sha256, str(edition_index), language, f"{options.resolution[0]}x{options.resolution[1]}",
               hashlib.sha256((options.key or "").encode()).hexdigest(),
               file_sha256(options.virtio_win) if options.virtio_win else "",

@@ -12,7 +12,7 @@ from typing import Callable
 
 from vmd.errors import WordedError
 from vmd.host_env import clean_env
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.machines.domain_xml import OVMF_CODE, OVMF_VARS
 
 # Setup takes 20-40 min under KVM on an SSD, plus the OpenSSH download at the first logon;
