@@ -165,10 +165,12 @@ def test_the_recipe_hash_follows_the_iso_the_options_and_the_guest_s_files(tmp_p
     copy = tmp_path / "recipe"
     copy.mkdir()
     for name in build.RECIPE_FILES:
-        (copy / name).write_bytes((build.PACKAGE_DIR / name).read_bytes())
-    monkeypatch.setattr(build, "PACKAGE_DIR", copy)
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes((build.VMD_DIR / name).read_bytes())
+    monkeypatch.setattr(build, "VMD_DIR", copy)
     assert build.recipe_hash(options, "a" * 64, 2, "en-US") == first
-    (copy / "firstlogon.ps1").write_text((copy / "firstlogon.ps1").read_text() + "\n# changed\n")
+    script = copy / "windows_image" / "firstlogon.ps1"
+    script.write_text(script.read_text() + "\n# changed\n")
     assert build.recipe_hash(options, "a" * 64, 2, "en-US") != first
 
 
