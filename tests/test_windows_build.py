@@ -150,17 +150,22 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
     assert "<Key>/IMAGE/INDEX</Key>" in seen["answer"] and "<Value>1</Value>" in seen["answer"]
 
 
-def test_the_recipe_hash_follows_the_iso_the_options_and_the_guest_s_files(tmp_path, monkeypatch):
-    from vmd.windows_image import build
+def test_the_recipe_hash_follows_the_iso_the_options_the_devices_and_the_guest_s_files(tmp_path, monkeypatch):
+    from dataclasses import replace
 
+    from vmd.windows_image import build
+    from vmd.windows_image.editions import Edition
+
+    pro = Edition(2, "Windows 11 Pro", "", "Professional", "x64", "Client", 10, 0, 22631, ("en-US",))
     options = WindowsBuildOptions(iso=tmp_path / "w.iso")
-    first = build.recipe_hash(options, "a" * 64, 2, "en-US")
-    assert first == build.recipe_hash(options, "a" * 64, 2, "en-US")
-    changed = {build.recipe_hash(options, "b" * 64, 2, "en-US"), build.recipe_hash(options, "a" * 64, 1, "en-US"),
-               build.recipe_hash(options, "a" * 64, 2, "de-DE"),
+    first = build.recipe_hash(options, "a" * 64, pro, "en-US")
+    assert first == build.recipe_hash(options, "a" * 64, pro, "en-US")
+    changed = {build.recipe_hash(options, "b" * 64, pro, "en-US"),
+               build.recipe_hash(options, "a" * 64, replace(pro, index=1), "en-US"),
+               build.recipe_hash(options, "a" * 64, pro, "de-DE"),
                build.recipe_hash(WindowsBuildOptions(iso=options.iso, key="VK7JG-NPHTM-C97JM-9MPGT-3V66T"),
-                                 "a" * 64, 2, "en-US"),
-               build.recipe_hash(WindowsBuildOptions(iso=options.iso, resolution="1920x1080"), "a" * 64, 2, "en-US")}
+                                 "a" * 64, pro, "en-US"),
+               build.recipe_hash(WindowsBuildOptions(iso=options.iso, resolution="1920x1080"), "a" * 64, pro, "en-US")}
     assert first not in changed and len(changed) == 5
     copy = tmp_path / "recipe"
     copy.mkdir()
@@ -168,10 +173,15 @@ def test_the_recipe_hash_follows_the_iso_the_options_and_the_guest_s_files(tmp_p
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         (copy / name).write_bytes((build.VMD_DIR / name).read_bytes())
     monkeypatch.setattr(build, "VMD_DIR", copy)
-    assert build.recipe_hash(options, "a" * 64, 2, "en-US") == first
+    assert build.recipe_hash(options, "a" * 64, pro, "en-US") == first
     script = copy / "windows_image" / "firstlogon.ps1"
     script.write_text(script.read_text() + "\n# changed\n")
-    assert build.recipe_hash(options, "a" * 64, 2, "en-US") != first
+    edited = build.recipe_hash(options, "a" * 64, pro, "en-US")
+    assert edited != first
+    # The machine Windows is installed on (its devices are every session machine's) is part
+    # of the recipe: another device set is another image.
+    monkeypatch.setattr(build, "device_set_xml", lambda image: "<domain>another machine</domain>")
+    assert build.recipe_hash(options, "a" * 64, pro, "en-US") not in (first, edited)
 
 
 def test_readiness_warns_without_kvm_and_says_how_to_build(tmp_path):

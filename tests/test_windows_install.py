@@ -12,7 +12,8 @@ import pytest
 
 from vmd.guests import windows_contract as contract
 from vmd.windows_image.install import InstallFailed, run_install
-from vmd.windows_image.install_domain import InstallDomain, SystemDisk, install_firmware
+from vmd.machines.images import Image
+from vmd.windows_image.install_domain import InstallMedium, install_domain
 
 libvirt = pytest.importorskip("libvirt")
 # test:///default keeps one state per process for this URI (a fresh open sees earlier domains).
@@ -20,9 +21,11 @@ URI = "test:///default"
 
 
 def domain_xml(tmp_path, name: str) -> str:
-    return InstallDomain(name, install_firmware(str(tmp_path / "vars.fd"), True), SystemDisk(str(tmp_path / "d.qcow2"), False),
-                         str(tmp_path / "win.iso"), str(tmp_path / "seed.iso"), str(tmp_path / "serial.log"),
-                         False).to_xml()
+    image = Image(name="windows", os_family="windows", user="agent", project_path="Z:\\", resolution=(1280, 800),
+                  desktop=True, boot="disk", uefi=True, tpm=True, share="smb", disk_bus="sata", nic="e1000e",
+                  dir=tmp_path)
+    return install_domain(image, name=name, disk=tmp_path / "d.qcow2", medium=InstallMedium(tmp_path / "win.iso"),
+                          seed_iso=tmp_path / "seed.iso", serial_log=tmp_path / "serial.log").to_xml()
 
 
 def running(name: str) -> bool:
