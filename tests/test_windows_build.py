@@ -74,9 +74,10 @@ def fake_install(seen: dict):
     """Stands in for run_install, the one step that needs KVM: it checks the domain it was
     given and writes what firstlogon.ps1 writes on COM1."""
 
-    def install(domain_xml: str, serial_log: Path, uri: str, out) -> None:
+    def install(domain_xml: str, serial_log: Path, uri: str, out, press_keys: bool) -> None:
         seen["xml"] = ET.fromstring(domain_xml)
         seen["uri"] = uri
+        seen["press_keys"] = press_keys
         serial_log.write_text("vmd: OpenSSH Server\r\nvmd: done\r\n" + contract.READY_MARKER + "\r\n")
         assert serial_says(serial_log, contract.READY_MARKER) == contract.READY_MARKER
 
@@ -87,7 +88,7 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     if host_problems(lambda: True):
         pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")
     make_traversable(tmp_path)  # QEMU, another user, must reach the ISO and the build folder
-    iso = make_windows_iso(tmp_path)
+    iso = make_windows_iso(tmp_path, bootable=True)
     root, seen, out = tmp_path / "images", {}, io.StringIO()
     options = WindowsBuildOptions(iso=iso, key="VK7JG-NPHTM-C97JM-9MPGT-3V66T", resolution="1920x1080")
     folder = build_windows(options, root, out, uri="test:///default", kvm_usable=lambda: True,
@@ -99,8 +100,12 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     dom = seen["xml"]
     assert dom.get("type") == "kvm" and dom.find("os/type").get("machine") == "q35"
     assert dom.find("os/loader").text.endswith("OVMF_CODE_4M.fd") and dom.find("devices/tpm").get("model") == "tpm-crb"
-    cds = [d.find("source").get("file") for d in dom.iterfind("devices/disk[@device='cdrom']")]
-    assert cds[0] == str(iso.resolve()) and cds[1].endswith("seed.iso")
+    cds = [(d.find("source").get("file"), d.find("driver").get("type"))
+           for d in dom.iterfind("devices/disk[@device='cdrom']")]
+    # The install CD is the layer over the ISO that boots without a key (boot_medium.py).
+    assert cds[0] == (str(folder.with_name(folder.name + ".partial") / "install-noprompt.qcow2"), "qcow2")
+    assert cds[1][0].endswith("seed.iso") and not seen["press_keys"]
+    assert "  install CD: it boots efi/microsoft/boot/efisys_noprompt.bin, no key to press" in out.getvalue()
     assert dom.find("devices/serial").get("type") == "file"
     assert dom.find("devices/disk[@device='disk']/target").get("bus") == "sata"  # no virtio-win given
     assert stat.S_IMODE(folder.stat().st_mode) == 0o711  # QEMU passes through to the seed; nobody lists
@@ -115,7 +120,7 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     assert folder.name == f"windows-{manifest['recipe']}"
     password = folder / manifest["admin_password_file"]
     assert stat.S_IMODE(password.stat().st_mode) == 0o600 and len(password.read_text().strip()) >= 24
-    assert not (folder / "seed.iso").exists() and not (folder / "install.qcow2").exists()
+    assert not any((folder / name).exists() for name in ("seed.iso", "install.qcow2", "install-noprompt.qcow2"))
     info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(folder / "disk.qcow2")],
                                      capture_output=True, check=True, text=True).stdout)
     assert info["format"] == "qcow2" and stat.S_IMODE((folder / "disk.qcow2").stat().st_mode) == 0o444
@@ -134,7 +139,8 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
     make_traversable(tmp_path)
     seen: dict = {}
 
-    def install(domain_xml, serial_log, uri, out):
+    def install(domain_xml, serial_log, uri, out, press_keys):
+        seen["press_keys"] = press_keys  # this ISO has no El Torito entry: the keys are pressed
         seed = ET.fromstring(domain_xml).findall("devices/disk[@device='cdrom']")[1].find("source").get("file")
         iso = pycdlib.PyCdlib()
         iso.open(seed)
@@ -146,7 +152,7 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
     folder = build_windows(WindowsBuildOptions(iso=make_windows_iso(tmp_path), edition="1"), tmp_path / "img",
                            io.StringIO(), kvm_usable=lambda: True, install=install)
     password = (folder / "admin-password").read_text().strip()
-    assert f"<Value>{password}</Value>" in seen["answer"]
+    assert f"<Value>{password}</Value>" in seen["answer"] and seen["press_keys"]
     assert "<Key>/IMAGE/INDEX</Key>" in seen["answer"] and "<Value>1</Value>" in seen["answer"]
 
 

@@ -76,3 +76,80 @@ def test_libvirt_refusing_the_domain_is_a_sentence(tmp_path):
     with pytest.raises(InstallFailed, match="libvirt could not start the install machine"):
         run_install("<domain type='kvm'><name>x</name></domain>", tmp_path / "serial.log", URI, io.StringIO(),
                     poll_s=0.05, boot_key_for_s=0.1)
+
+
+# What OVMF prints on COM1 as it boots the install CD (its boot manager's lines).
+CD_START = 'BdsDxe: starting Boot0003 "UEFI QEMU DVD-ROM QM00003 " from PciRoot(0x0)/Pci(0x1F,0x2)/Sata(0x1,0xFFFF,0x0)\r\n'
+CD_TIMEOUT = ('BdsDxe: failed to start Boot0003 "UEFI QEMU DVD-ROM QM00003 " from '
+              'PciRoot(0x0)/Pci(0x1F,0x2)/Sata(0x1,0xFFFF,0x0): Time out\r\n')
+
+
+def append_later(path, chunks: list[tuple[float, str]]) -> threading.Thread:
+    def write():
+        for after_s, text in chunks:
+            time.sleep(after_s)
+            with open(path, "a") as f:
+                f.write(text)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread
+
+
+def test_a_missed_cd_prompt_resets_the_machine_and_presses_again(tmp_path):
+    log = tmp_path / "serial.log"
+    writer = append_later(log, [(0.2, CD_START), (0.1, CD_TIMEOUT), (0.4, CD_START),
+                                (0.2, f"vmd: done\r\n{contract.READY_MARKER}\r\n")])
+    out = io.StringIO()
+    run_install(domain_xml(tmp_path, "vmd-win-missed"), log, URI, out, poll_s=0.05, boot_key_for_s=0.1)
+    writer.join()
+    assert "prompt went unanswered; resetting the machine (try 2 of 3)" in out.getvalue()
+    assert not running("vmd-win-missed")
+
+
+def test_a_prompt_missed_every_time_ends_the_build_with_the_step_and_a_screenshot(tmp_path):
+    log = tmp_path / "serial.log"
+    writer = append_later(log, [(0.2, CD_START + CD_TIMEOUT), (0.3, CD_START + CD_TIMEOUT),
+                                (0.3, CD_START + CD_TIMEOUT)])
+    out = io.StringIO()
+    with pytest.raises(InstallFailed) as failed:
+        run_install(domain_xml(tmp_path, "vmd-win-never"), log, URI, out, poll_s=0.05, boot_key_for_s=0.1)
+    writer.join()
+    message = str(failed.value)
+    assert "waited for a key that never came (3 tries)" in message
+    assert "It stopped in Windows Setup from the install CD" in message
+    shot = tmp_path / "install-screen.png"
+    assert f"a screenshot of the guest: {shot}" in message and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.getvalue().count("resetting the machine") == 2
+    assert not running("vmd-win-never")
+
+
+def test_with_the_no_prompt_cd_a_time_out_is_no_reason_to_retry(tmp_path):
+    log = tmp_path / "serial.log"
+    writer = append_later(log, [(0.2, CD_START + CD_TIMEOUT)])
+    out = io.StringIO()
+    with pytest.raises(InstallFailed, match=r"waited for a key that never came \(1 tries\)"):
+        run_install(domain_xml(tmp_path, "vmd-win-noprompt"), log, URI, out, poll_s=0.05, press_keys=False)
+    writer.join()
+    assert "resetting" not in out.getvalue()
+
+
+def test_a_firmware_with_nothing_to_boot_ends_the_build_at_once(tmp_path):
+    log = tmp_path / "serial.log"
+    writer = append_later(log, [(0.2, "BdsDxe: No bootable option or device was found.\r\n")])
+    started = time.monotonic()
+    with pytest.raises(InstallFailed, match="found nothing to boot.*It stopped in the firmware"):
+        run_install(domain_xml(tmp_path, "vmd-win-empty"), log, URI, io.StringIO(), poll_s=0.05,
+                    press_keys=False)
+    writer.join()
+    assert time.monotonic() - started < 10  # not the 2-hour bound
+
+
+def test_a_timed_out_install_names_the_last_first_logon_step(tmp_path):
+    (tmp_path / "serial.log").write_text(CD_START + "vmd: OpenSSH Server\r\n"
+                                         "vmd: the OpenSSH capability did not install (timed out); trying the MSI\r\n")
+    with pytest.raises(InstallFailed) as failed:
+        run_install(domain_xml(tmp_path, "vmd-win-stuck"), tmp_path / "serial.log", URI, io.StringIO(),
+                    timeout_s=0.3, poll_s=0.05, press_keys=False)
+    assert ("It stopped in the first logon, step 'the OpenSSH capability did not install (timed out); "
+            "trying the MSI'") in str(failed.value)

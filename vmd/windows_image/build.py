@@ -33,7 +33,8 @@ from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, 
 from vmd.windows_image.editions import SUPPLY_HINT, Edition, MediaError, pick_edition, read_editions
 from vmd.windows_image.install import (InstallFailed, compress_base, host_problems, make_disk,
                                        run_install, unreachable)
-from vmd.windows_image.install_domain import DISK_GB, InstallMedium, device_set_xml, install_domain
+from vmd.windows_image.boot_medium import MEDIUM_FILE, no_prompt_medium
+from vmd.windows_image.install_domain import DISK_GB, device_set_xml, install_domain
 from vmd.windows_image.seed import seed_files, write_seed
 
 VMD_DIR = Path(__file__).resolve().parents[1]
@@ -202,13 +203,15 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     make_disk(work_disk, DISK_GB)
     serial_log = partial / "serial.log"
     image = guest_image(options, edition, partial)
+    boot = no_prompt_medium(options.iso.resolve(), partial)
+    print(f"  install CD: {boot.note}", file=out, flush=True)
     domain = install_domain(image, name=f"vmd-windows-build-{target.name[-16:]}", disk=work_disk,
-                            medium=InstallMedium(options.iso.resolve()), seed_iso=seed, serial_log=serial_log)
-    install(domain.to_xml(), serial_log, uri, out)
+                            medium=boot.medium, seed_iso=seed, serial_log=serial_log)
+    install(domain.to_xml(), serial_log, uri, out, press_keys=not boot.no_prompt)
 
     step(7, "compress the disk into the base image", out)
     compress_base(work_disk, partial / "disk.qcow2")
-    for leftover in (work_disk, seed):  # the seed holds the password; the manifest folder keeps it alone
+    for leftover in (work_disk, seed, partial / MEDIUM_FILE):  # the seed holds the password; the manifest folder keeps it alone
         leftover.unlink(missing_ok=True)
 
     step(8, "write the manifest", out)
