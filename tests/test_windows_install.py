@@ -47,11 +47,16 @@ def write_later(path, text: str, after_s: float = 0.3) -> threading.Thread:
 
 
 def test_the_install_waits_for_the_ready_marker_then_shuts_the_guest_down(tmp_path):
-    writer = write_later(tmp_path / "serial.log", f"vmd: OpenSSH Server\r\nvmd: done\r\n{contract.READY_MARKER}\r\n")
+    writer = write_later(tmp_path / "serial.log", f"vmd: OpenSSH Server\r\nvmd: OpenSSH Server: the Win32-OpenSSH MSI"
+                                                  f"\r\nvmd: done\r\n{contract.READY_MARKER}\r\n")
     started = time.monotonic()
-    run_install(domain_xml(tmp_path, "vmd-win-ready"), tmp_path / "serial.log", URI, io.StringIO(),
+    out = io.StringIO()
+    run_install(domain_xml(tmp_path, "vmd-win-ready"), tmp_path / "serial.log", URI, out,
                 poll_s=0.05, boot_key_for_s=0.1)
     writer.join()
+    # The guest's steps reach the build's log as they come: which way OpenSSH came, say.
+    assert [line for line in out.getvalue().splitlines() if line.startswith("  guest: ")] == [
+        "  guest: OpenSSH Server", "  guest: OpenSSH Server: the Win32-OpenSSH MSI", "  guest: done"]
     assert time.monotonic() - started >= 0.3  # it waited for the line
     assert not running("vmd-win-ready")
 

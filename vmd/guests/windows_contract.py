@@ -29,5 +29,8 @@ GUEST_VMD_DIR = r"C:\vmd"
 # firstlogon.ps1 writes this line to COM1 when everything above is in place; the build
 # waits for it on the serial log, and the backend may wait for it after a boot.
 READY_MARKER = "VMD-READY"
+# ...and this one, after `vmd: `, when it failed (firstlogon.ps1, or the first logon command
+# of the answer file when the script never ran), with what failed after it.
+FAILED_MARKER = "firstlogon failed"
 # Volume label of the seed CD: firstlogon.ps1 is found by it if $OEM$ was not copied.
 SEED_LABEL = "VMDSEED"

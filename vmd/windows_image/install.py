@@ -13,7 +13,7 @@ from typing import Callable
 from vmd.errors import WordedError
 from vmd.host_env import clean_env
 from vmd.guests import windows_contract as contract
-from vmd.windows_image.install_watch import FAILED, cd_started, firmware_problem, stopped_in
+from vmd.windows_image.install_watch import FAILED, cd_started, firmware_problem, guest_steps, stopped_in
 from vmd.machines.domain_xml import OVMF_CODE, OVMF_VARS
 
 # Setup takes 20-40 min under KVM on an SSD, plus the OpenSSH download at the first logon;
@@ -134,6 +134,7 @@ class InstallRun:
         self.cd_seen = False
         self.mark = 0  # where the current boot's lines begin in the serial log (after a reset)
         self.tries = 1
+        self.shown = 0  # the guest's `vmd:` lines already printed
 
     def failed(self, why: str, what_to_do: str = "") -> InstallFailed:
         text = serial_text(self.serial_log)
@@ -173,10 +174,18 @@ class InstallRun:
         except self.libvirt.libvirtError:
             pass  # the firmware is not reading keys yet
 
+    def show_steps(self, text: str) -> None:
+        """The first logon's steps as they come (what it tried, what it could not do)."""
+        steps = guest_steps(text)
+        for step in steps[self.shown:]:
+            print(f"  guest: {step}", file=self.out, flush=True)
+        self.shown = len(steps)
+
     def wait_ready(self, timeout_s: float) -> None:
         last_note = self.started
         while True:
             text = serial_text(self.serial_log)
+            self.show_steps(text)
             said = serial_says(self.serial_log, contract.READY_MARKER)
             if said == contract.READY_MARKER:
                 return

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from vmd.guests import windows_contract as contract
+
 _BOOT = r"Boot[0-9A-Fa-f]{4}"
 _DVD = r'"UEFI QEMU [^"]*DVD-ROM[^"]*"'
 CD_STARTING = re.compile(rf"BdsDxe: starting {_BOOT} {_DVD}")
@@ -22,7 +24,7 @@ CD_FAILED = re.compile(rf"BdsDxe: failed to start {_BOOT} {_DVD}.*: (?P<why>[^\r
 NOTHING_TO_BOOT = ("BdsDxe: No bootable option or device was found", "UEFI Interactive Shell")
 WINDOWS_STARTING = re.compile(rf'BdsDxe: starting {_BOOT} "Windows Boot Manager"')
 STEP = re.compile(r"^vmd: (?P<step>.+?)\s*$", re.M)
-FAILED = "firstlogon failed"
+FAILED = contract.FAILED_MARKER
 
 
 def firmware_problem(text: str) -> str | None:
@@ -43,9 +45,14 @@ def cd_started(text: str) -> bool:
     return CD_STARTING.search(text) is not None
 
 
+def guest_steps(text: str) -> list[str]:
+    """The first logon's `vmd:` lines, its failure line included."""
+    return [m["step"] for m in STEP.finditer(text)]
+
+
 def stopped_in(text: str) -> str:
     """The step of the install the serial log last shows, in words for the build's log."""
-    steps = [m["step"] for m in STEP.finditer(text) if not m["step"].startswith(FAILED)]
+    steps = [step for step in guest_steps(text) if not step.startswith(FAILED)]
     if steps:
         return f"the first logon, step '{steps[-1]}' (firstlogon.ps1)"
     if WINDOWS_STARTING.search(text):
