@@ -156,7 +156,9 @@ class InstallRun:
             print(f"  the CD's 'Press any key' prompt went unanswered; resetting the machine (try {self.tries} of "
                   f"{CD_TRIES})", file=self.out, flush=True)
             self.dom.reset(0)
-            self.mark, self.cd_seen = len(text), False
+            # From here on the log is the new boot's: what the old one printed after `text`
+            # was read (the firmware's shell, say) is behind the mark too.
+            self.mark, self.cd_seen = len(serial_text(self.serial_log)), False
             self.keys_until = time.monotonic() + self.boot_key_for_s
             return
         if problem == "timeout":
@@ -230,7 +232,12 @@ def run_install(domain_xml: str, serial_log: Path, uri: str, out, timeout_s: flo
         except libvirt.libvirtError as exc:
             raise InstallFailed(f"libvirt could not start the install machine: {exc}") from exc
         InstallRun(dom, libvirt, serial_log, out, press_keys, poll_s, boot_key_for_s).wait_ready(timeout_s)
-        dom.shutdown()
+        try:
+            dom.shutdown()
+        except libvirt.libvirtError:
+            if _active(dom, libvirt):
+                raise
+            # It powered off on its own after the marker: nothing to shut down.
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
         while _active(dom, libvirt) and time.monotonic() < deadline:
             time.sleep(poll_s)
