@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import stat
 import subprocess
 import xml.etree.ElementTree as ET
@@ -74,10 +75,11 @@ def fake_install(seen: dict):
     """Stands in for run_install, the one step that needs KVM: it checks the domain it was
     given and writes what firstlogon.ps1 writes on COM1."""
 
-    def install(domain_xml: str, serial_log: Path, uri: str, out, press_keys: bool) -> None:
+    def install(domain_xml: str, serial_log: Path, uri: str, out, press_keys: bool, ssh_check) -> None:
         seen["xml"] = ET.fromstring(domain_xml)
         seen["uri"] = uri
         seen["press_keys"] = press_keys
+        seen["ssh_check"] = ssh_check
         serial_log.write_text("vmd: OpenSSH Server\r\nvmd: done\r\n" + contract.READY_MARKER + "\r\n")
         assert serial_says(serial_log, contract.READY_MARKER) == contract.READY_MARKER
 
@@ -105,6 +107,10 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     # The install CD is the layer over the ISO that boots without a key (boot_medium.py).
     assert cds[0] == (str(folder.with_name(folder.name + ".partial") / "install-noprompt.qcow2"), "qcow2")
     assert cds[1][0].endswith("seed.iso") and not seen["press_keys"]
+    # The guest's sshd is forwarded to a loopback port, where the build logs in once it is ready.
+    args = [a.get("value") for a in dom.find("{http://libvirt.org/schemas/domain/qemu/1.0}commandline")]
+    assert re.fullmatch(r"user,id=vmdnet0,hostfwd=tcp:127\.0\.0\.1:\d+-:22", args[args.index("-netdev") + 1])
+    assert callable(seen["ssh_check"])
     assert "  install CD: it boots efi/microsoft/boot/efisys_noprompt.bin, no key to press" in out.getvalue()
     assert dom.find("devices/serial").get("type") == "file"
     assert dom.find("devices/disk[@device='disk']/target").get("bus") == "sata"  # no virtio-win given
@@ -139,7 +145,7 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
     make_traversable(tmp_path)
     seen: dict = {}
 
-    def install(domain_xml, serial_log, uri, out, press_keys):
+    def install(domain_xml, serial_log, uri, out, press_keys, ssh_check):
         seen["press_keys"] = press_keys  # this ISO has no El Torito entry: the keys are pressed
         seed = ET.fromstring(domain_xml).findall("devices/disk[@device='cdrom']")[1].find("source").get("file")
         iso = pycdlib.PyCdlib()

@@ -5,8 +5,11 @@ or a failure line, and the domain is shut down and gone either way."""
 from __future__ import annotations
 
 import io
+import subprocess
 import threading
 import time
+
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +161,37 @@ def test_a_timed_out_install_names_the_last_first_logon_step(tmp_path):
                     timeout_s=0.3, poll_s=0.05, press_keys=False)
     assert ("It stopped in the first logon, step 'the OpenSSH capability did not install (timed out); "
             "trying the MSI'") in str(failed.value)
+
+
+def test_a_ready_guest_is_logged_into_over_ssh_before_the_build_keeps_it(tmp_path):
+    from tests.windows_ssh_server import Reply, WindowsSshServer
+    from vmd.windows_image.install import sshd_takes_key
+
+    (tmp_path / "serial.log").write_text(f"vmd: done\r\n{contract.READY_MARKER}\r\n")
+    with WindowsSshServer(tmp_path / "guest", lambda found: Reply(), lambda script: None) as server:
+        out = io.StringIO()
+        run_install(domain_xml(tmp_path, "vmd-win-ssh"), tmp_path / "serial.log", URI, out, poll_s=0.05,
+                    press_keys=False, ssh_check=sshd_takes_key(server.port, "agent", Path(server.key_path)))
+        assert "  sshd takes the image's key" in out.getvalue()
+        assert server.recorded.connections >= 1
+        # Another key than the one the guest was given: refused, and the build says so.
+        other = tmp_path / "other_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+        with pytest.raises(InstallFailed) as failed:
+            run_install(domain_xml(tmp_path, "vmd-win-ssh-no"), tmp_path / "serial.log", URI, io.StringIO(),
+                        poll_s=0.05, press_keys=False, ssh_check=sshd_takes_key(server.port, "agent", other, 1.0))
+    message = str(failed.value)
+    assert "said VMD-READY but vmd could not log in over SSH with the image's key (AuthenticationException" in message
+    assert "It stopped in the first logon, step 'done'" in message
+    assert not running("vmd-win-ssh-no")
+
+
+def test_a_guest_whose_sshd_does_not_listen_is_not_kept(tmp_path):
+    from vmd.windows_image.install import free_port, sshd_takes_key
+
+    (tmp_path / "serial.log").write_text(f"{contract.READY_MARKER}\r\n")
+    key = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with pytest.raises(InstallFailed, match=r"could not log in over SSH .*ConnectionRefusedError"):
+        run_install(domain_xml(tmp_path, "vmd-win-nossh"), tmp_path / "serial.log", URI, io.StringIO(),
+                    poll_s=0.05, press_keys=False, ssh_check=sshd_takes_key(free_port(), "agent", key, 0.5))

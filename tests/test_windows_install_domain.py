@@ -139,11 +139,16 @@ def test_the_schema_check_is_real():
         conn.close()
 
 
-def test_the_install_reaches_the_internet_and_forwards_nothing():
+def test_the_install_reaches_the_internet_and_forwards_only_its_sshd():
     # Its first logon may fetch OpenSSH from Windows Update; nothing of a session runs in it.
-    root = ET.fromstring(install_xml(windows_image(Path("/i"), "win11-sata")))
+    image = windows_image(Path("/i"), "win11-sata")
+    root = ET.fromstring(install_xml(image))
     args = [a.get("value") for a in root.find(f"{{{QEMU_NS}}}commandline")]
     assert args[args.index("-netdev") + 1] == "user,id=vmdnet0"
+    forwarded = install_domain(image, name="b", disk=Path("/i/d"), medium=InstallMedium(Path("/m.iso")),
+                               seed_iso=Path("/i/s.iso"), serial_log=Path("/i/l"), ssh_port=40122)
+    args = [a.get("value") for a in ET.fromstring(forwarded.to_xml()).find(f"{{{QEMU_NS}}}commandline")]
+    assert args[args.index("-netdev") + 1] == "user,id=vmdnet0,hostfwd=tcp:127.0.0.1:40122-:22"
 
 
 def test_the_device_set_s_text_names_no_path_of_the_build():

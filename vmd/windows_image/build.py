@@ -31,8 +31,8 @@ from vmd.machines.images import Image
 from vmd.guests import windows_contract as contract
 from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
 from vmd.windows_image.editions import SUPPLY_HINT, Edition, MediaError, pick_edition, read_editions
-from vmd.windows_image.install import (InstallFailed, compress_base, host_problems, make_disk,
-                                       run_install, unreachable)
+from vmd.windows_image.install import (InstallFailed, compress_base, free_port, host_problems, make_disk,
+                                       run_install, sshd_takes_key, unreachable)
 from vmd.windows_image.boot_medium import MEDIUM_FILE, no_prompt_medium
 from vmd.windows_image.install_domain import DISK_GB, device_set_xml, install_domain
 from vmd.windows_image.seed import seed_files, write_seed
@@ -205,9 +205,11 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     image = guest_image(options, edition, partial)
     boot = no_prompt_medium(options.iso.resolve(), partial)
     print(f"  install CD: {boot.note}", file=out, flush=True)
+    port = free_port()
     domain = install_domain(image, name=f"vmd-windows-build-{target.name[-16:]}", disk=work_disk,
-                            medium=boot.medium, seed_iso=seed, serial_log=serial_log)
-    install(domain.to_xml(), serial_log, uri, out, press_keys=not boot.no_prompt)
+                            medium=boot.medium, seed_iso=seed, serial_log=serial_log, ssh_port=port)
+    install(domain.to_xml(), serial_log, uri, out, press_keys=not boot.no_prompt,
+            ssh_check=sshd_takes_key(port, contract.ADMIN_USER, partial / "id_ed25519"))
 
     step(7, "compress the disk into the base image", out)
     compress_base(work_disk, partial / "disk.qcow2")

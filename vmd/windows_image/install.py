@@ -4,6 +4,7 @@ says it is ready on COM1, and keeping its disk as a compressed base image."""
 from __future__ import annotations
 
 import shutil
+import socket
 import stat
 import subprocess
 import time
@@ -111,6 +112,41 @@ def _active(dom, libvirt) -> bool:
         return False
 
 
+# After the ready marker: sshd may still be starting its listener; tries this long.
+SSH_CHECK_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sshd_takes_key(port: int, user: str, key_path: Path, within_s: float = SSH_CHECK_S) -> Callable[[], None]:
+    """The check the build makes once the guest says it is ready: vmd logs in as `user` with
+    the image's key over the install's forward to the guest's port 22, as every session will.
+    That proves sshd runs, the firewall lets it be reached, and sshd takes the key file (it
+    ignores an administrators_authorized_keys whose ACL it does not like); raises with
+    paramiko's or the socket's last word when it cannot within `within_s`."""
+    def check() -> None:
+        from vmd.guests.ssh import SshConnection  # paramiko, only when a build gets this far
+
+        deadline = time.monotonic() + within_s
+        while True:
+            connection = SshConnection("127.0.0.1", port, user, str(key_path), connect_timeout=10)
+            try:
+                connection.transport()
+                return
+            except Exception as exc:  # refused, reset, auth failed: tried again until the bound
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
+            finally:
+                connection.close()
+            time.sleep(2)
+
+    return check
+
+
 def screenshot(dom, path: Path) -> str:
     """The guest's screen saved as a PNG at `path`, said as the end of a sentence."""
     from vmd.machines.screen import Screen  # libvirt-python, as in run_install
@@ -211,12 +247,14 @@ class InstallRun:
 
 
 def run_install(domain_xml: str, serial_log: Path, uri: str, out, timeout_s: float = INSTALL_TIMEOUT_S,
-                poll_s: float = POLL_S, boot_key_for_s: float = BOOT_KEY_FOR_S, press_keys: bool = True) -> None:
+                poll_s: float = POLL_S, boot_key_for_s: float = BOOT_KEY_FOR_S, press_keys: bool = True,
+                ssh_check: Callable[[], None] | None = None) -> None:
     """Boot the install domain (transient: nothing is left defined in libvirt), watch its
     serial log until the guest says it is ready, then shut Windows down. `press_keys`: the
     install CD's loader asks for a key (media without the no-prompt loader: boot_medium.py);
     Enter is pressed while it may ask, and a missed prompt resets the machine. A failure
-    names the step the install stopped in and leaves a screenshot beside the serial log."""
+    names the step the install stopped in and leaves a screenshot beside the serial log.
+    `ssh_check` (sshd_takes_key): asked once the guest is ready, before the shutdown."""
     # Here, not above: `vmd images build` and `vmd doctor` start without libvirt-python.
     import libvirt
 
@@ -231,7 +269,16 @@ def run_install(domain_xml: str, serial_log: Path, uri: str, out, timeout_s: flo
             dom = conn.createXML(domain_xml, 0)
         except libvirt.libvirtError as exc:
             raise InstallFailed(f"libvirt could not start the install machine: {exc}") from exc
-        InstallRun(dom, libvirt, serial_log, out, press_keys, poll_s, boot_key_for_s).wait_ready(timeout_s)
+        run = InstallRun(dom, libvirt, serial_log, out, press_keys, poll_s, boot_key_for_s)
+        run.wait_ready(timeout_s)
+        if ssh_check is not None:
+            try:
+                ssh_check()
+            except Exception as exc:
+                raise run.failed(f"the guest said {contract.READY_MARKER} but vmd could not log in over SSH with the "
+                                 f"image's key ({exc}).", "sshd, its firewall rule or administrators_authorized_keys "
+                                 "is not as the first logon left it: see the serial log's OpenSSH steps.") from None
+            print("  sshd takes the image's key", file=out, flush=True)
         try:
             dom.shutdown()
         except libvirt.libvirtError:

@@ -2,7 +2,8 @@
 device_set.py: the devices every session's machine of the image will have, so Windows meets
 at each cold boot the machine it was installed on), plus the user's ISO and the seed as
 CDs, its firmware trying the disk before the CD, COM1 logged to a file, and a first NIC
-that reaches the internet (the first logon may fetch OpenSSH from Windows Update).
+that reaches the internet (the first logon may fetch OpenSSH from Windows Update) with the
+guest's sshd forwarded to the host's loopback (the build logs in once it is ready).
 """
 
 from __future__ import annotations
@@ -35,17 +36,18 @@ class InstallMedium:
 
 
 def install_domain(image: Image, *, name: str, disk: Path, medium: InstallMedium, seed_iso: Path, serial_log: Path,
-                   run_as: tuple[int, int] | None = None, accel: str = "kvm") -> Domain:
+                   run_as: tuple[int, int] | None = None, accel: str = "kvm", ssh_port: int | None = None) -> Domain:
     """`image`: the image being built (its manifest's device fields; `image.dir` the build's
     folder, where the firmware's variable store is kept for the manifest's `uefi_vars`).
     Setup runs only under KVM (the build refuses without it): hours under TCG; `accel` is
-    for the tests, which boot the install's firmware under TCG."""
+    for the tests, which boot the install's firmware under TCG. `ssh_port`: the host's
+    loopback port forwarded to the guest's sshd, for the build's check once it is ready."""
     devices = device_set(image, disk, image.dir, boot_by_device_order=True)
     ssh_mac, egress_mac = nic_macs(name)
     return devices.domain(
         name=name, memory_mib=INSTALL_MEMORY_MIB, vcpus=INSTALL_VCPUS, accel=accel,
         description="vmagent: Windows image install (vmd images build windows)",
-        network=devices.network(None, ssh_mac, egress_mac, restrict=False),
+        network=devices.network(ssh_port, ssh_mac, egress_mac, restrict=False),
         cdroms=[CdRom(str(medium.path), INSTALL_CD, format=medium.format, boot_order=2),
                 CdRom(str(seed_iso), SEED_CD)],
         serial=SerialLog(str(serial_log)),
