@@ -158,3 +158,17 @@ def test_warm_windows_slots_come_with_identities_of_their_own_and_their_sessions
         for machine in machines:
             machine.destroy()
         destroy_left_guests(config, state)
+
+
+def test_the_image_s_first_logon_said_how_each_step_went(windows_images_dir):
+    # The install's serial log stays in the image's folder: what the first logon wrote on
+    # COM1 is the record of the steps docs/windows.md lists.
+    from vmd.machines.images import find_image
+
+    image = find_image("windows", windows_images_dir)
+    log = (image.dir / "serial.log").read_text(errors="replace")
+    width, height = image.resolution
+    # No display driver: the firmware's mode (std VGA's EDID, the image's resolution) is Windows'.
+    assert f"vmd: display {width}x{height}\r" in log or f"vmd: display {width}x{height}\n" in log, log
+    assert re.search(r"vmd: OpenSSH Server: (already installed|the \S+ capability|the Win32-OpenSSH MSI)", log), log
+    assert "vmd: autologon stays on" in log and "firstlogon failed" not in log

@@ -11,7 +11,7 @@ import pycdlib
 import pytest
 
 from tests.windows_media import VIRTIO_DRIVERS, make_iso, make_virtio_win_iso
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.editions import Edition, MediaError
 from vmd.windows_image.seed import FIRSTLOGON, seed_files, write_seed
 

@@ -2,7 +2,7 @@
 single-quoted strings, and CLIXML taken out of stderr.
 
 Why -EncodedCommand: sshd on Windows hands an exec request to its DefaultShell (PowerShell,
-set by the image: vmd/windows_image/guest_contract.py), which would parse vmd's text once
+set by the image: vmd/guests/windows_contract.py), which would parse vmd's text once
 more; a base64 of UTF-16LE has no quote, semicolon or backslash to misread and no code page
 to pass through. Why CLIXML: powershell.exe started with -EncodedCommand and its stderr not
 a console writes its error, warning and progress records to stderr as serialized XML

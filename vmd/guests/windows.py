@@ -1,5 +1,5 @@
 """A Windows guest over SSH (vmd/guests/guest.py `Guest`): Windows' OpenSSH with PowerShell as
-its DefaultShell (the image sets it: vmd/windows_image/guest_contract.py). Each command is one
+its DefaultShell (the image sets it: vmd/guests/windows_contract.py). Each command is one
 exec channel running `powershell -EncodedCommand` of RUN_WRAPPER (vmd/guests/windows_scripts.py),
 which runs the command file vmd wrote over SFTP in a powershell.exe of its own, inside a job
 object that the timeout terminates whole. Files over SFTP with Windows paths
@@ -27,7 +27,7 @@ from vmd.guests.windows_paths import parent, sftp_path, windows_path
 from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
 from vmd.guests.windows_verbs import WindowsVerbs
 from vmd.verbs import READ_LIMIT, one_line
-from vmd.windows_image.guest_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
+from vmd.guests.windows_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
 
 # Where vmd's command files and the window lists wait in the guest (deleted once read).
 RUN_FOLDER = GUEST_VMD_DIR + "\\run"

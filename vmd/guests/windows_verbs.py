@@ -4,7 +4,7 @@ script is a template of vmd/guests/windows_scripts.py; failures are `GuestError`
 
 Two things sshd's session cannot do itself, because it runs in session 0, whose desktop no
 one sees: start a window, and see the windows. Both go through the image's task that runs in
-the logged-on user's session (vmd/windows_image/guest_contract.py VMD_LAUNCH_TASK: it starts
+the logged-on user's session (vmd/guests/windows_contract.py VMD_LAUNCH_TASK: it starts
 the one command line written to LAUNCH_REQUEST, through `cmd /c start`).
 """
 
@@ -20,7 +20,7 @@ from vmd.guests.ssh import SshConnection
 from vmd.guests.windows_scripts import (CHECK_INTERNET, DESKTOP_PROBE, FACTS,
                                         LIST_WINDOWS, MOUNT_SHARE, NEW_IDENTITY, REBOOT, REMAP_SHARE, RUN_LAUNCH_TASK,
                                         SET_CLOCK, WINDOWS_DLL, render)
-from vmd.windows_image.guest_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
+from vmd.guests.windows_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
 
 log = logging.getLogger("vmd.guests.windows")
 

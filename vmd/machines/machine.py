@@ -31,8 +31,9 @@ from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
 from vmd.machines.accel import config_accel
 from vmd.machines.accel import timeout_scale as scale_for
-from vmd.machines.boot_share import boot_for, disk_for, nic_driver, share_for
-from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, Domain, RunAs, SerialLog, UserNetwork, Video,
+from vmd.machines.boot_share import nic_driver, share_for
+from vmd.machines.device_set import device_set
+from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, RunAs, SerialLog,
                                      VmdOwner, nic_macs, ssh_port_of)
 from vmd.machines.host import DEFAULT_URI, Host, local_host
 from vmd.machines.images import Image
@@ -171,13 +172,11 @@ class Machine:
         ssh_mac, egress_mac = nic_macs(name)
         # The boot and the share from the image's manifest (`share`: a test's choice over it).
         shared = share_for(image, project_dir, workdir, run_as, qemu_user, share)
-        spec = Domain(
+        # The image's devices, the same as the Windows install's (device_set.py says why).
+        devices = device_set(image, overlay, workdir)
+        spec = devices.domain(
             name=name, memory_mib=config.guest_memory_mib, vcpus=config.guest_vcpus, accel=acc,
-            boot=boot_for(image, workdir),
-            disk=disk_for(image, overlay),
-            network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac,
-                                nic_driver=nic_driver(image)),
-            video=Video(*image.resolution) if image.desktop else None,
+            network=devices.network(port, ssh_mac, egress_mac, egress=egress),
             shared=shared,
             serial=SerialLog(str(workdir / "console.log")),
             description=f"vmagent guest from image {image.dir.name}",

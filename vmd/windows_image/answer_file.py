@@ -14,7 +14,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.editions import Edition
 from vmd.windows_image.product_keys import generic_key
 
@@ -147,6 +147,9 @@ class UserData:
         # win2025.xml: Key alone, WillShowUI left at its default, OnError).
 
 
+AUTOLOGON_COUNT = 65432
+
+
 @dataclass
 class AdminAccount:
     """The local administrator vmd logs in as, logged on automatically at the desktop."""
@@ -170,8 +173,10 @@ class AdminAccount:
         logon = _sub(shell, "AutoLogon")
         _sub(logon, "Username", self.name)
         _sub(logon, "Enabled", "true")
-        # One autologon from Setup; firstlogon.ps1 removes the count so it stays on for good.
-        _sub(logon, "LogonCount", "1")
+        # For good: Winlogon counts this down at each autologon and, at zero, turns autologon
+        # off and deletes the stored password; dockur's answer files give this count.
+        # firstlogon.ps1 checks it is in place.
+        _sub(logon, "LogonCount", str(AUTOLOGON_COUNT))
         self._password(logon)
 
     def _password(self, parent: ET.Element, wrap: bool = True) -> None:
@@ -210,6 +215,12 @@ def _ps_quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+# How long firstlogon.ps1 gives each way of installing OpenSSH Server (the capability, which
+# Windows downloads from Windows Update, then the MSI): a few MB that take seconds where
+# Windows Update answers; past this it is taken as unreachable, and the next way is tried.
+OPENSSH_INSTALL_TIMEOUT_S = 900
+
+
 @dataclass
 class FirstLogon:
     """Copy vmd's folder off the seed (found by its volume label) and run firstlogon.ps1, in
@@ -224,16 +235,21 @@ class FirstLogon:
         params = {"User": contract.ADMIN_USER, "Width": str(self.width), "Height": str(self.height),
                   "LaunchTask": contract.VMD_LAUNCH_TASK, "LaunchRequest": contract.LAUNCH_REQUEST,
                   "Share": contract.SHARE_UNC, "ShareLetter": contract.SHARE_LETTER,
-                  "ReadyMarker": contract.READY_MARKER}
+                  "ReadyMarker": contract.READY_MARKER, "OpenSshTimeoutS": str(OPENSSH_INSTALL_TIMEOUT_S)}
         # Quoted, since -Command parses them as PowerShell (the old -File form took them raw).
         arguments = " ".join(f"-{name} {value if value.isdigit() else _ps_quote(value)}"
                              for name, value in params.items())
         # Stop: a failed copy must not go on to run a script that is not there. The build
-        # reads the outcome on COM1 (the script's steps), not this command's exit status.
-        body = (f"$ErrorActionPreference = 'Stop'; "
+        # reads the outcome on COM1 (the script's steps), not this command's exit status, so
+        # a failure before the script runs (no seed found, the copy, a script that does not
+        # parse) is written there too, in the script's own failure form; without it the
+        # build waited out its 2-hour bound.
+        body = (f"$ErrorActionPreference = 'Stop'; try {{ "
                 f"$d = (Get-Volume -FileSystemLabel {contract.SEED_LABEL}).DriveLetter; "
                 f"Copy-Item -Recurse -Force ($d + ':\\$OEM$\\$1\\vmd') 'C:\\'; "
-                f"& {_ps_quote(script)} {arguments}")
+                f"& {_ps_quote(script)} {arguments} }} catch {{ "
+                f"$p = New-Object IO.Ports.SerialPort 'COM1'; $p.Open(); "
+                f"$p.WriteLine('vmd: {contract.FAILED_MARKER}: before firstlogon.ps1 ran: ' + $_); $p.Close(); exit 1 }}")
         line = f'powershell.exe -NoProfile -ExecutionPolicy Bypass -Command "{body}"'
         if len(line) > COMMAND_LINE_MAX or '"' in body:
             raise ValueError(f"the first logon command cannot be written in one CommandLine: {line}")
@@ -262,6 +278,11 @@ class AnswerFile:
         setup = _component(pe, "Microsoft-Windows-Setup")
         self.disk.write(setup)
         ImageChoice(self.edition.index).write(setup, self.disk)
+        # No updates fetched by Setup (the install's network reaches the internet): what it
+        # installs is the user's media, and nothing slows it for a download (dockur's form).
+        update = _sub(setup, "DynamicUpdate")
+        _sub(update, "Enable", "false")
+        _sub(update, "WillShowUI", "Never")
         self.user_data.write(setup, self.edition)
         if self.edition.is_windows11:
             _commands(setup, "RunSynchronous", "RunSynchronousCommand", "Path",
@@ -277,7 +298,19 @@ class AnswerFile:
                       "RunSynchronousCommand", "Path",
                       [_reg_dword(r"HKLM\SOFTWARE\Microsoft\Windows\CurrentVersion\OOBE", "BypassNRO")])
 
+        if self.edition.is_server:
+            # Server Manager (and the initial configuration tasks) open at every logon of an
+            # administrator and cover the desktop the agent sees (dockur's win2022.xml).
+            _sub(_component(special, "Microsoft-Windows-ServerManager-SvrMgrNc"), "DoNotOpenServerManagerAtLogon", "true")
+            _sub(_component(special, "Microsoft-Windows-OutOfBoxExperience"), "DoNotOpenInitialConfigurationTasksAtLogon",
+                 "true")
+
         oobe = _sub(root, "settings", attrs={"pass": "oobeSystem"})
+        # No device encryption: Windows 11 24H2 encrypts C: with BitLocker on its own where it
+        # finds a TPM (the install has swtpm's), which would lock the base image to this TPM
+        # state; and no TCG security activation of the disk (dockur's win11x64.xml, both).
+        _sub(_component(oobe, "Microsoft-Windows-SecureStartup-FilterDriver"), "PreventDeviceEncryption", "true")
+        _sub(_component(oobe, "Microsoft-Windows-EnhancedStorage-Adm"), "TCGSecurityActivationDisabled", "1")
         self.language.write(_component(oobe, "Microsoft-Windows-International-Core"), winpe=False)
         shell = _component(oobe, "Microsoft-Windows-Shell-Setup")
         # Shell-Setup's schema orders its children: UserAccounts, AutoLogon, OOBE, FirstLogonCommands.

@@ -27,20 +27,23 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from vmd.config import VmdConfig
 from vmd.host_env import clean_env
 from vmd.machines.accel import kvm_works
-from vmd.windows_image import guest_contract as contract
+from vmd.machines.images import Image
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
-from vmd.windows_image.editions import SUPPLY_HINT, MediaError, pick_edition, read_editions
-from vmd.windows_image.install import (InstallFailed, compress_base, host_problems, make_disk,
-                                       run_install, unreachable)
-from vmd.windows_image.install_domain import DISK_GB, InstallDomain, SystemDisk, install_firmware
+from vmd.windows_image.editions import SUPPLY_HINT, Edition, MediaError, pick_edition, read_editions
+from vmd.windows_image.install import (InstallFailed, compress_base, free_port, host_problems, make_disk,
+                                       run_install, sshd_takes_key, unreachable)
+from vmd.windows_image.boot_medium import MEDIUM_FILE, no_prompt_medium
+from vmd.windows_image.install_domain import DISK_GB, device_set_xml, install_domain
 from vmd.windows_image.seed import seed_files, write_seed
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+VMD_DIR = Path(__file__).resolve().parents[1]
 # The files that decide what the installed guest is (its answer file, its first logon, its
-# media, its install machine, the contract it keeps): a change to one rebuilds the image
-# (40 minutes); the build's own plumbing and the doctor's check do not.
-RECIPE_FILES = ("guest_contract.py", "answer_file.py", "product_keys.py", "firstlogon.ps1", "seed.py",
-                "install_domain.py")
+# media, the contract it keeps), under vmd/: a change to one rebuilds the image (40 minutes);
+# the build's own plumbing and the doctor's check do not. The machine it is installed on is
+# hashed as its device set (install_domain.device_set_xml), not as the files that write it.
+RECIPE_FILES = ("guests/windows_contract.py", "windows_image/answer_file.py", "windows_image/product_keys.py",
+                "windows_image/firstlogon.ps1", "windows_image/seed.py")
 IMAGE_NAME = "windows"
 # What step 4 says of the key, so a build that stops at Setup's key page has been warned.
 KEY_FORMS = {"yours": "yours (--key)",
@@ -103,12 +106,29 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def recipe_hash(options: WindowsBuildOptions, iso_sha256: str, edition_index: int, language: str) -> str:
-    """RECIPE_FILES, the ISO, the chosen edition and every option (the key only as a hash)."""
+def guest_image(options: WindowsBuildOptions, edition: Edition, folder: Path) -> Image:
+    """The image being built, as far as its machines' devices go: the fields of its manifest
+    that vmd/machines/device_set.py reads, for the install machine and every session's."""
+    return Image(
+        name=IMAGE_NAME, os_family="windows", user=contract.ADMIN_USER, project_path=contract.PROJECT_PATH,
+        resolution=options.resolution, desktop=True,
+        # Boot from its own disk with OVMF, a TPM for Windows 11, the project over SMB (no 9p
+        # driver on Windows).
+        boot="disk", uefi=True, tpm=edition.is_windows11, share="smb",
+        # The devices the installed Windows has drivers for: virtio with virtio-win's, else
+        # AHCI and e1000e, which Windows drives itself (images.py `Image.disk_bus`, `nic`).
+        disk_bus="virtio" if options.virtio_win else "sata", nic="virtio" if options.virtio_win else "e1000e",
+        dir=folder)
+
+
+def recipe_hash(options: WindowsBuildOptions, iso_sha256: str, edition: Edition, language: str) -> str:
+    """RECIPE_FILES, the install machine's devices, the ISO, the chosen edition and every
+    option (the key only as a hash)."""
     digest = hashlib.sha256()
     for name in RECIPE_FILES:
-        digest.update(name.encode() + b"\0" + (PACKAGE_DIR / name).read_bytes() + b"\0")
-    extras = [iso_sha256, str(edition_index), language, f"{options.resolution[0]}x{options.resolution[1]}",
+        digest.update(name.encode() + b"\0" + (VMD_DIR / name).read_bytes() + b"\0")
+    digest.update(device_set_xml(guest_image(options, edition, Path("/image"))).encode() + b"\0")
+    extras = [iso_sha256, str(edition.index), language, f"{options.resolution[0]}x{options.resolution[1]}",
               hashlib.sha256((options.key or "").encode()).hexdigest(),
               file_sha256(options.virtio_win) if options.virtio_win else "",
               file_sha256(options.openssh_msi) if options.openssh_msi else ""]
@@ -154,7 +174,7 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     step(3, "hash the ISO and the recipe", out)
     language = options.language or (edition.languages[0] if edition.languages else "en-US")
     iso_sha256 = file_sha256(options.iso)
-    target = root / f"{IMAGE_NAME}-{recipe_hash(options, iso_sha256, edition.index, language)}"
+    target = root / f"{IMAGE_NAME}-{recipe_hash(options, iso_sha256, edition, language)}"
     if (target / "manifest.json").is_file():
         print(f"{IMAGE_NAME}: up to date ({target})", file=out, flush=True)
         return target
@@ -182,35 +202,27 @@ def build_windows(options: WindowsBuildOptions, root: Path, out=None, uri: str =
     work_disk = partial / "install.qcow2"
     make_disk(work_disk, DISK_GB)
     serial_log = partial / "serial.log"
-    domain = InstallDomain(
-        name=f"vmd-windows-build-{target.name[-16:]}",
-        firmware=install_firmware(nvram=str(partial / "OVMF_VARS.fd"), tpm=edition.is_windows11),
-        disk=SystemDisk(str(work_disk), virtio=options.virtio_win is not None),
-        install_iso=str(options.iso.resolve()), seed_iso=str(seed), serial_log=str(serial_log),
-        virtio_net=options.virtio_win is not None)
-    install(domain.to_xml(), serial_log, uri, out)
+    image = guest_image(options, edition, partial)
+    boot = no_prompt_medium(options.iso.resolve(), partial)
+    print(f"  install CD: {boot.note}", file=out, flush=True)
+    port = free_port()
+    domain = install_domain(image, name=f"vmd-windows-build-{target.name[-16:]}", disk=work_disk,
+                            medium=boot.medium, seed_iso=seed, serial_log=serial_log, ssh_port=port)
+    install(domain.to_xml(), serial_log, uri, out, press_keys=not boot.no_prompt,
+            ssh_check=sshd_takes_key(port, contract.ADMIN_USER, partial / "id_ed25519"))
 
     step(7, "compress the disk into the base image", out)
     compress_base(work_disk, partial / "disk.qcow2")
-    for leftover in (work_disk, seed):  # the seed holds the password; the manifest folder keeps it alone
+    for leftover in (work_disk, seed, partial / MEDIUM_FILE):  # the seed holds the password; the manifest folder keeps it alone
         leftover.unlink(missing_ok=True)
 
     step(8, "write the manifest", out)
     manifest = {
-        "name": IMAGE_NAME, "os_family": "windows",
-        "distro": f"windows-{edition.edition_id.lower()}-{edition.build}",
-        "user": contract.ADMIN_USER, "project_path": contract.PROJECT_PATH,
-        "resolution": list(options.resolution), "desktop": True, "disk": "disk.qcow2", "ssh_key": "id_ed25519",
+        **image.model_dump(mode="json", exclude={"dir", "kernel", "initrd", "kernel_args", "kernel_version"}),
+        "distro": f"windows-{edition.edition_id.lower()}-{edition.build}", "disk": "disk.qcow2", "ssh_key": "id_ed25519",
         "edition": edition.name, "edition_id": edition.edition_id, "edition_index": edition.index,
         "build": edition.build, "language": language, "iso_sha256": iso_sha256, "recipe": target.name.split("-")[-1],
-        # The Image fields of vmd/machines/images.py: boot from its own disk with OVMF, a TPM
-        # for Windows 11, the project over SMB (no 9p driver on Windows).
-        "boot": "disk", "uefi": True, "tpm": edition.is_windows11, "share": "smb",
         "uefi_vars": "OVMF_VARS.fd",  # the install's variable store; the ESP's fallback loader boots without it
-        # The devices the installed Windows has drivers for: virtio with virtio-win's, else
-        # AHCI and e1000e, which Windows drives itself (images.py `Image.disk_bus`, `nic`).
-        "disk_bus": "virtio" if options.virtio_win else "sata",
-        "nic": "virtio" if options.virtio_win else "e1000e",
         "admin_password_file": PASSWORD_FILE,
     }
     (partial / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -15,7 +15,9 @@ param(
     [string]$LaunchRequest = 'C:\vmd\launch.txt',
     [string]$Share = '\\10.0.2.4\project',
     [string]$ShareLetter = 'Z:',
-    [string]$ReadyMarker = 'VMD-READY'
+    [string]$ReadyMarker = 'VMD-READY',
+    # Each way of installing OpenSSH gets this long (the capability's download; the MSI).
+    [int]$OpenSshTimeoutS = 900
 )
 
 $ErrorActionPreference = 'Stop'
@@ -39,30 +41,70 @@ function Step([string]$Text) {
     try { Write-Serial "vmd: $Text" } catch { Write-Output "vmd: no serial port: $_" }
 }
 
-try {
-    Step 'OpenSSH Server'
+function Test-Sshd {
+    [bool](Get-Service -Name sshd -ErrorAction SilentlyContinue)
+}
+
+function Install-OpenSshServer([string]$Msi, [int]$TimeoutS) {
+    # Returns which way sshd came, in words; throws when none gave it. The capability is a
+    # Feature on Demand that Windows fetches from Windows Update (or FoD media), which can
+    # hang without the internet, and Add-WindowsCapability has reported success with no
+    # sshd service: each way is bounded in time and judged by the service, not its word.
+    if (Test-Sshd) { return 'already installed' }
+    $tried = @()
     $capability = Get-WindowsCapability -Online -Name 'OpenSSH.Server*' -ErrorAction SilentlyContinue |
         Select-Object -First 1
-    $msi = Join-Path $here 'OpenSSH-Win64.msi'
-    $installed = $false
-    if ($capability -and $capability.State -eq 'Installed') {
-        $installed = $true
-    } elseif ($capability) {
-        # A Feature on Demand: Windows downloads it, which fails without the internet.
-        try {
-            Add-WindowsCapability -Online -Name $capability.Name | Out-Null
-            $installed = $true
-        } catch {
-            Step "the OpenSSH capability did not install ($_); trying the MSI"
+    if ($capability) {
+        $job = Start-Job -ScriptBlock {
+            param($Name)
+            Add-WindowsCapability -Online -Name $Name | Out-Null
+        } -ArgumentList $capability.Name
+        if (Wait-Job -Job $job -Timeout $TimeoutS) {
+            try {
+                Receive-Job -Job $job -ErrorAction Stop | Out-Null
+                $tried += 'the capability said it installed'
+            } catch {
+                $tried += "the capability failed ($_)"
+            }
+        } else {
+            Stop-Job -Job $job
+            $tried += "the capability did not install within $TimeoutS s (Windows Update unreachable?)"
         }
+        Remove-Job -Job $job -Force
+        if (Test-Sshd) { return "the $($capability.Name) capability" }
+        if ($tried[-1] -eq 'the capability said it installed') { $tried[-1] += ', but no sshd service exists' }
+    } else {
+        $tried += 'this edition has no OpenSSH.Server capability'
     }
-    if (-not $installed) {
-        if (-not (Test-Path $msi)) {
-            throw 'OpenSSH Server could not be installed from Windows and no OpenSSH MSI was given: rebuild with --openssh-msi'
-        }
-        $install = Start-Process msiexec.exe -ArgumentList @('/i', "`"$msi`"", '/qn', '/norestart') -Wait -PassThru
-        if ($install.ExitCode -ne 0) { throw "the OpenSSH MSI failed with exit code $($install.ExitCode)" }
+    Step "OpenSSH Server: $($tried -join '; '); trying the MSI"
+    if (-not (Test-Path $Msi)) {
+        throw "OpenSSH Server could not be installed ($($tried -join '; ')) and no OpenSSH MSI was given: rebuild with --openssh-msi OpenSSH-Win64.msi from the PowerShell/Win32-OpenSSH releases"
     }
+    $install = Start-Process msiexec.exe -ArgumentList @('/i', "`"$Msi`"", '/qn', '/norestart') -PassThru
+    if (-not $install.WaitForExit($TimeoutS * 1000)) {
+        Stop-Process -Id $install.Id -Force -ErrorAction SilentlyContinue
+        throw "the OpenSSH MSI did not finish within $TimeoutS s"
+    }
+    # 3010: installed, a restart wanted (Windows Installer's ERROR_SUCCESS_REBOOT_REQUIRED).
+    if ($install.ExitCode -notin 0, 3010) { throw "the OpenSSH MSI failed with exit code $($install.ExitCode)" }
+    if (-not (Test-Sshd)) { throw 'the OpenSSH MSI finished but no sshd service exists' }
+    return 'the Win32-OpenSSH MSI'
+}
+
+try {
+    Step 'running as an administrator'
+    # The answer file puts the account in Administrators by name, as dockur's and
+    # cschneegans' answer files do on every display language; checked here by SID, so that
+    # an account left out of the group says so instead of failing at the first HKLM write.
+    $identity = [Security.Principal.WindowsIdentity]::GetCurrent()
+    $admins = New-Object Security.Principal.SecurityIdentifier 'S-1-5-32-544'
+    if (-not ([Security.Principal.WindowsPrincipal]$identity).IsInRole($admins)) {
+        throw "the first logon runs as $($identity.Name), not as an elevated member of Administrators (S-1-5-32-544)"
+    }
+
+    Step 'OpenSSH Server'
+    $how = Install-OpenSshServer -Msi (Join-Path $here 'OpenSSH-Win64.msi') -TimeoutS $OpenSshTimeoutS
+    Step "OpenSSH Server: $how"
     New-Item -Path 'HKLM:\SOFTWARE\OpenSSH' -Force | Out-Null
     $shell = Join-Path $env:SystemRoot 'System32\WindowsPowerShell\v1.0\powershell.exe'
     New-ItemProperty -Path 'HKLM:\SOFTWARE\OpenSSH' -Name DefaultShell -Value $shell -PropertyType String -Force | Out-Null
@@ -79,6 +121,9 @@ try {
     if ($LASTEXITCODE -ne 0) { throw "icacls failed on $keys" }
     Set-Service -Name sshd -StartupType Automatic
     Start-Service sshd
+    # Running, not only installed: a service that stops at once (a bad config or key ACL)
+    # says so here rather than as an SSH timeout in the first session.
+    (Get-Service -Name sshd).WaitForStatus('Running', [TimeSpan]::FromSeconds(60))
 
     Step 'firewall rule for SSH on every profile'
     Get-NetFirewallRule -Name 'vmd-sshd' -ErrorAction SilentlyContinue | Remove-NetFirewallRule
@@ -93,55 +138,41 @@ try {
     $desktop = 'HKCU:\Control Panel\Desktop'
     Set-ItemProperty -Path $desktop -Name ScreenSaveActive -Value '0'
     Set-ItemProperty -Path $desktop -Name ScreenSaverIsSecure -Value '0'
+    # The lock screen at boot: a machine policy (honoured by Enterprise, Education and Server).
     $personalization = 'HKLM:\SOFTWARE\Policies\Microsoft\Windows\Personalization'
     New-Item -Path $personalization -Force | Out-Null
     Set-ItemProperty -Path $personalization -Name NoLockScreen -Value 1 -Type DWord
-    $system = 'HKLM:\SOFTWARE\Microsoft\Windows\CurrentVersion\Policies\System'
-    Set-ItemProperty -Path $system -Name DisableLockWorkstation -Value 1 -Type DWord
+    # Locking the workstation: a user policy, read from the user's hive only (it was written
+    # to HKLM before, where Windows never looks for it). This script runs as that user.
+    $userSystem = 'HKCU:\Software\Microsoft\Windows\CurrentVersion\Policies\System'
+    New-Item -Path $userSystem -Force | Out-Null
+    Set-ItemProperty -Path $userSystem -Name DisableLockWorkstation -Value 1 -Type DWord
     $au = 'HKLM:\SOFTWARE\Policies\Microsoft\Windows\WindowsUpdate\AU'
     New-Item -Path $au -Force | Out-Null
     Set-ItemProperty -Path $au -Name NoAutoUpdate -Value 1 -Type DWord
     Stop-Service -Name wuauserv -Force -ErrorAction SilentlyContinue
     Set-Service -Name wuauserv -StartupType Disabled
-    # Setup's autologon counts down to zero; without the count it stays on for every boot.
-    $winlogon = 'HKLM:\SOFTWARE\Microsoft\Windows NT\CurrentVersion\Winlogon'
-    Remove-ItemProperty -Path $winlogon -Name AutoLogonCount -ErrorAction SilentlyContinue
-    Set-ItemProperty -Path $winlogon -Name AutoAdminLogon -Value '1'
+    # Autologon at every boot: the answer file's LogonCount is large (as dockur's, 65432), so
+    # Winlogon never counts down to the end, where it turns autologon off and deletes the
+    # stored password (removing AutoLogonCount here, as before, came after that could happen).
+    $winlogon = Get-ItemProperty -Path 'HKLM:\SOFTWARE\Microsoft\Windows NT\CurrentVersion\Winlogon'
+    $count = $winlogon.AutoLogonCount  # none: no count at all, which is for good too
+    if ($winlogon.AutoAdminLogon -ne '1' -or ($null -ne $count -and [int]$count -lt 1000)) {
+        throw "autologon is not set up for good (AutoAdminLogon $($winlogon.AutoAdminLogon), AutoLogonCount $count)"
+    }
+    Step "autologon stays on (AutoLogonCount $count)"
 
-    Step "resolution ${Width}x${Height}"
-    Add-Type -TypeDefinition @'
-using System;
-using System.Runtime.InteropServices;
-public static class VmdDisplay {
-    [StructLayout(LayoutKind.Sequential, CharSet = CharSet.Unicode)]
-    public struct DEVMODE {
-        [MarshalAs(UnmanagedType.ByValTStr, SizeConst = 32)] public string dmDeviceName;
-        public short dmSpecVersion, dmDriverVersion, dmSize, dmDriverExtra;
-        public int dmFields, dmPositionX, dmPositionY, dmDisplayOrientation, dmDisplayFixedOutput;
-        public short dmColor, dmDuplex, dmYResolution, dmTTOption, dmCollate;
-        [MarshalAs(UnmanagedType.ByValTStr, SizeConst = 32)] public string dmFormName;
-        public short dmLogPixels;
-        public int dmBitsPerPel, dmPelsWidth, dmPelsHeight, dmDisplayFlags, dmDisplayFrequency;
-        public int dmICMMethod, dmICMIntent, dmMediaType, dmDitherType, dmReserved1, dmReserved2;
-        public int dmPanningWidth, dmPanningHeight;
+    # Windows has no driver for the machine's std VGA: it keeps the mode the firmware set,
+    # which the image's video device sets to the image's resolution (vmd/machines/
+    # domain_devices.py Video); a display driver's mode list is not there to choose from.
+    # What Windows shows is said, so a build whose screen differs from its manifest is seen.
+    Add-Type -AssemblyName System.Windows.Forms
+    $screen = [System.Windows.Forms.Screen]::PrimaryScreen.Bounds
+    if ($screen.Width -eq $Width -and $screen.Height -eq $Height) {
+        Step "display ${Width}x${Height}"
+    } else {
+        Step "display $($screen.Width)x$($screen.Height), not the image's ${Width}x${Height}: the firmware did not set the video device's mode"
     }
-    [DllImport("user32.dll", CharSet = CharSet.Unicode)]
-    public static extern bool EnumDisplaySettings(string device, int mode, ref DEVMODE devMode);
-    [DllImport("user32.dll", CharSet = CharSet.Unicode)]
-    public static extern int ChangeDisplaySettings(ref DEVMODE devMode, int flags);
-    public static int Set(int width, int height) {
-        DEVMODE mode = new DEVMODE();
-        mode.dmSize = (short)Marshal.SizeOf(typeof(DEVMODE));
-        if (!EnumDisplaySettings(null, -1, ref mode)) { return -1; }
-        mode.dmPelsWidth = width;
-        mode.dmPelsHeight = height;
-        mode.dmFields = 0x80000 | 0x100000;
-        return ChangeDisplaySettings(ref mode, 1);
-    }
-}
-'@
-    $changed = [VmdDisplay]::Set($Width, $Height)
-    if ($changed -ne 0) { Write-Output "vmd: the display refused ${Width}x${Height} (code $changed)" }
 
     Step "task $LaunchTask starts programs in the logged-on session"
     # sshd's sessions run in session 0, where no window is ever seen; this task runs in the
@@ -166,7 +197,12 @@ Start-Process -FilePath 'cmd.exe' -WindowStyle Hidden -ArgumentList @('/c', 'sta
     # Guest access to QEMU's smbd: Windows 11 24H2 refuses unauthenticated shares by default.
     $lanman = 'HKLM:\SYSTEM\CurrentControlSet\Services\LanmanWorkstation\Parameters'
     Set-ItemProperty -Path $lanman -Name AllowInsecureGuestAuth -Value 1 -Type DWord
-    Set-SmbClientConfiguration -RequireSecuritySignature $false -Confirm:$false -ErrorAction SilentlyContinue
+    # Failing is said, not hidden: the share then works only where smbd signs.
+    try {
+        Set-SmbClientConfiguration -RequireSecuritySignature $false -Force -ErrorAction Stop
+    } catch {
+        Step "the SMB client still requires signing (Set-SmbClientConfiguration: $_)"
+    }
 
     Step 'done'
     Write-Serial $ReadyMarker

@@ -1,17 +1,21 @@
-"""The libvirt domain that installs Windows: q35, UEFI (OVMF), a TPM 2.0 (swtpm) for
-Windows 11, the user's ISO and the seed as CD-ROMs, COM1 logged to a file.
-
-Built from small typed pieces; the firmware is the sessions' own `DiskBoot`
-(vmd/machines/domain_xml.py: OVMF's 4M images, tpm-crb with libvirt's emulator backend), so
-the install and the guests it makes boot alike.
+"""The libvirt domain that installs Windows: the image's own device set (vmd/machines/
+device_set.py: the devices every session's machine of the image will have, so Windows meets
+at each cold boot the machine it was installed on), plus the user's ISO and the seed as
+CDs, its firmware trying the disk before the CD, COM1 logged to a file, and a first NIC
+that reaches the internet (the first logon may fetch OpenSSH from Windows Update) with the
+guest's sshd forwarded to the host's loopback (the build logs in once it is ready).
 """
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from vmd.machines.domain_xml import DiskBoot
-from vmd.machines.domain_xml import sub_element as _sub
+from pathlib import Path
+
+from vmd.machines.device_set import device_set
+from vmd.machines.domain_devices import CdRom, RunAs, SerialLog
+from vmd.machines.domain_network import nic_macs
+from vmd.machines.domain_xml import Domain
+from vmd.machines.images import Image
 
 # Windows 11's minimum is 4 GiB and 2 cores (Setup checks both unless bypassed); Setup
 # itself runs in ~2 GiB, more only shortens the install.
@@ -19,104 +23,42 @@ INSTALL_MEMORY_MIB = 4096
 INSTALL_VCPUS = 2
 # 64 GB is Windows 11's minimum disk; the qcow2 only holds what Windows writes (~12-20 GB).
 DISK_GB = 64
+# SATA ports 1 and 2: port 0 is the system disk's when it is SATA, in sessions as here.
+INSTALL_CD, SEED_CD = "sdb", "sdc"
 
 
-@dataclass
-class CdRom:
-    path: str
-    target: str  # sda, sdb...: SATA, which WinPE reads without a driver
-    boot_order: int | None = None
-
-    def write(self, devices: ET.Element) -> None:
-        cd = _sub(devices, "disk", type="file", device="cdrom")
-        _sub(cd, "driver", name="qemu", type="raw")
-        _sub(cd, "source", file=self.path)
-        _sub(cd, "target", dev=self.target, bus="sata")
-        _sub(cd, "readonly")
-        if self.boot_order:
-            _sub(cd, "boot", order=str(self.boot_order))
+@dataclass(frozen=True)
+class InstallMedium:
+    """What the install CD drive reads: the user's ISO (raw), or the qcow2 layer over it
+    whose El Torito entry boots Setup without a key (vmd/windows_image/boot_medium.py)."""
+    path: Path
+    format: str = "raw"
 
 
-@dataclass
-class SystemDisk:
-    """virtio when the seed carries viostor, else SATA (AHCI: Windows' own driver, slower)."""
-    path: str
-    virtio: bool
+def install_domain(image: Image, *, name: str, disk: Path, medium: InstallMedium, seed_iso: Path, serial_log: Path,
+                   run_as: tuple[int, int] | None = None, accel: str = "kvm", ssh_port: int | None = None) -> Domain:
+    """`image`: the image being built (its manifest's device fields; `image.dir` the build's
+    folder, where the firmware's variable store is kept for the manifest's `uefi_vars`).
+    Setup runs only under KVM (the build refuses without it): hours under TCG; `accel` is
+    for the tests, which boot the install's firmware under TCG. `ssh_port`: the host's
+    loopback port forwarded to the guest's sshd, for the build's check once it is ready."""
+    devices = device_set(image, disk, image.dir, boot_by_device_order=True)
+    ssh_mac, egress_mac = nic_macs(name)
+    return devices.domain(
+        name=name, memory_mib=INSTALL_MEMORY_MIB, vcpus=INSTALL_VCPUS, accel=accel,
+        description="vmagent: Windows image install (vmd images build windows)",
+        network=devices.network(ssh_port, ssh_mac, egress_mac, restrict=False),
+        cdroms=[CdRom(str(medium.path), INSTALL_CD, format=medium.format, boot_order=2),
+                CdRom(str(seed_iso), SEED_CD)],
+        serial=SerialLog(str(serial_log)),
+        run_as=RunAs(*run_as) if run_as else None)
 
-    def write(self, devices: ET.Element) -> None:
-        disk = _sub(devices, "disk", type="file", device="disk")
-        _sub(disk, "driver", name="qemu", type="qcow2", discard="unmap")
-        _sub(disk, "source", file=self.path)
-        _sub(disk, "target", dev="vda" if self.virtio else "sdc", bus="virtio" if self.virtio else "sata")
-        _sub(disk, "boot", order="2")
 
-
-def install_firmware(nvram: str, tpm: bool) -> DiskBoot:
-    """UEFI with the install's own variable store and, for Windows 11, a TPM; the boot
-    order is the devices' (the user's ISO first, then the disk Setup writes)."""
-    return DiskBoot(uefi=True, tpm=tpm, nvram=nvram, boot_dev=None)
-
-
-@dataclass
-class InstallDomain:
-    name: str
-    firmware: DiskBoot  # install_firmware()
-    disk: SystemDisk
-    install_iso: str
-    seed_iso: str
-    serial_log: str
-    virtio_net: bool
-    run_as: tuple[int, int] | None = None
-    memory_mib: int = INSTALL_MEMORY_MIB
-    vcpus: int = INSTALL_VCPUS
-
-    def to_element(self) -> ET.Element:
-        # Setup is only ever run with KVM (the build refuses without it): hours under TCG.
-        dom = ET.Element("domain", {"type": "kvm"})
-        _sub(dom, "name", self.name)
-        _sub(dom, "description", "vmagent: Windows image install (vmd images build windows)")
-        _sub(dom, "memory", str(self.memory_mib), unit="MiB")
-        _sub(dom, "vcpu", str(self.vcpus))
-        os_el = _sub(dom, "os")
-        _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
-        self.firmware.write(os_el)
-        features = _sub(dom, "features")
-        _sub(features, "acpi")
-        _sub(features, "apic")
-        # Hyper-V enlightenments: Windows runs markedly faster under KVM with these.
-        hyperv = _sub(features, "hyperv", mode="custom")
-        _sub(hyperv, "relaxed", state="on")
-        _sub(hyperv, "vapic", state="on")
-        _sub(hyperv, "spinlocks", state="on", retries="8191")
-        _sub(dom, "cpu", mode="host-passthrough")
-        clock = _sub(dom, "clock", offset="utc")
-        _sub(clock, "timer", name="hypervclock", present="yes")
-        # Setup reboots twice; the domain must come back each time, and end when Windows shuts down.
-        _sub(dom, "on_poweroff", "destroy")
-        _sub(dom, "on_reboot", "restart")
-        _sub(dom, "on_crash", "destroy")
-        devices = _sub(dom, "devices")
-        self.disk.write(devices)
-        CdRom(self.install_iso, "sda", boot_order=1).write(devices)
-        CdRom(self.seed_iso, "sdb").write(devices)
-        self.firmware.write_devices(devices)
-        # The first logon installs OpenSSH as a Feature on Demand, which Windows downloads;
-        # user-mode networking, like every vmd guest's.
-        nic = _sub(devices, "interface", type="user")
-        _sub(nic, "model", type="virtio" if self.virtio_net else "e1000e")
-        serial = _sub(devices, "serial", type="file")
-        _sub(serial, "source", path=self.serial_log)
-        _sub(serial, "target", port="0")
-        _sub(devices, "input", type="tablet", bus="usb")
-        video = _sub(devices, "video")
-        _sub(video, "model", type="vga", vram="16384")
-        _sub(devices, "memballoon", model="none")
-        if self.run_as:
-            label = _sub(dom, "seclabel", type="static", model="dac", relabel="yes")
-            _sub(label, "label", f"+{self.run_as[0]}:+{self.run_as[1]}")
-        return dom
-
-    def to_xml(self) -> str:
-        el = self.to_element()
-        ET.indent(el)
-        return ET.tostring(el, encoding="unicode")
+def device_set_xml(image: Image) -> str:
+    """The install machine with placeholder paths: what the recipe hash covers of it, so a
+    change to the devices a Windows guest gets rebuilds the image, and nothing else of the
+    code that writes them does."""
+    placeholder = image.model_copy(update={"dir": Path("/image")})
+    return install_domain(placeholder, name="vmd-windows-build", disk=Path("/image/install.qcow2"),
+                          medium=InstallMedium(Path("/media/install.iso")), seed_iso=Path("/image/seed.iso"),
+                          serial_log=Path("/image/serial.log")).to_xml()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pycdlib
 from pycdlib.pycdlibexception import PyCdlibException
 
-from vmd.windows_image import guest_contract as contract
+from vmd.guests import windows_contract as contract
 from vmd.windows_image.editions import Edition, MediaError
 
 FIRSTLOGON = Path(__file__).with_name("firstlogon.ps1")
