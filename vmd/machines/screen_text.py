@@ -223,9 +223,11 @@ def merged(cells: list[CellWord], words: list[Word]) -> list[Word]:
     """The terminal's words read from its cells (exact), and tesseract's words elsewhere: one
     whose centre lies on a line of cells read, or on the cell just after it (where a
     cursor sits), read the same text worse."""
-    spans = [(c.left, c.top, c.left + c.width + c.cell, c.top + c.height) for c in cells]
-    kept = [w for w in words
-            if not any(x0 <= w.centre[0] < x1 and y0 <= w.centre[1] < y1 for x0, y0, x1, y1 in spans)]
+    spans: dict[int, list[tuple[int, int]]] = {}  # each pixel row's stretches of cells read
+    for c in cells:
+        for y in range(c.top, c.top + c.height):
+            spans.setdefault(y, []).append((c.left, c.left + c.width + c.cell))
+    kept = [w for w in words if not any(x0 <= w.centre[0] < x1 for x0, x1 in spans.get(w.centre[1], ()))]
     exact = [Word(c.text, c.left, c.top, c.width, c.height, 100.0) for c in cells
              if any(ch.isalnum() for ch in c.text)]
     return sorted(exact + kept, key=lambda w: (w.top, w.left))

@@ -45,6 +45,9 @@ ANCHOR_CELLS = 8
 ANCHOR_GLYPHS = 3
 # Grids read at most: each is read across the whole screen (at 3840x2400, 68,000 cells).
 MAX_GRIDS = 4
+# Words of two greys searched for a grid in vain before the search stops: a guest's screen
+# full of another bitmap font would otherwise cost a search (1-3 ms) for each of its words.
+MAX_SEARCHES = 200
 
 
 @dataclass(frozen=True)
@@ -191,14 +194,17 @@ def read_cells(gray: PILImage.Image, anchors: list[tuple[int, int, int, int]]) -
     fonts = cell_fonts()
     grids: list[tuple[CellFont, int, int]] = []
     rows: dict[int, list[CellWord]] = {}  # the words read, by the top of their row
+    searches = 0
     for box in anchors:
-        if len(grids) >= MAX_GRIDS:
+        if len(grids) >= MAX_GRIDS or searches >= MAX_SEARCHES:
             break
         if not _two_greys(gray, box) or _on_a_grid_read(box, grids, rows):
             continue
         for font in fonts:
             grid = _anchored(gray, font, box)
-            if grid is not None and (font, *grid) not in grids:
+            if grid is None:
+                searches += 1
+            elif (font, *grid) not in grids:
                 grids.append((font, *grid))
                 for word in _read_grid(gray, font, grid):
                     rows.setdefault(word.top, []).append(word)
