@@ -91,9 +91,10 @@ class GuestDesktop:
     def _start(self) -> None:
         shutil.copytree(GUEST_HOME, self.home, symlinks=True)
         # The guest's skeleton .bashrc prompts `\u@\h:\w\$ ` as agent on vmagent-guest; this
-        # host's user and name differ, so the login shell is told the guest's words.
-        # (.bashrc for the shells of xterms the scenes open, .profile for the login shell.)
-        (self.home / ".bashrc").write_text("PS1='agent@vmagent-guest:\\w$ '\n")
+        # host's user and name differ, so the login shell is told the guest's words. It also
+        # colours ls (bold blue folders). (.bashrc for the shells of xterms the scenes open,
+        # .profile for the login shell.)
+        (self.home / ".bashrc").write_text("PS1='agent@vmagent-guest:\\w$ '\nalias ls='ls --color=auto'\n")
         (self.home / ".profile").write_text(". \"$HOME/.bashrc\"\n")
         (self.folder / "fb").mkdir()
         read, write = os.pipe()
@@ -257,15 +258,18 @@ def idle_terminal(desktop: GuestDesktop) -> Scene:
 
 
 def terminal_with_output(desktop: GuestDesktop) -> Scene:
-    """Two commands typed at the prompt and what they printed, and the prompt again."""
+    """Three commands typed at the prompt and what they printed, and the prompt again."""
     (desktop.home / "notes.txt").write_text("\n".join(NOTES) + "\n")
     desktop.type("cat notes.txt\n")
+    desktop.type("mkdir reports; ls\n")
     desktop.type("ls -l missing.txt\n")
     scene = Scene("xterm with output")
     scene.add("terminal")
     scene.add(f"{PROMPT} cat notes.txt")
     for line in NOTES:
         scene.add(line)
+    scene.add(f"{PROMPT} mkdir reports; ls")
+    scene.add("notes.txt reports")  # the folder in bold blue
     scene.add(f"{PROMPT} ls -l missing.txt")
     scene.add("ls: cannot access 'missing.txt': No such file or directory")
     scene.add(PROMPT)

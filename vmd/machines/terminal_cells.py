@@ -64,7 +64,7 @@ class CellWord:
 @dataclass(frozen=True)
 class CellFont:
     """Glyph bitmaps of one cell size: each cell as bytes of 0 (background) and 1 (ink),
-    column by column (the layout _Screen.strip gives), to the character it draws."""
+    column by column (the layout _Row gives), to the character it draws."""
     width: int
     height: int
     glyphs: dict[bytes, str]
