@@ -346,8 +346,8 @@ tk.Label(root, text="Delete 3 old log files from the project?", font=("DejaVu Sa
 tk.Label(root, text="They are kept in the trash for 30 days.", font=("DejaVu Sans", 9)).pack(padx=24, pady=(0, 12))
 row = tk.Frame(root)
 row.pack(pady=(0, 16))
-tk.Button(row, text="Approve", font=("DejaVu Sans", 10)).pack(side="left", padx=8)
-tk.Button(row, text="Cancel", font=("DejaVu Sans", 10)).pack(side="left", padx=8)
+tk.Button(row, text="Approve", font=("DejaVu Sans", 12)).pack(side="left", padx=8)
+tk.Button(row, text="Cancel", font=("DejaVu Sans", 12)).pack(side="left", padx=8)
 root.mainloop()
 """
 
@@ -365,7 +365,30 @@ def dialog(desktop: GuestDesktop) -> Scene:
     return scene
 
 
-SCENES = (idle_terminal, terminal_with_output, dark_terminal, editor, dialog)
+APPROVAL = """import tkinter as tk
+
+root = tk.Tk()
+root.title("Approval needed")
+tk.Label(root, text="Please review the change", font=("DejaVu Sans", 12)).pack(padx=30, pady=12)
+tk.Button(root, text="Approve", font=("DejaVu Sans", 12)).pack(padx=30, pady=12)
+root.mainloop()
+"""
+
+
+def approval(desktop: GuestDesktop) -> Scene:
+    """The window tests/test_ocr_vm.py has a text-only model click on a real guest, where
+    openbox places it (below the terminal)."""
+    desktop.open_tk("approval", APPROVAL, "Approval needed")
+    scene = Scene("approval")
+    scene.add("terminal")
+    scene.add(PROMPT)
+    scene.add("Approval needed")
+    scene.add("Please review the change")
+    scene.add("Approve")
+    return scene
+
+
+SCENES = (idle_terminal, terminal_with_output, dark_terminal, editor, dialog, approval)
 
 
 def draw(scene) -> tuple[Scene, Shot]:

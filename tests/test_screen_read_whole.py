@@ -178,3 +178,18 @@ def test_other_fonts_and_scaled_screens_have_no_cells(fixed_font):
     terminal, boxes = draw_terminal(fixed_font, 0, 255)
     half = terminal.resize((320, 60), Image.LANCZOS)  # a framebuffer shown at half its size
     assert terminal_cells.read_cells(half, [(b[0] // 2, b[1] // 2, b[2] // 2, b[3] // 2) for b in boxes]) == []
+
+
+def test_a_real_guests_screen_reads_its_prompt_and_the_button_to_click():
+    # A screenshot of the debian guest as tests/test_ocr_vm.py leaves it (QEMU's dump through
+    # vmd's Screen): the terminal idle at its prompt, the approval window below it. Read before
+    # as "agent@vmagent-suest:~$"; a line-removal that left the button's sides read its caption
+    # as "“povrove".
+    if shutil.which(st.TESSERACT) is None:
+        _needs("tesseract is not installed; run `apt-get install tesseract-ocr tesseract-ocr-eng`")
+    png = (guest_desktop.ROOT / "tests" / "golden" / "screens" / "debian-approval.png").read_bytes()
+    words = {w.text: w for w in st.read_words(png)}
+    assert guest_desktop.PROMPT in words and "Approve" in words, sorted(words)
+    prompt, approve = words[guest_desktop.PROMPT], words["Approve"]
+    assert (prompt.left, prompt.top, prompt.width, prompt.height) == (33, 52, 9 * 22, 15)  # its cells
+    assert 594 <= approve.centre[0] <= 686 and 716 <= approve.centre[1] <= 745, approve  # on the button

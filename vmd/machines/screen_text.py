@@ -41,7 +41,8 @@ MAX_PIXELS = 3840 * 2400
 OCR_TIMEOUT_S = 30.0
 # How the picture is prepared for tesseract, measured by bench/ocr.py on the debian guest's own
 # desktop drawn on the host (an idle xterm, one with output, a reverse-video xterm, a Tk editor, a
-# Tk dialog; tests/guest_desktop.py). Read as it was before (twice the size, dark
+# Tk dialog, test_ocr_vm's approval window; tests/guest_desktop.py) and on a real guest's
+# screenshot (tests/golden/screens). Read as it was before (twice the size, dark
 # neighbourhoods inverted, each pixel divided by the lightest around it) the idle terminal gave
 # no word: the window's dark border, left dark where a light pixel's box reached the desktop,
 # ran into the prompt's first letter 3 px away, and the title bar into its top.
@@ -55,8 +56,11 @@ INK_GAIN = 2  # a difference of half the range is black already: anti-aliased te
 # - A straight run of ink longer than any glyph's stroke (window borders, title bars'
 #   edges, separators) is a line, not text: it is taken out before tesseract groups it
 #   with the letters beside it.
+#   A run of 29 px: the sides of a button with a 12 pt caption (30 px) are lines, and
+#   tesseract read "Approve" between them as "“povrove" when only runs of 41 px were; a
+#   glyph's stroke is that long only in a font of about 38 px.
 LINE_INK = 60
-LINE_RADIUS = 20  # a run of 41 px, longer than any stroke of a screen font
+LINE_RADIUS = 14
 LINE_SHARE = 245  # of 255: the run is ink all along
 # - Screen fonts are 11-13 px, smaller than the print tesseract is trained on: it reads
 #   at twice the size (three times lost the Tk menu and buttons), bilinear (bicubic's
