@@ -9,10 +9,11 @@ own guest. vmd/session/handlers/end_verbs.py decides on what this returns.
    is pushed as not verified).
 2. **The clean room**: a fresh machine with the candidate as a git work tree at the
    project's path; the setup (when named) and then the check run there.
-3. **The baseline, the SWE-bench way**: only when the check passed, a second fresh
-   machine with the base commit (or an empty project) and the check's own files from the
-   candidate (`verification.check_files`) committed over it; the setup is run there too
-   (its exit is not the check's), then the check. Proven: it fails there.
+3. **The baseline, the SWE-bench way**: a second fresh machine with the base commit (or
+   an empty project) and the check's own files from the candidate
+   (`verification.check_files`) committed over it, booted while the candidate's check
+   runs and used only when that check passed; the setup is run there too (its exit is not
+   the check's), then the check. Proven: it fails there.
 """
 
 from __future__ import annotations
@@ -59,22 +60,26 @@ def verify(session: Session, v: V.Verification, notify) -> Checked:
     session.ready_machine()  # the work is done in the session's machine: its boot is over
     candidate, left_out = candidate_commit(session)
     repo = session.store.remote(session.s.owner, session.s.project or "").repository()
-    with CleanRoom(session, "check") as room:
-        room.lay_out(repo, candidate)
-        with streamed(notify) as sink:
-            got = room.run(v.setup, v.command, v.expect_exit, timeout, sink, tail)
-    checked = Checked(where="clean_room", run=got.check, cwd=got.project_path, setup=got.setup,
-                      candidate=candidate, left_out=left_out, rooms=[_room(got, "check")])
-    if got.setup is not None and not got.setup.passed:
-        return checked  # the setup failed: the check's run says nothing of the work
-    if not got.check.passed:
-        return checked
+    # The baseline's project is known once the candidate is: its room boots while the
+    # candidate's check runs (two restores side by side instead of one after the other), and
+    # is torn down unused when the check fails.
     changed = repo.changed_files(session.s.base_commit, candidate) if candidate else []
-    checked.check_files = check.check_files(changed, v.command, v.tests, v.setup)
-    overlay = {path: _blob(repo, candidate, path) for path in checked.check_files} if candidate else {}
-    with CleanRoom(session, "base") as base_room:
+    check_files = check.check_files(changed, v.command, v.tests, v.setup)
+    overlay = {path: _blob(repo, candidate, path) for path in check_files} if candidate else {}
+    with CleanRoom(session, "check") as room, CleanRoom(session, "base") as base_room:
+        room.lay_out(repo, candidate)
         base_room.lay_out(repo, session.s.base_commit if repo.exists() else None,
                           {p: data for p, data in overlay.items() if data is not None})
+        base_room.boot_beside()
+        with streamed(notify) as sink:
+            got = room.run(v.setup, v.command, v.expect_exit, timeout, sink, tail)
+        checked = Checked(where="clean_room", run=got.check, cwd=got.project_path, setup=got.setup,
+                          candidate=candidate, left_out=left_out, rooms=[_room(got, "check")])
+        if got.setup is not None and not got.setup.passed:
+            return checked  # the setup failed: the check's run says nothing of the work
+        if not got.check.passed:
+            return checked
+        checked.check_files = check_files
         base = base_room.run(v.setup, v.command, v.expect_exit, timeout, None, tail)
     checked.baseline = base.check
     checked.rooms.append(_room(base, "baseline"))
