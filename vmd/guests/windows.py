@@ -1,8 +1,9 @@
 """A Windows guest over SSH (vmd/guests/guest.py `Guest`): Windows' OpenSSH with PowerShell as
 its DefaultShell (the image sets it: vmd/windows_image/guest_contract.py). Each command is one
-exec channel running `powershell -EncodedCommand` of RUN_WRAPPER (vmd/guests/windows_scripts.py),
-which runs the command file vmd wrote over SFTP in a powershell.exe of its own, inside a job
-object that the timeout terminates whole. Files over SFTP with Windows paths
+exec channel whose line runs RUN_WRAPPER (vmd/guests/windows_scripts.py) in sshd's own PowerShell
+(vmd/guests/powershell.py in_shell_command), which maps the project share with the share's
+login and runs the command file vmd wrote over SFTP in a powershell.exe of its own, inside a
+job object that the timeout terminates whole: two PowerShell starts per command. Files over SFTP with Windows paths
 (vmd/guests/windows_paths.py). Its OS verbs are `WindowsVerbs` (vmd/guests/windows_verbs.py).
 
 Why a command file and not the command in the line: a command may be 128 KiB (the contract's
@@ -21,7 +22,7 @@ import paramiko
 from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, OutputCallback,
                              listing_of)
 from vmd.guests.output import _CappedStream, _LineSplitter
-from vmd.guests.powershell import b64_utf8, encoded_command, plain_lines, quoted, strip_clixml
+from vmd.guests.powershell import b64_utf8, in_shell_command, plain_lines, quoted, strip_clixml
 from vmd.guests.ssh import LIST_TIME_S, SshConnection, drain
 from vmd.guests.windows_paths import parent, sftp_path, windows_path
 from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
@@ -73,14 +74,14 @@ class WindowsGuest(WindowsVerbs, Guest):
     # --- shell ---------------------------------------------------------------------
 
     def command_line(self, command_file: str, cwd: str, seconds: int) -> str:
-        """The exec line of one command: the wrapper, with the command's own script inside it."""
+        """The exec line of one command: the wrapper, with the command's own script inside it.
+        It holds the share's password: it goes to the guest and nowhere else."""
         inner = render(RUN_INNER, CWD_B64=quoted(b64_utf8(cwd)), FILE_B64=quoted(b64_utf8(command_file)))
         inner_b64 = base64.b64encode(inner.encode("utf-16-le")).decode("ascii")
-        wrapper = render(RUN_WRAPPER, SECONDS=seconds, MAP_SHARE=self.share_unc is not None,
-                         DRIVE_ROOT=quoted(self.drive + "\\"), DRIVE=self.drive,
-                         SHARE_UNC=quoted(self.share_unc or ""), JOB_DLL=quoted("vmd\\" + JOB_DLL),
-                         INNER=quoted(inner_b64), TIMEOUT_LINE=quoted(TIMEOUT_LINE))
-        return encoded_command(wrapper)
+        wrapper = render(RUN_WRAPPER, SECONDS=seconds, MAP_SHARE=self.maps_share,
+                         JOB_DLL=quoted("vmd\\" + JOB_DLL), INNER=quoted(inner_b64),
+                         TIMEOUT_LINE=quoted(TIMEOUT_LINE), **self.share_values())
+        return in_shell_command(wrapper)
 
     def run(self, command: str, timeout: float = 300, cwd: str | None = None,
             on_output: OutputCallback | None = None) -> CommandResult:
