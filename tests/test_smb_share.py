@@ -402,3 +402,11 @@ def test_each_share_gets_a_uid_of_its_own_and_a_released_or_abandoned_one_is_tak
     assert new_account(tmp_path / "c", tmp_path / "pc").uid == a.uid
     shutil.rmtree(tmp_path / "b")  # a folder gone (a slot handed out, a crash) holds no uid
     assert new_account(tmp_path / "d", tmp_path / "pd").uid == b.uid
+
+
+def test_a_host_without_smbds_sandbox_is_told_what_to_install(monkeypatch, tmp_path):
+    from vmd.machines import smbd_jail
+    from vmd.windows_image.readiness import windows_readiness
+    monkeypatch.setattr(smbd_jail, "BWRAP", str(tmp_path / "no-bwrap"))
+    status, text = windows_readiness(tmp_path, lambda: True)
+    assert status == "warn" and f"{tmp_path / 'no-bwrap'} missing): install Debian's bubblewrap" in text
