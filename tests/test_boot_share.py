@@ -233,3 +233,42 @@ def test_a_uefi_guest_is_undefined_with_its_variable_store_on_libvirts_qemu_driv
         if name in [d.name() for d in conn.listAllDomains()]:
             dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
         conn.close()
+
+
+def test_a_machine_whose_project_share_does_not_map_is_not_ready_and_says_why(tmp_path):
+    # Before, ready() mapped Z: and never looked: every command lost its Z:\ folder. Now a
+    # share the guest could not map stops the machine's ready with the guest's own words.
+    import subprocess
+
+    from vmd.guests.guest import GuestFacts
+    from vmd.machines.machine import Machine
+
+    folder = tmp_path / "windows-test"
+    folder.mkdir()
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(folder / "disk.qcow2"), "64M"], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "id_ed25519")], check=True)
+    image = _image(folder, os_family="windows", user="agent", project_path="Z:\\", desktop=False, boot="disk",
+                   uefi=True, tpm=True, share="smb", kernel=None, initrd=None, disk_bus="sata", nic="e1000e")
+    project = tmp_path / "project"
+    project.mkdir()
+    machine = Machine.create(image, name="win-unmapped", workdir=tmp_path / "w", project_dir=project,
+                             uri="test:///default")
+
+    class Unmapped:  # what WindowsGuest answers when net use fails
+        share_login = machine.guest.share_login
+
+        def mount_share(self):
+            return "net use exited 2: System error 1326 has occurred. The user name or password is incorrect."
+
+        def facts(self):
+            return GuestFacts(os="Windows 11 Pro", kernel="", python="none", git="none", desktop=True,
+                              project_mounted=False, boot_id="b", hostname="W")
+
+    try:
+        machine.guest = Unmapped()
+        machine.ssh.transport = lambda: None  # sshd answers
+        with pytest.raises(MachineError, match=r"its project share is not mounted at Z:\\ \(net use exited 2: System "
+                                               r"error 1326 .*\); nothing it wrote would be kept"):
+            machine.ready(timeout=30)
+    finally:
+        machine.destroy()

@@ -259,7 +259,7 @@ class Machine:
             facts = self._ready_restored()
             if facts is not None:
                 return facts
-        problem = self.guest.mount_share() if self.project_dir is not None else None
+        share_problem = self.guest.mount_share() if self.project_dir is not None else None
         if desktop and self.image.desktop:
             if desktop_timeout is not None:
                 deadline = min(deadline, time.monotonic() + desktop_timeout)
@@ -269,7 +269,7 @@ class Machine:
                         f"the guest '{self.name}' answers over SSH but its desktop did not come up "
                         f"within {timeout:.0f} s ({problem}); use the shell, or reboot_vm.")
                 time.sleep(1.0)
-        self.facts = self._share_checked(self.read_facts(), problem)
+        self.facts = self._share_checked(self.read_facts(), share_problem)
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
 
