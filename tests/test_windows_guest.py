@@ -407,3 +407,20 @@ def test_a_restored_guest_maps_the_project_drive_anew_in_the_desktop_session_too
     [script] = ran
     assert "& net.exe use Z: /delete /y" in script and NET_USE in script
     assert powershell_problems(script) == []
+
+
+def test_sftp_on_the_project_drive_maps_it_first_in_each_new_ssh_logon(win):
+    # SFTP runs in the SSH connection's own logon, where Z: exists only once mapped there: a
+    # connection vmd opens anew (after a question's wait) maps it before its first request.
+    def maps(found: Exec) -> bool:
+        return "'mapped'; exit 0" in found.command and NET_USE in found.command
+
+    win.guest.write_file("Z:\\a.txt", "first")
+    win.guest.write_file("Z:\\src\\b.txt", "second")
+    assert sum(maps(e) for e in win.server.recorded.execs) == 1
+    win.guest.ssh.close()  # the suspend before a question closes it; the resume reconnects
+    assert win.guest.read_file("Z:\\a.txt").content == "first"
+    assert sum(maps(e) for e in win.server.recorded.execs) == 2
+    assert win.server.recorded.execs[-1].connection == win.server.recorded.connections  # the new logon's
+    win.guest.write_file("C:\\Users\\agent\\c.txt", "not on the share")
+    assert sum(maps(e) for e in win.server.recorded.execs) == 2

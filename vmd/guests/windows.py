@@ -25,7 +25,7 @@ from vmd.guests.output import _CappedStream, _LineSplitter
 from vmd.guests.powershell import b64_utf8, in_shell_command, plain_lines, quoted, strip_clixml
 from vmd.guests.ssh import LIST_TIME_S, SshConnection, drain
 from vmd.guests.windows_paths import parent, sftp_path, windows_path
-from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
+from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, MOUNT_SHARE, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
 from vmd.guests.windows_verbs import WindowsVerbs
 from vmd.verbs import READ_LIMIT, one_line
 from vmd.windows_image.guest_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
@@ -60,6 +60,7 @@ class WindowsGuest(WindowsVerbs, Guest):
     # What `run` keeps of each stream (head, tail bytes): the machine sets vmd's config's
     # (vmd/guests/output.py OutputBounds); None keeps _CappedStream's defaults.
     output = None
+    _mapped_for = None  # the SSH transport whose logon had the project drive mapped (_share_ready)
 
     def __init__(self, ssh: SshConnection, project_path: str = PROJECT_PATH):
         self.ssh = ssh
@@ -128,8 +129,22 @@ class WindowsGuest(WindowsVerbs, Guest):
     def resolve(self, path: str) -> str:
         return windows_path(path, self.project_path)
 
+    def _share_ready(self, full: str) -> None:
+        """SFTP runs in this SSH connection's logon, where the project drive exists only once
+        something mapped it there: a connection vmd opened anew (after a question's wait, a
+        dropped transport) maps it before its first SFTP request on the drive. A mapping that
+        fails shows as the request's own error."""
+        if not self.maps_share or not full[:2].upper() == self.drive.upper():
+            return
+        transport = self.ssh.transport()
+        if self._mapped_for is transport:
+            return
+        self._mapped_for = transport
+        self._ps(MOUNT_SHARE, 30, **self.share_values())
+
     def _sftp_call(self, verb: str, path: str, fn):
         try:
+            self._share_ready(path)
             return fn()
         except FileNotFoundError:
             raise GuestError(f"{verb} {path}: no such file or folder in the guest; "

@@ -101,6 +101,7 @@ class WindowsVerbs:
     identity_wait_s = 90.0  # sshd's restart with its new keys (forget_identity)
     # Whether the desktop session was asked to map the drive with this share's login (REMAP_SHARE).
     _desktop_mapped = False
+    _mapped_for = None  # WindowsGuest._share_ready's
 
     @property
     def maps_share(self) -> bool:
@@ -165,6 +166,7 @@ class WindowsVerbs:
         if self.share_login is None:
             return "the SMB share has no login (vmd found no account for it)"
         done = self._ps(MOUNT_SHARE, 30, **self.share_values())
+        self._mapped_for = self.ssh.transport() if done.exit_code == 0 else None
         self._remap_in_session()
         return None if done.exit_code == 0 else _said(done) or f"exit {done.exit_code}"
 
