@@ -122,8 +122,8 @@ def linux_smb_mount(project_path: str, login: ShareLogin, server: str = "10.0.2.
     (`ip=`, `unc=`: what the helper would resolve), and numeric owner ids. The share's own
     login (`username=`, since mount(8) keeps `user` for itself; its password is letters and
     digits, so no comma ends the option string early) over NTLMSSP, every request signed
-    (`sign`: the server requires it too; /proc/mounts then says `sec=ntlmsspi`). noperm: the server's modes are vmd's (0600/0700), the guest's
-    user owns everything it sees."""
+    (`sign`: the server requires it too; /proc/mounts then says `sec=ntlmsspi`). noperm:
+    the server's modes are vmd's (0600/0700), the guest's user owns everything it sees."""
     fixed = shlex.quote(f"ip={server},unc=\\\\{server}\\{share},username={login.user},password={login.password},"
                         "sec=ntlmssp,sign,vers=3.0,nounix,noperm,file_mode=0644,dir_mode=0755,actimeo=1")
     return (f"sudo -n mkdir -p {shlex.quote(project_path)} && sudo -n mount -t cifs //{server}/{share} "
