@@ -25,7 +25,7 @@ from vmd.machines import smb_account
 from vmd.machines.netns_pair import private_tcp_pair
 from vmd.machines.smb_account import SMB_USER, UID_COUNT, UID_MIN, load_account, md4, new_account, nt_hash
 from vmd.machines.smb_relay import SESSION_REFUSED, SmbRelay, is_negotiate
-from vmd.machines.smb_share import (SOCKET_PATH_MAX, TESTPARM,
+from vmd.machines.smb_share import (SOCKET_PATH_MAX, STARTS_FILE, TESTPARM,
                                     prepare_smb_share, release_share, share_account, smbd_dir)
 from vmd.machines.smbd_jail import BWRAP, SMBD, jailed_smbd
 
@@ -85,7 +85,7 @@ class Share:
         self.qemu.listen(1)
         folder = smbd_dir(workdir)
         self.relay = SmbRelay(Path(self.made.socket), jailed_smbd(folder, folder / "state", self.account),
-                              max_starts).start()
+                              max_starts, count_file=folder / STARTS_FILE).start()
         self.chardev, _ = self.qemu.accept()
         self.chardev.settimeout(60)
         self.port: int | None = None
@@ -299,7 +299,7 @@ def test_what_runs_in_smbds_sandbox_can_write_the_share_and_nothing_else(share, 
         assert st.st_uid == share.account.uid != 0
 
 
-def test_each_new_connection_gets_a_fresh_smbd_up_to_the_cap_then_is_refused(tmp_path):
+def test_each_new_connection_gets_a_fresh_smbd_up_to_the_cap_then_is_refused_across_vmd_restarts(tmp_path):
     made = Share(tmp_path / "w", max_starts=2)
     try:
         for connection in (1, 2):
@@ -317,6 +317,19 @@ def test_each_new_connection_gets_a_fresh_smbd_up_to_the_cap_then_is_refused(tmp
         assert answer == SESSION_REFUSED
         assert made.relay.connections == 2 and made.relay.refused == 1 and made.relay.capped
         assert made.relay._server is None
+        # A vmd restarted under the running guest relays again and goes on counting.
+        made.relay.stop()
+        made.chardev.close()
+        folder = smbd_dir(made.workdir)
+        made.relay = SmbRelay(Path(made.made.socket), made.relay.command, 2, count_file=folder / STARTS_FILE).start()
+        made.chardev, _ = made.qemu.accept()
+        made.chardev.settimeout(60)
+        assert made.relay.connections == 2 and made.relay.capped
+        made.chardev.sendall(negotiate_frame())
+        answer = b""
+        while len(answer) < len(SESSION_REFUSED):
+            answer += made.chardev.recv(16)
+        assert answer == SESSION_REFUSED and made.relay.connections == 2
     finally:
         made.close()
 

@@ -54,11 +54,14 @@ class SmbRelay:
     connection of the guest, at most `max_starts` of them. A thread; `stop` ends it and its
     smbd."""
 
-    def __init__(self, socket_path: Path, command: list[str], max_starts: int):
+    def __init__(self, socket_path: Path, command: list[str], max_starts: int, count_file: Path | None = None):
         self.socket_path = Path(socket_path)
         self.command = list(command)
         self.max_starts = max_starts
-        self.connections = 0  # smbd processes started
+        # The starts so far, kept in `count_file` (vmd's folder of the share), so that a vmd
+        # restarted under a running guest goes on counting where the last one stopped.
+        self.count_file = count_file
+        self.connections = _read_count(count_file)  # smbd processes started
         self.refused = 0  # NEGOTIATEs refused past max_starts
         self._stop = threading.Event()
         self._qemu: socket.socket | None = None
@@ -207,6 +210,11 @@ class SmbRelay:
             theirs.close()
         self._server_end = ours
         self.connections += 1
+        if self.count_file is not None:
+            try:
+                self.count_file.write_text(str(self.connections))
+            except OSError as exc:
+                log.warning("smb relay: the count of smbd starts could not be kept (%s)", exc)
         threading.Thread(target=self._pump_from_server, args=(ours,), daemon=True,
                          name=f"smb-relay-out {self.socket_path}").start()
 
@@ -240,6 +248,13 @@ class SmbRelay:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def _read_count(count_file: Path | None) -> int:
+    try:
+        return int(count_file.read_text()) if count_file is not None else 0
+    except (OSError, ValueError):
+        return 0
 
 
 def _skip(sock: socket.socket, n: int) -> bool:

@@ -43,6 +43,8 @@ SHARE_NAME = "project"
 SOCKET_PATH_MAX = 107
 # smbd's log per session: enough for a failed mount's reasons, bounded on disk (KiB).
 LOG_MAX_KIB = 1024
+# How many smbd the share's relays started (smb_relay.SmbRelay.count_file), in vmd's folder.
+STARTS_FILE = "starts"
 # smbd's folders under its state (STATE_IN_JAIL in the sandbox).
 STATE_DIRS = ("private", "lock", "state", "cache", "pid", "ncalrpc", "bind-dns")
 
@@ -168,6 +170,7 @@ def prepare_smb_share(workdir: Path, project_dir: Path, qemu_owner: tuple[int, i
                          "give vmd a shorter state_dir.")
     folder = smbd_dir(workdir)
     release_account(folder)  # a share made again (a warm slot handed out) gets a new account
+    (folder / STARTS_FILE).unlink(missing_ok=True)  # and its own count of smbd starts
     account = new_account(folder, project_dir)
     owner = (account.uid, account.gid)
     state = private_dir(folder / "state")
@@ -224,4 +227,5 @@ def relay_for(domain: libvirt.virDomain, workdir: Path, max_starts: int) -> SmbR
     if sock is None or account is None:
         return None
     folder = smbd_dir(workdir)
-    return SmbRelay(Path(sock), jailed_smbd(folder, folder / "state", account), max_starts).start()
+    return SmbRelay(Path(sock), jailed_smbd(folder, folder / "state", account), max_starts,
+                    count_file=folder / STARTS_FILE).start()
