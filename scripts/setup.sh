@@ -57,15 +57,17 @@ apt-get update -q
 # searx: the real search engine web_search's tests run on loopback (tests/searx_server.py).
 # Windows guests (docs/windows.md): wimtools reads the editions of the user's ISO, ovmf and
 # swtpm boot Windows 11 (UEFI, TPM 2.0); samba and cifs-utils serve and test the project
-# share over SMB, since 9p has no Windows driver; mono-mcs compiles the C# the Windows guest's
-# scripts hand to Add-Type (tests/test_windows_scripts.py), as no Windows runs here; mtools
-# writes the FAT boot images of the test install media that OVMF boots (tests/efi_loader.py).
+# share over SMB, since 9p has no Windows driver; bubblewrap is the sandbox each smbd runs in
+# (vmd/machines/smbd_jail.py) and smbclient the SMB client its tests log on with; mono-mcs
+# compiles the C# the Windows guest's scripts hand to Add-Type (tests/test_windows_scripts.py),
+# as no Windows runs here; mtools writes the FAT boot images of the test install media that
+# OVMF boots (tests/efi_loader.py).
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
     chromium xvfb xdotool python3-tk ca-certificates tesseract-ocr tesseract-ocr-eng nftables searx \
     xfonts-base openbox xterm x11-xserver-utils x11-utils \
-    wimtools ovmf swtpm swtpm-tools samba cifs-utils mono-mcs mtools >/dev/null
+    wimtools ovmf swtpm swtpm-tools samba cifs-utils bubblewrap smbclient mono-mcs mtools >/dev/null
 
 say "libvirt"
 # QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the

@@ -146,7 +146,7 @@ def test_an_image_without_its_key_is_refused_before_a_guest_starts(fake_image, t
 def test_a_guest_vmd_cannot_take_over_once_started_is_destroyed(fake_image, tmp_path, monkeypatch):
     # The domain runs before vmd builds its Machine (SSH, guest, screen, SMB relay): a failure
     # there must not leave a guest running that no session owns.
-    def broken(domain, workdir):
+    def broken(domain, workdir, max_starts):
         raise OSError("the relay's socket folder is gone")
     monkeypatch.setattr(machine_module, "relay_for", broken)
     with pytest.raises(MachineError, match=r"the guest 'orphan' started but vmd could not take it over "

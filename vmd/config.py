@@ -185,6 +185,11 @@ class VmdConfig(BaseModel):
     # How often the egress guard is asked while a guest has egress (vmd/server/guard_watch.py):
     # the longest a firewall reload leaves such a guest unguarded.
     guard_watch_s: float = Field(default=2, gt=0)
+    # The most smbd processes one machine's SMB share starts (vmd/machines/smb_share.py): one
+    # per SMB connection of the guest. An honest guest reconnects after a restore, a vmd
+    # restart or an idle drop, a few dozen times in a long session; a guest that negotiates
+    # in a loop gets this many smbd starts on the host, then its share is refused.
+    smb_max_starts: int = Field(default=256, ge=1)
     # A push that fails at close for a reason that may pass (Gitea down, a network error)
     # is retried in the background for this long; the commit is safe in vmd's repository
     # meanwhile. A day covers a Gitea upgrade or a weekend outage; after it the report

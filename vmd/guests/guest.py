@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import stat
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Callable
 
 from pydantic import BaseModel
@@ -125,12 +126,23 @@ def listing_of(folder, *, list_time_s: float, fold_case: bool, narrower: str, lo
     return entries
 
 
+@dataclass(frozen=True)
+class ShareLogin:
+    """Who the guest maps its SMB project share as (vmd/machines/smb_account.py): the share's
+    own user and random password. The password goes to the guest in the mapping command
+    alone, never into a log line, an error or the record."""
+    user: str
+    password: str = field(repr=False)
+
+
 class Guest(ABC):
     os_family: str
     project_path: str
     # How the machine shares the project folder ("9p" or "smb": the image's manifest, or a
     # test's choice; vmd/machines/boot_share.py), which `mount_share` mounts.
     share: str = "9p"
+    # The SMB share's login (the machine sets it from the share's account); None on 9p.
+    share_login: ShareLogin | None = None
 
     @abstractmethod
     def run(self, command: str, timeout: float = 300, cwd: str | None = None,
@@ -169,7 +181,7 @@ class Guest(ABC):
     def desktop_problem(self) -> str | None: ...  # None once the desktop is up, else what is missing
 
     @abstractmethod
-    def mount_share(self) -> None: ...  # the project share, unless it is mounted; facts say whether it is
+    def mount_share(self) -> str | None: ...  # the project share, unless it is mounted: None, or why not
 
     @abstractmethod
     def restored(self, now: float, mount_share: bool) -> GuestFacts: ...  # a saved guest woken: clock, share, facts

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import shlex
 
-from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow
+from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, ShareLogin
 from vmd.guests.x11_windows import list_x11_windows
 
 log = logging.getLogger("vmd.guests.os_verbs")
@@ -49,6 +49,7 @@ class LinuxVerbs:
     project_path: str
     user: str  # the account the agent's commands run as
     share: str  # "9p" or "smb" (Guest.share)
+    share_login: ShareLogin | None  # the SMB share's (Guest.share_login)
 
     def launch_app(self, path: str, args: list[str]) -> str:
         """Starts `path` on the desktop, detached from the SSH session; the text says what to do next."""
@@ -88,15 +89,19 @@ class LinuxVerbs:
     def _mount_line(self) -> str:
         """Mounts the project share unless it is (fstab names the 9p one)."""
         if self.share == "smb":
-            return f"mountpoint -q {self.project_path} || {linux_smb_mount(self.project_path)}"
+            if self.share_login is None:
+                return "echo 'the SMB share has no login' >&2; false"
+            return f"mountpoint -q {self.project_path} || {linux_smb_mount(self.project_path, self.share_login)}"
         return f"mountpoint -q {self.project_path} || sudo -n mount {self.project_path}"
 
-    def mount_share(self) -> None:
-        # The facts say whether the share is mounted; vmd's log says why it is not.
+    def mount_share(self) -> str | None:
+        # The facts say whether the share is mounted; the machine says why it is not.
         done = self.run(self._mount_line(), timeout=30)
         if done.exit_code != 0:
-            log.warning("mounting the %s project share failed (exit %s): %s", self.share, done.exit_code,
-                        (done.stdout + done.stderr).strip()[-300:])
+            said = (done.stdout + done.stderr).strip()[-300:]
+            log.warning("mounting the %s project share failed (exit %s): %s", self.share, done.exit_code, said)
+            return f"mount exited {done.exit_code}: {said}"
+        return None
 
     def reboot(self) -> None:
         self.run("sudo systemctl reboot", timeout=10)
@@ -111,13 +116,15 @@ class LinuxVerbs:
             raise GuestError(f"the guest could not take a new identity: {(done.stdout + done.stderr)[-300:]}")
 
 
-def linux_smb_mount(project_path: str, server: str = "10.0.2.4", share: str = "project") -> str:
+def linux_smb_mount(project_path: str, login: ShareLogin, server: str = "10.0.2.4", share: str = "project") -> str:
     """The project over SMB (vmd/machines/smb_share.py) with the kernel's cifs alone: the
     Debian image has no mount.cifs, so the kernel gets the server's address and UNC itself
-    (`ip=`, `unc=`: what the helper would resolve), and numeric owner ids. A guest login
-    (`map to guest` on the server side; `username=`, since mount(8) keeps `user` for itself). noperm: the server's modes are vmd's (0600/0700),
-    the guest's user owns everything it sees."""
-    fixed = shlex.quote(f"ip={server},unc=\\\\{server}\\{share},username=guest,password=,vers=3.0,nounix,noperm,"
-                        "file_mode=0644,dir_mode=0755,actimeo=1")
+    (`ip=`, `unc=`: what the helper would resolve), and numeric owner ids. The share's own
+    login (`username=`, since mount(8) keeps `user` for itself; its password is letters and
+    digits, so no comma ends the option string early) over NTLMSSP, every request signed
+    (`sign`: the server requires it too; /proc/mounts then says `sec=ntlmsspi`). noperm:
+    the server's modes are vmd's (0600/0700), the guest's user owns everything it sees."""
+    fixed = shlex.quote(f"ip={server},unc=\\\\{server}\\{share},username={login.user},password={login.password},"
+                        "sec=ntlmssp,sign,vers=3.0,nounix,noperm,file_mode=0644,dir_mode=0755,actimeo=1")
     return (f"sudo -n mkdir -p {shlex.quote(project_path)} && sudo -n mount -t cifs //{server}/{share} "
             f"{shlex.quote(project_path)} -o {fixed},uid=$(id -u),gid=$(id -g)")

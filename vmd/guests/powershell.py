@@ -1,11 +1,13 @@
-"""Windows PowerShell 5.1 as vmd speaks it over SSH: the `-EncodedCommand` line, PowerShell's
-single-quoted strings, and CLIXML taken out of stderr.
+"""Windows PowerShell 5.1 as vmd speaks it over SSH: the exec line, PowerShell's single-quoted
+strings, and CLIXML taken out of stderr.
 
-Why -EncodedCommand: sshd on Windows hands an exec request to its DefaultShell (PowerShell,
-set by the image: vmd/guests/windows_contract.py), which would parse vmd's text once
-more; a base64 of UTF-16LE has no quote, semicolon or backslash to misread and no code page
-to pass through. Why CLIXML: powershell.exe started with -EncodedCommand and its stderr not
-a console writes its error, warning and progress records to stderr as serialized XML
+Why base64: sshd on Windows hands an exec request to its DefaultShell (PowerShell, set by
+the image: vmd/guests/windows_contract.py) as `powershell.exe -c <line>`, which parses
+vmd's text once more; a base64 of UTF-16LE has no quote, semicolon or backslash to misread
+and no code page to pass through. The line decodes it and runs it in that same PowerShell
+(`in_shell_command`); the command's own powershell.exe gets its script as -EncodedCommand
+(windows_scripts.RUN_WRAPPER). Why CLIXML: powershell.exe started with -EncodedCommand and
+its stderr not a console writes its error, warning and progress records to stderr as serialized XML
 (`#< CLIXML` and an `<Objs ...>` document per write, a CR LF in a record's text escaped as
 `_x000D__x000A_`); the model must read the text, not the XML. Ansible's PowerShell shell
 plugin meets the same blocks over the same transport (github.com/ansible/ansible issue 67964).
@@ -17,10 +19,8 @@ import base64
 import html
 import re
 
-POWERSHELL = "powershell"
-# Every command line vmd sends: no profile (a profile's output or error is not the command's),
-# nothing that waits for a person, a script that is no file (so no execution policy applies).
-ENCODED_PREFIX = f"{POWERSHELL} -NoProfile -NonInteractive -EncodedCommand "
+IN_SHELL_PREFIX = "$vmdScript = [Text.Encoding]::Unicode.GetString([Convert]::FromBase64String('"
+IN_SHELL_SUFFIX = "')); & ([ScriptBlock]::Create($vmdScript))"
 # CreateProcess takes a command line of at most 32,767 characters: sshd's own `-c` around ours
 # must fit too, so vmd's line stays under this.
 COMMAND_LINE_MAX = 30_000
@@ -35,19 +35,27 @@ _STRING = re.compile(r'<S S="(\w+)">(.*?)</S>', re.DOTALL)
 _ESCAPE_RUN = re.compile(r"(?:_x[0-9A-Fa-f]{4}_)+")
 
 
-def encoded_command(script: str) -> str:
-    """The line that runs `script` in Windows PowerShell: base64 of its UTF-16LE text."""
-    line = ENCODED_PREFIX + base64.b64encode(script.encode("utf-16-le")).decode("ascii")
+def in_shell_command(script: str) -> str:
+    """A line that runs `script` inside the PowerShell sshd starts for the exec request (its
+    DefaultShell, `powershell.exe -c <line>`), with no powershell.exe of its own: one process
+    start fewer per command than a `powershell -EncodedCommand` line. The script travels as
+    base64 of UTF-16LE (as -EncodedCommand's does), decoded into a script block; the line holds only letters,
+    digits and `$[]().:;&'+/= `, so neither Win32-OpenSSH's quoting of the argument (one
+    pair of double quotes around it) nor PowerShell's parse of it changes a thing. `exit N`
+    in the script ends that shell with N, so the channel's exit status is the script's."""
+    payload = base64.b64encode(script.encode("utf-16-le")).decode("ascii")
+    line = IN_SHELL_PREFIX + payload + IN_SHELL_SUFFIX
     if len(line) > COMMAND_LINE_MAX:
         raise ValueError(f"a PowerShell command line of {len(line)} characters is past Windows' limit")
     return line
 
 
-def decode_command(line: str) -> str:
-    """The script of an `encoded_command` line (the tests' SSH server reads them back with it)."""
-    if not line.startswith(ENCODED_PREFIX):
-        raise ValueError(f"not an encoded PowerShell line: {line[:80]!r}")
-    return base64.b64decode(line[len(ENCODED_PREFIX):], validate=True).decode("utf-16-le")
+def decode_in_shell(line: str) -> str:
+    """The script of an `in_shell_command` line (the tests' SSH server reads them back with it)."""
+    if not (line.startswith(IN_SHELL_PREFIX) and line.endswith(IN_SHELL_SUFFIX)):
+        raise ValueError(f"not vmd's in-shell PowerShell line: {line[:80]!r}")
+    payload = line[len(IN_SHELL_PREFIX):-len(IN_SHELL_SUFFIX)]
+    return base64.b64decode(payload, validate=True).decode("utf-16-le")
 
 
 def quoted(text: str) -> str:

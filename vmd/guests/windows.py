@@ -1,8 +1,9 @@
 """A Windows guest over SSH (vmd/guests/guest.py `Guest`): Windows' OpenSSH with PowerShell as
 its DefaultShell (the image sets it: vmd/guests/windows_contract.py). Each command is one
-exec channel running `powershell -EncodedCommand` of RUN_WRAPPER (vmd/guests/windows_scripts.py),
-which runs the command file vmd wrote over SFTP in a powershell.exe of its own, inside a job
-object that the timeout terminates whole. Files over SFTP with Windows paths
+exec channel whose line runs RUN_WRAPPER (vmd/guests/windows_scripts.py) in sshd's own PowerShell
+(vmd/guests/powershell.py in_shell_command), which maps the project share with the share's
+login and runs the command file vmd wrote over SFTP in a powershell.exe of its own, inside a
+job object that the timeout terminates whole: two PowerShell starts per command. Files over SFTP with Windows paths
 (vmd/guests/windows_paths.py). Its OS verbs are `WindowsVerbs` (vmd/guests/windows_verbs.py).
 
 Why a command file and not the command in the line: a command may be 128 KiB (the contract's
@@ -21,10 +22,10 @@ import paramiko
 from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, OutputCallback,
                              listing_of)
 from vmd.guests.output import _CappedStream, _LineSplitter
-from vmd.guests.powershell import b64_utf8, encoded_command, plain_lines, quoted, strip_clixml
+from vmd.guests.powershell import b64_utf8, in_shell_command, plain_lines, quoted, strip_clixml
 from vmd.guests.ssh import LIST_TIME_S, SshConnection, drain
 from vmd.guests.windows_paths import parent, sftp_path, windows_path
-from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
+from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, MOUNT_SHARE, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
 from vmd.guests.windows_verbs import WindowsVerbs
 from vmd.verbs import READ_LIMIT, one_line
 from vmd.guests.windows_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
@@ -59,6 +60,7 @@ class WindowsGuest(WindowsVerbs, Guest):
     # What `run` keeps of each stream (head, tail bytes): the machine sets vmd's config's
     # (vmd/guests/output.py OutputBounds); None keeps _CappedStream's defaults.
     output = None
+    _mapped_for = None  # the SSH transport whose logon had the project drive mapped (_share_ready)
 
     def __init__(self, ssh: SshConnection, project_path: str = PROJECT_PATH):
         self.ssh = ssh
@@ -73,14 +75,14 @@ class WindowsGuest(WindowsVerbs, Guest):
     # --- shell ---------------------------------------------------------------------
 
     def command_line(self, command_file: str, cwd: str, seconds: int) -> str:
-        """The exec line of one command: the wrapper, with the command's own script inside it."""
+        """The exec line of one command: the wrapper, with the command's own script inside it.
+        It holds the share's password: it goes to the guest and nowhere else."""
         inner = render(RUN_INNER, CWD_B64=quoted(b64_utf8(cwd)), FILE_B64=quoted(b64_utf8(command_file)))
         inner_b64 = base64.b64encode(inner.encode("utf-16-le")).decode("ascii")
-        wrapper = render(RUN_WRAPPER, SECONDS=seconds, MAP_SHARE=self.share_unc is not None,
-                         DRIVE_ROOT=quoted(self.drive + "\\"), DRIVE=self.drive,
-                         SHARE_UNC=quoted(self.share_unc or ""), JOB_DLL=quoted("vmd\\" + JOB_DLL),
-                         INNER=quoted(inner_b64), TIMEOUT_LINE=quoted(TIMEOUT_LINE))
-        return encoded_command(wrapper)
+        wrapper = render(RUN_WRAPPER, SECONDS=seconds, MAP_SHARE=self.maps_share,
+                         JOB_DLL=quoted("vmd\\" + JOB_DLL), INNER=quoted(inner_b64),
+                         TIMEOUT_LINE=quoted(TIMEOUT_LINE), **self.share_values())
+        return in_shell_command(wrapper)
 
     def run(self, command: str, timeout: float = 300, cwd: str | None = None,
             on_output: OutputCallback | None = None) -> CommandResult:
@@ -127,8 +129,22 @@ class WindowsGuest(WindowsVerbs, Guest):
     def resolve(self, path: str) -> str:
         return windows_path(path, self.project_path)
 
+    def _share_ready(self, full: str) -> None:
+        """SFTP runs in this SSH connection's logon, where the project drive exists only once
+        something mapped it there: a connection vmd opened anew (after a question's wait, a
+        dropped transport) maps it before its first SFTP request on the drive. A mapping that
+        fails shows as the request's own error."""
+        if not self.maps_share or not full[:2].upper() == self.drive.upper():
+            return
+        transport = self.ssh.transport()
+        if self._mapped_for is transport:
+            return
+        self._mapped_for = transport
+        self._ps(MOUNT_SHARE, 30, **self.share_values())
+
     def _sftp_call(self, verb: str, path: str, fn):
         try:
+            self._share_ready(path)
             return fn()
         except FileNotFoundError:
             raise GuestError(f"{verb} {path}: no such file or folder in the guest; "

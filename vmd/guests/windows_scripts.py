@@ -82,15 +82,25 @@ def type_loader(type_name: str, field: str, indent: str = "") -> str:
     return "\n".join(lines).replace("@@SOURCE@@", "{{" + field + "_SOURCE}}")
 
 
-# The -EncodedCommand sshd's PowerShell runs for one `run`: maps the project share in this
-# logon session when it is not (each SSH logon is a session of its own, where the desktop's
-# Z: does not exist), starts the command's own powershell.exe (RUN_INNER) in a job object,
-# waits at most SECONDS, kills the job's whole tree past it, and exits with the command's code.
+# A net.exe that maps the project share with the share's own login (vmd/machines/smb_account.py).
+# sshd's logons have no credentials for the network (a key proves nothing to another server:
+# Win32-OpenSSH #518, #1049, #139), so a mapping without them fails in every SSH logon; with the
+# share's user and password it is also a signed connection, which Windows 11 24H2 requires.
+# Any earlier mapping of the drive (one left unavailable by a relay's restart) goes first.
+NET_USE = """& net.exe use {{DRIVE}} /delete /y 2>&1 | Out-Null
+$vmdSaid = & net.exe use {{DRIVE}} {{SHARE_UNC}} {{SHARE_PASSWORD}} ('/user:' + {{SHARE_USER}}) /persistent:no 2>&1"""
+
+# What sshd's own PowerShell runs for one `run`, in itself (vmd/guests/powershell.py
+# in_shell_command: no powershell.exe of its own, so a command costs two starts, the shell's and
+# the command's, not three): maps the project share in this logon session when it is not (each
+# SSH logon is a session of its own, where the desktop's Z: does not exist), starts the
+# command's own powershell.exe (RUN_INNER) in a job object, waits at most SECONDS, kills the
+# job's whole tree past it, and exits with the command's code.
 RUN_WRAPPER = PREAMBLE + """$vmdSeconds = {{SECONDS}}
 if ({{MAP_SHARE}} -and -not (Test-Path -LiteralPath {{DRIVE_ROOT}})) {
     # Before 'Stop': in 5.1 a native program's stderr under 2>&1 is an error record, which
     # 'Stop' would make the end of the wrapper. A share that cannot be mapped shows in the command.
-    $null = & net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no 2>&1
+""" + "\n".join("    " + line for line in NET_USE.split("\n")) + """
 }
 $ErrorActionPreference = 'Stop'
 """ + type_loader("VmdJob", "JOB") + """$vmdJob = [VmdJob]::Create()
@@ -169,9 +179,14 @@ if ($shell.Count -eq 0) { 'explorer.exe is not running in a user session yet'; e
 'explorer.exe runs in session ' + $shell[0].SessionId
 """
 
-MOUNT_SHARE = """if (-not (Test-Path -LiteralPath {{DRIVE_ROOT}})) {
-    & net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no
-}
+# The machine's check that the project share is there (vmd/machines/machine.py `ready`): mapped
+# by the wrapper already or here; what net.exe said when it is not.
+MOUNT_SHARE = """if (Test-Path -LiteralPath {{DRIVE_ROOT}}) { 'mapped'; exit 0 }
+""" + NET_USE + """
+$vmdCode = $LASTEXITCODE
+if ($vmdCode -eq 0 -and (Test-Path -LiteralPath {{DRIVE_ROOT}})) { 'mapped'; exit 0 }
+[Console]::Error.WriteLine('net use exited ' + $vmdCode + ': ' + (($vmdSaid | Out-String) -replace '\\s+', ' ').Trim())
+exit 1
 """
 
 # A TCP connection to port 80, as the Linux probe opens one: any answer at all is internet.
@@ -197,13 +212,14 @@ REBOOT = "& shutdown.exe /r /t 0 /f\n"
 # Sets the clock of a guest restored from a save (it stood still from the save on).
 SET_CLOCK = "Set-Date -Date ([DateTimeOffset]::FromUnixTimeMilliseconds({{MILLIS}}).LocalDateTime) | Out-Null\n"
 
-# The desktop session's project drive, mapped anew after a warm slot's restore: the mapping
-# made at the slot's logon (firstlogon's Run key) spoke to the slot's placeholder share over
-# a connection that ended at the save; sshd's logons map their own (MOUNT_SHARE). Run in the
-# desktop session by the session task; it removes its own file.
-REMAP_SHARE = """& net.exe use {{DRIVE}} /delete /y 2>&1 | Out-Null
-& net.exe use {{DRIVE}} {{SHARE_UNC}} /persistent:no 2>&1 | Out-Null
-Remove-Item -LiteralPath $MyInvocation.MyCommand.Path -Force -ErrorAction SilentlyContinue
+# The desktop session's project drive, mapped by vmd once the session has a share (its login is
+# the session's: the image knows none), and anew after a warm slot's restore, whose mapping
+# spoke to the slot's placeholder share, with the slot's login, over a connection that ended at
+# the save; sshd's logons map their own (NET_USE in the wrapper). Run in the desktop session by
+# the session task; it removes its own file (the password in it) before anything else.
+REMAP_SHARE = """Remove-Item -LiteralPath $MyInvocation.MyCommand.Path -Force -ErrorAction SilentlyContinue
+& net.exe use {{SHARE_UNC}} /delete /y 2>&1 | Out-Null
+""" + NET_USE + """
 """
 
 # A warm slot's identity of its own (vmd/machines/warm_pool.py, before the save): every slot

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 
-from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, screen_coordinate
+from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, ShareLogin, screen_coordinate
 from vmd.guests.powershell import quoted
 from vmd.guests.ssh import SshConnection
 from vmd.guests.windows_scripts import (CHECK_INTERNET, DESKTOP_PROBE, FACTS,
@@ -31,6 +31,9 @@ PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s
 # boots on vmd's build machines); past it vmd says it got none.
 WINDOWS_WAIT_S = 15.0
 WINDOWS_POLL_S = 0.25
+# The desktop's mapping script starts like the window list's (one PowerShell start, no compile);
+# past this its task is taken not to have run it (not measured: no Windows boots here).
+REMAP_WAIT_S = 10.0
 # The new identity's script: ssh-keygen, icacls and a registered task, a few seconds; then
 # sshd's restart by that task (3 s after) and its start, waited for up to identity_wait_s.
 IDENTITY_SCRIPT_S = 120
@@ -94,7 +97,22 @@ class WindowsVerbs:
     project_path: str
     drive: str
     share_unc: str | None
+    share_login: ShareLogin | None
     identity_wait_s = 90.0  # sshd's restart with its new keys (forget_identity)
+    # Whether the desktop session was asked to map the drive with this share's login (REMAP_SHARE).
+    _desktop_mapped = False
+    _mapped_for = None  # WindowsGuest._share_ready's
+
+    @property
+    def maps_share(self) -> bool:
+        """Whether commands map the project drive: a share on the drive, and its login."""
+        return self.share_unc is not None and self.share_login is not None
+
+    def share_values(self) -> dict:
+        """The template values of the share's mapping (NET_USE); the password among them."""
+        login = self.share_login or ShareLogin(user="", password="")
+        return dict(DRIVE_ROOT=quoted(self.drive + "\\"), DRIVE=self.drive, SHARE_UNC=quoted(self.share_unc or ""),
+                    SHARE_USER=quoted(login.user), SHARE_PASSWORD=quoted(login.password))
 
     def _ps(self, template: str, timeout: float, **values) -> CommandResult:
         return self.run(render(template, **values), timeout=timeout, cwd="C:\\")
@@ -107,6 +125,8 @@ class WindowsVerbs:
         return self._ps(RUN_LAUNCH_TASK, LAUNCH_TIMEOUT_S, TASK=quoted(VMD_LAUNCH_TASK))
 
     def launch_app(self, path: str, args: list[str]) -> str:
+        if not self._desktop_mapped:  # the program may look for its files on the project drive
+            self._remap_in_session()  # waits until the task took its request: one request at a time
         result = self._start_in_session(launch_line(path, args))
         if result.exit_code != 0:
             raise GuestError(f"could not start {path}: the desktop session's task did not run (exit "
@@ -138,32 +158,56 @@ class WindowsVerbs:
         seen = self._ps(DESKTOP_PROBE, 20)
         return None if seen.exit_code == 0 else _said(seen) or "no answer"
 
-    def mount_share(self) -> None:
-        if self.share_unc is not None:
-            self._ps(MOUNT_SHARE, 30, DRIVE_ROOT=quoted(self.drive + "\\"), DRIVE=self.drive,
-                     SHARE_UNC=quoted(self.share_unc))
+    def mount_share(self) -> str | None:
+        """The project drive in sshd's logons (checked: None, or what net.exe said) and in the
+        desktop session (asked of the session task; a failure there is logged)."""
+        if self.share_unc is None:
+            return None
+        if self.share_login is None:
+            return "the SMB share has no login (vmd found no account for it)"
+        done = self._ps(MOUNT_SHARE, 30, **self.share_values())
+        self._mapped_for = self.ssh.transport() if done.exit_code == 0 else None
+        self._remap_in_session()
+        return None if done.exit_code == 0 else _said(done) or f"exit {done.exit_code}"
 
     def restored(self, now: float, mount_share: bool) -> GuestFacts:
         self._ps(SET_CLOCK, 30, MILLIS=int(now * 1000))
         if mount_share:
+            self._desktop_mapped = False  # the slot's mapping had the slot's login
             self.mount_share()
-            self._remap_in_session()
         return self.facts()
 
     def _remap_in_session(self) -> None:
-        """The desktop session's drive mapped to the session's share (REMAP_SHARE), without
-        waiting: a program the model starts there finds its files on the drive. A session
-        task that does not run is logged; the command line's own mapping (MOUNT_SHARE) stands."""
-        if self.share_unc is None:
+        """The desktop session's drive mapped to the session's share with its login
+        (REMAP_SHARE): a program the model starts there finds its files on the drive. Waits
+        (at most REMAP_WAIT_S) until the script has removed itself, which it does first: the
+        session task has then taken its request, and LAUNCH_REQUEST is free for the next. A
+        task that does not run it (no one logged on yet) is logged, the script removed, and
+        it is tried again at the next launch_app; the command line's own mapping stands."""
+        if not self.maps_share:
             return
         script = f"{GUEST_VMD_DIR}\\run\\share-{secrets.token_hex(6)}.ps1"
-        text = render(REMAP_SHARE, DRIVE=self.drive, SHARE_UNC=quoted(self.share_unc))
-        self._write("restored", script, b"\xef\xbb\xbf" + text.encode("utf-8"), "wb")
+        text = render(REMAP_SHARE, **self.share_values())
+        self._write("mount_share", script, b"\xef\xbb\xbf" + text.encode("utf-8"), "wb")
         started = self._start_in_session(f"powershell.exe -NoProfile -NonInteractive -WindowStyle Hidden "
                                          f"-ExecutionPolicy Bypass -File {script}")
-        if started.exit_code != 0:
-            log.warning("the desktop session's task did not map %s anew after the restore (exit %s): %s",
-                        self.drive, started.exit_code, _said(started))
+        taken = started.exit_code == 0 and self._gone(script, REMAP_WAIT_S)
+        if not taken:
+            self.remove_file(script)  # not run: its password goes now
+            log.warning("the desktop session did not map %s with the share's login (task exit %s%s)", self.drive,
+                        started.exit_code, f": {_said(started)}" if started.exit_code else ", the script stayed")
+        self._desktop_mapped = taken
+
+    def _gone(self, path: str, wait_s: float) -> bool:
+        until = time.monotonic() + wait_s
+        while True:
+            try:
+                self.read_file(path, 0, 1)
+            except GuestError:
+                return True
+            if time.monotonic() > until:
+                return False
+            time.sleep(WINDOWS_POLL_S)
 
     def reboot(self) -> None:
         try:

@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import socket
-import stat
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -25,7 +24,7 @@ import paramiko
 
 from vmd.config import VmdConfig
 from vmd.guests.families import guest_class
-from vmd.guests.guest import Guest, GuestError, GuestFacts
+from vmd.guests.guest import Guest, GuestError, GuestFacts, ShareLogin
 from vmd.guests.output import OutputBounds
 from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
@@ -38,10 +37,12 @@ from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, RunAs, SerialLog,
 from vmd.machines.host import DEFAULT_URI, Host, local_host
 from vmd.machines.images import Image
 from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
+from vmd.machines.qemu_access import check_reachable, make_screen_dir
 from vmd.machines.screen import Screen
-from vmd.machines.smb_share import relay_for
+from vmd.machines.smb_share import relay_for, release_share, share_account
 from vmd.private_fs import open_private, passable_dir, private_file, write_private
 from vmd.projects.tree import share_owner
+from vmd.shown_text import one_line
 
 
 def accel(config: VmdConfig | None = None) -> str:
@@ -77,29 +78,6 @@ def _quiet_logger(name: str):
         logger.setLevel(level)
 
 
-def _check_reachable(path: Path, uid: int, gid: int, user: str) -> None:
-    """QEMU runs unprivileged: every folder above what it opens must let it pass."""
-    for folder in list(path.parents)[::-1] + ([path] if path.is_dir() else []):
-        st = folder.stat()
-        if ((st.st_uid == uid and st.st_mode & stat.S_IXUSR) or (st.st_gid == gid and st.st_mode & stat.S_IXGRP)
-                or st.st_mode & stat.S_IXOTH):
-            continue
-        raise MachineError(f"QEMU runs as {user} and cannot pass through {folder} (mode "
-                           f"{stat.S_IMODE(st.st_mode):o}) to reach {path}; make it traversable "
-                           f"(chmod o+x {folder}) or move vmd's state and images dirs elsewhere.")
-
-
-def _make_screen_dir(host: Host, workdir: Path, run_as: tuple[int, int] | None) -> None:
-    """The folder QEMU may write the guest's framebuffer to (`Host.screen_dir`); nothing
-    else goes there."""
-    screen_dir = host.screen_dir(workdir)
-    if screen_dir is None:  # QEMU's files are not vmd's to read: screenshots come by libvirt
-        return
-    screen_dir.mkdir(mode=0o700, exist_ok=True)
-    if run_as is not None:  # QEMU writes its screendumps here (vmd/machines/screen.py)
-        os.chown(screen_dir, *run_as)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -124,9 +102,12 @@ class Machine:
         self.screen = Screen(domain, tuple(image.resolution), dump_path=host.screen_dump(workdir))
         self.facts: Facts | None = None
         self.restored = False  # handed out from the warm pool (vmd/machines/warm_pool.py)
-        # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays again.
-        self.smb_relay = relay_for(domain, workdir)
+        # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays
+        # again, and the share's login, with which the guest maps it.
+        self.smb_relay = relay_for(domain, workdir, config.smb_max_starts)
         self.guest.share = "smb" if self.smb_relay is not None else "9p"
+        if self.smb_relay is not None and (account := share_account(workdir)) is not None:
+            self.guest.share_login = ShareLogin(user=account.user, password=account.password)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -160,8 +141,8 @@ class Machine:
         if run_as is not None and uri.startswith("qemu"):  # the test driver runs no QEMU
             for place in (workdir, project_dir, base):
                 if place is not None:
-                    _check_reachable(Path(place), *run_as, qemu_user)
-        _make_screen_dir(host, workdir, run_as)
+                    check_reachable(Path(place), *run_as, qemu_user)
+        make_screen_dir(host, workdir, run_as)
         overlay = workdir / "overlay.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
                         str(overlay)], check=True, capture_output=True, env=clean_env())
@@ -171,7 +152,7 @@ class Machine:
         port = free_port()
         ssh_mac, egress_mac = nic_macs(name)
         # The boot and the share from the image's manifest (`share`: a test's choice over it).
-        shared = share_for(image, project_dir, workdir, run_as, qemu_user, share)
+        shared = share_for(image, project_dir, workdir, run_as, share)
         # The image's devices, the same as the Windows install's (device_set.py says why).
         devices = device_set(image, overlay, workdir)
         spec = devices.domain(
@@ -209,7 +190,7 @@ class Machine:
                        qemu_user: str = "libvirt-qemu") -> "Machine":
         """A guest vmd.machines.warm_pool restored into `workdir`: its `ready` sets the clock, which
         stood still while it was saved."""
-        _make_screen_dir(host, workdir, share_owner(qemu_user))
+        make_screen_dir(host, workdir, share_owner(qemu_user))
         machine = cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
                       domain=domain, ssh_port=ssh_port, accel=accel, config=config)
         machine.restored = True
@@ -277,8 +258,7 @@ class Machine:
             facts = self._ready_restored()
             if facts is not None:
                 return facts
-        if self.project_dir is not None:
-            self.guest.mount_share()
+        share_problem = self.guest.mount_share() if self.project_dir is not None else None
         if desktop and self.image.desktop:
             if desktop_timeout is not None:
                 deadline = min(deadline, time.monotonic() + desktop_timeout)
@@ -288,9 +268,22 @@ class Machine:
                         f"the guest '{self.name}' answers over SSH but its desktop did not come up "
                         f"within {timeout:.0f} s ({problem}); use the shell, or reboot_vm.")
                 time.sleep(1.0)
-        self.facts = self.read_facts()
+        self.facts = self._share_checked(self.read_facts(), share_problem)
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
+
+    def _share_checked(self, facts: Facts, problem: str | None = None) -> Facts:
+        """`facts` of a guest whose project share is mounted; else MachineError with why not:
+        a guest without it writes the project nowhere the host keeps (a command's `Z:\\`,
+        SFTP to it and the finish check all fail)."""
+        if self.project_dir is None or facts.project_mounted:
+            return facts
+        capped = self.smb_relay is not None and self.smb_relay.capped
+        why = ("the guest used up its SMB connections (smb_max_starts)" if capped
+               else problem or "the guest did not say why")
+        raise MachineError(f"the guest '{self.name}' is up but its project share is not mounted at "
+                           f"{self.image.project_path} ({one_line(why)[:400]}); nothing it wrote would be kept. "
+                           "Reboot the machine (reboot_vm) or open a new session.")
 
     def _wait_for_ssh(self, deadline: float, timeout: float) -> None:
         last_error = "no answer yet"
@@ -317,7 +310,7 @@ class Machine:
         facts = self._facts(self.guest.restored(time.time(), mount_share=self.project_dir is not None))
         if self.image.desktop and not facts.desktop:
             return None
-        self.facts = facts
+        self.facts = self._share_checked(facts)
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
 
@@ -444,6 +437,7 @@ def _remove(domain: libvirt.virDomain, workdir: Path, host: Host) -> None:
         except libvirt.libvirtError:
             pass
     (workdir / "overlay.qcow2").unlink(missing_ok=True)
+    release_share(workdir)  # its uid free again, its password gone
     screen_dir = host.screen_dir(workdir)
     if screen_dir is not None:
         shutil.rmtree(screen_dir, ignore_errors=True)

@@ -208,7 +208,7 @@ class WarmPool:
                 # smbd's configuration for the session's project, in its workdir, where the
                 # restored QEMU listens (_restore_xml) and the relay finds it (relay_for).
                 try:
-                    share_for(image, share, workdir, share_owner(self.qemu_user), self.qemu_user, "smb")
+                    share_for(image, share, workdir, share_owner(self.qemu_user), "smb")
                 except MachineError as exc:
                     raise WarmFailed(str(exc)) from None
             xml = restore_xml(xml, info, workdir, share, session_id)

@@ -4,9 +4,9 @@
 # command, which copies it off the seed first (vmd/windows_image/answer_file.py passes every
 # argument, from guest_contract.py). It leaves the guest the way vmd's Windows backend
 # (vmd/guests/windows.py) expects it: OpenSSH Server with PowerShell as its shell and vmd's
-# key, the desktop awake and unlocked, a task that starts programs in the logged-on session,
-# the project share mapped at logon; then it writes the ready marker on COM1, which the image
-# build waits for on the serial log.
+# key, the desktop awake and unlocked, a task that starts programs in the logged-on session;
+# then it writes the ready marker on COM1, which the image build waits for on the serial log.
+# The project share is mapped by vmd per session, with that session's login.
 param(
     [string]$User = 'agent',
     [int]$Width = 1280,
@@ -190,19 +190,10 @@ Start-Process -FilePath 'cmd.exe' -WindowStyle Hidden -ArgumentList @('/c', 'sta
         -ExecutionTimeLimit ([TimeSpan]::Zero) -MultipleInstances Parallel
     Register-ScheduledTask -TaskName $LaunchTask -Action $action -Principal $principal -Settings $settings -Force | Out-Null
 
-    Step "project share $Share as $ShareLetter at every logon"
-    $map = "net use $ShareLetter $Share /persistent:no"
-    $run = 'HKCU:\SOFTWARE\Microsoft\Windows\CurrentVersion\Run'
-    Set-ItemProperty -Path $run -Name 'vmd-project-share' -Value "cmd.exe /c $map"
-    # Guest access to QEMU's smbd: Windows 11 24H2 refuses unauthenticated shares by default.
-    $lanman = 'HKLM:\SYSTEM\CurrentControlSet\Services\LanmanWorkstation\Parameters'
-    Set-ItemProperty -Path $lanman -Name AllowInsecureGuestAuth -Value 1 -Type DWord
-    # Failing is said, not hidden: the share then works only where smbd signs.
-    try {
-        Set-SmbClientConfiguration -RequireSecuritySignature $false -Force -ErrorAction Stop
-    } catch {
-        Step "the SMB client still requires signing (Set-SmbClientConfiguration: $_)"
-    }
+    # The project share ($Share as $ShareLetter) is not mapped here: its login is each
+    # session's own (a user and a random password vmd makes per session), which vmd gives the
+    # guest when the session starts; a signed logon, so Windows' defaults (no guest logons, and
+    # signing required since 24H2) stay as they are.
 
     Step 'done'
     Write-Serial $ReadyMarker

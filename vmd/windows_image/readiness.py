@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from vmd.machines.accel import kvm_works
+from vmd.machines.smbd_jail import missing_tools
 from vmd.windows_image.install import host_problems
 
 
@@ -22,12 +23,21 @@ def windows_images(images_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
+def share_problems() -> list[str]:
+    """What this host lacks to serve a Windows guest its project share (vmd/machines/smbd_jail.py)."""
+    missing = missing_tools()
+    if not missing:
+        return []
+    return [f"the project share's smbd cannot run ({', '.join(missing)} missing): install Debian's bubblewrap "
+            "and samba packages."]
+
+
 def windows_readiness(images_dir: Path, kvm_usable: Callable[[], bool] | None = None) -> tuple[str, str]:
     """(status, sentence): "ok" when Windows guests can run or an image can be built here;
-    "warn" when the host lacks KVM, OVMF or swtpm (Windows is optional: Linux guests still
+    "warn" when the host lacks KVM, OVMF, swtpm or the SMB share's sandbox (Windows is optional: Linux guests still
     work). KVM is asked of QEMU itself (accel.kvm_works, as for vmd's guests) unless
     `kvm_usable` answers."""
-    problems = host_problems(kvm_usable or (lambda: kvm_works(images_dir)))
+    problems = host_problems(kvm_usable or (lambda: kvm_works(images_dir))) + share_problems()
     built = windows_images(images_dir)
     if problems:
         have = f" (a Windows image is built: {built[0].name})" if built else ""
