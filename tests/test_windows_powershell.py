@@ -124,9 +124,9 @@ def test_the_lock_policies_are_in_the_hive_windows_reads_them_from():
 
 def test_failures_that_were_hidden_are_said():
     script = SCRIPT.read_text()
-    smb = script.split("Set-SmbClientConfiguration", 1)[1].split("\n", 1)[0]
-    assert "SilentlyContinue" not in smb and "-ErrorAction Stop" in smb
-    assert "Step \"the SMB client still requires signing" in script
+    # Windows' SMB client is left as it ships (signing required, no guest logons): vmd's
+    # share is a signed logon of the session's own user, so there is no failure to hide.
+    assert "Set-SmbClientConfiguration" not in script and "AllowInsecureGuestAuth" not in script
     # The display: no mode to choose without a driver; the one Windows shows is said.
     assert "ChangeDisplaySettings" not in script
     assert in_order(script, "PrimaryScreen.Bounds", 'Step "display ${Width}x${Height}"', "not the image's")

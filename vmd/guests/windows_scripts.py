@@ -201,7 +201,7 @@ if ($opened -and $client.Connected) { 'reachable'; $client.Close(); exit 0 }
 exit 1
 """
 
-# The session task's program (the image's vmd-launch task, vmd/windows_image/guest_contract.py)
+# The session task's program (the image's vmd-launch task, vmd/guests/windows_contract.py)
 # starts what LAUNCH_REQUEST names; this asks it to.
 RUN_LAUNCH_TASK = """& schtasks.exe /Run /TN {{TASK}}
 if ($LASTEXITCODE -ne 0) { exit $LASTEXITCODE }

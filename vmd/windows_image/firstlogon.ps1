@@ -2,7 +2,7 @@
 #
 # Windows Setup runs it once, as the autologon user, from the answer file's one first logon
 # command, which copies it off the seed first (vmd/windows_image/answer_file.py passes every
-# argument, from guest_contract.py). It leaves the guest the way vmd's Windows backend
+# argument, from windows_contract.py). It leaves the guest the way vmd's Windows backend
 # (vmd/guests/windows.py) expects it: OpenSSH Server with PowerShell as its shell and vmd's
 # key, the desktop awake and unlocked, a task that starts programs in the logged-on session;
 # then it writes the ready marker on COM1, which the image build waits for on the serial log.
