@@ -1,6 +1,6 @@
 """One tool call from the loop to vmd and back (vmagent/tool_results.py): what reaches
 vmd, and what the model reads of vmd's answer, against a stand-in for vmd (a plain
-object with a `.call(method, **params)` like vmagent.client.Vmd, answering the verb's
+object with a `.call(method, **params)` like vmagent.link.Vmd, answering the verb's
 result model as it does)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vmagent import tools
-from vmagent.client import VmdError, VmdUnavailable, typed_result
+from vmagent.link import VmdError, VmdUnavailable, typed_result
 from vmagent.config import AgentConfig
 from vmagent.job import Events, Job, JobSpec
 from vmd import verbs

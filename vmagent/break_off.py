@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from vmagent.client import SessionLink
+from vmagent.link import SessionLink
 from vmagent.model import Model
 
 # How often the cancel watcher looks whether the job was cancelled.

@@ -71,7 +71,7 @@ class TerminalView:
 
 def _run(args: argparse.Namespace) -> int:
     from vmagent import loop, tools
-    from vmagent.client import Vmd, VmdUnavailable, default_socket
+    from vmagent.link import Vmd, VmdUnavailable, default_socket
     from vmagent.config import AgentConfig, ConfigError
     from vmagent.loop_guards import model_unfit
     from vmagent.model_backends import open_model
@@ -168,7 +168,7 @@ def cancel_in_vmd(socket_path: str, session_id: str) -> None:
     session refuses further machine verbs while the loop, blocked in a long `run` (which
     session_cancel does not stop) or in the model's answer, is broken off after its grace.
     The loop cancels and closes the session in its end (vmagent/job_end.py `end_job`) all the same."""
-    from vmagent.client import Vmd, VmdError, VmdUnavailable
+    from vmagent.link import Vmd, VmdError, VmdUnavailable
 
     try:
         with Vmd(socket_path, timeout=10) as vmd:

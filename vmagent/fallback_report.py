@@ -8,8 +8,8 @@ import logging
 from typing import Any, Iterable
 
 from vmagent import tools
-from vmagent.client import Outage as VmdOutage
-from vmagent.client import SessionLink, Vmd, VmdError, VmdUnavailable
+from vmagent.link import Outage as VmdOutage
+from vmagent.link import SessionLink, Vmd, VmdError, VmdUnavailable
 from vmagent.job import Ending, Job, Verification
 from vmagent.llm import Outage as ModelOutage
 from vmd.verbs import fence, one_line

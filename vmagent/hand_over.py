@@ -10,7 +10,7 @@ import threading
 import time
 
 from vmd.verbs import NOT_READY
-from vmagent.client import SessionLink, VmdError
+from vmagent.link import SessionLink, VmdError
 from vmagent.config import AgentConfig
 from vmagent.job import Ending, Events, Job
 from vmagent.loop_words import machine_facts, machine_up_message

@@ -10,7 +10,7 @@ import logging
 from dataclasses import asdict
 
 from vmd.verbs import WAITING_STATES, Result
-from vmagent.client import SessionLink, VmdError, VmdUnavailable
+from vmagent.link import SessionLink, VmdError, VmdUnavailable
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, Outcome, Verification, save_quietly
 from vmagent.model import Model

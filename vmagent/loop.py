@@ -22,7 +22,7 @@ says decides the outcome.
 The job's state, its transcript on disk and the event feed are in vmagent/job.py.
 
 Faults on the way are ridden out, within bounds: a vmd restart through the session's
-`SessionLink` (vmagent/client.py: wait, re-attach, a tool call in flight answered as
+`SessionLink` (vmagent/link/: wait, re-attach, a tool call in flight answered as
 interrupted), a model server that goes away through `Model.chat`'s retries (the same
 request again). A cancel reaches what is in flight after `cancel_grace_s` (`BreakOff`,
 vmagent/break_off.py).
@@ -40,7 +40,7 @@ from typing import Any, Callable
 from vmd.verbs import WAITING_STATES, ResumeResult, SessionStatusResult
 from vmagent import tools
 from vmagent.break_off import BreakOff
-from vmagent.client import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
+from vmagent.link import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
 from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.hand_over import hand_over_machine

@@ -5,7 +5,7 @@ for good. The guards' sentences are with the guards (vmagent/loop_guards.py)."""
 from __future__ import annotations
 
 from vmagent import tools
-from vmagent.client import VmdGone
+from vmagent.link import VmdGone
 from vmagent.job import Job, JobSpec
 from vmd.verbs import SessionOpenResult
 

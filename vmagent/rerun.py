@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from vmagent.client import Vmd, VmdError, VmdUnavailable, default_socket
+from vmagent.link import Vmd, VmdError, VmdUnavailable, default_socket
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.job import Event, Events, Guards, Job, JobSpec, Outcome
 from vmagent.job_end import end_without_session

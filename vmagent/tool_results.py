@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from vmd.verbs import REFUSED, WAITING_STATES, SessionStateName
-from vmagent.client import VmdError, VmdUnavailable
+from vmagent.link import VmdError, VmdUnavailable
 from vmagent.tool_parsing import ParsedArguments, _tool_name, _unknown_tool_text, parse_arguments
 from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS
 

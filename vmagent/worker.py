@@ -85,7 +85,7 @@ class ScreenWatcher:
 
     def _look(self, vmd, last: str | None) -> str | None:
         """One peek; emits the screen if it changed. Returns the newest picture sent."""
-        from vmagent.client import VmdError, VmdUnavailable
+        from vmagent.link import VmdError, VmdUnavailable
 
         try:
             seen = vmd.call("peek")
@@ -93,7 +93,7 @@ class ScreenWatcher:
             return last  # closed, or not up yet: try again next tick
         except VmdUnavailable:
             # vmd restarts: the next look opens a fresh connection and re-attaches it first
-            # (vmagent/client.py); the loop waits for vmd in the meantime.
+            # (vmagent/link/); the loop waits for vmd in the meantime.
             return last
         picture = seen.png_base64
         if not seen.available or not picture or picture == last:
@@ -103,7 +103,7 @@ class ScreenWatcher:
         return picture
 
     def _run(self, session_id: str) -> None:
-        from vmagent.client import Vmd, VmdError, VmdUnavailable
+        from vmagent.link import Vmd, VmdError, VmdUnavailable
 
         last: str | None = None
         try:

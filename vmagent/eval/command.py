@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from vmagent.terminal import EXIT_INTERRUPTED, EXIT_USAGE, show
-from vmagent.client import Vmd, VmdUnavailable, default_socket
+from vmagent.link import Vmd, VmdUnavailable, default_socket
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.eval.pages import write_results
 from vmagent.eval.runner import Interrupted, TaskRun, run_all

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from vmagent import loop
-from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmagent.link import Vmd, VmdError, VmdUnavailable
 from vmagent.config import AgentConfig
 from vmagent.eval.tasks import EvalTask
 from vmagent.job import Outcome

@@ -21,7 +21,7 @@ import os
 
 from pydantic import BaseModel, Field
 
-from vmagent.client import DEFAULT_SOCKET
+from vmagent.link import DEFAULT_SOCKET
 from vmagent.tool_table import os_family_of
 
 HOST_LABEL = "vmagent-host"

@@ -14,7 +14,7 @@ went wrong when it did not. Two listers, by the service's executor:
   together: a node whose vmd is slow, or whose task cannot start, is listed with its
   error, and never holds the listing up.
 
-vmd answers through its `host_info` verb (vmd/server/host_info.py), over vmagent/client.py.
+vmd answers through its `host_info` verb (vmd/server/host_info.py), over vmagent/link/.
 Ray is imported only by the Ray lister.
 """
 
@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmagent.link import Vmd, VmdError, VmdUnavailable
 from vmagent.fleet.host_labels import HOST_LABEL, SLOT_RESOURCE, VMD_SOCKET_LABEL, HostLabels, MissingHostLabels
 from vmagent.fleet.on_host import pinned
 from vmagent.fleet.placement import RayMissing, connect

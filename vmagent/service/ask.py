@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 
-from vmagent.client import VmdUnavailable
-from vmagent.fleet.on_host import VmdCall
+from vmagent.link import VmdCall, VmdUnavailable
 from vmd.verbs import LOCAL_OWNER, HistoryResult, fence, name_problem
 
 from .config import ServiceConfig

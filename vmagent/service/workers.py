@@ -22,6 +22,8 @@ import subprocess
 import threading
 import time
 
+from vmagent.link import VmdCall, VmdUnavailable
+
 from .config import ServiceConfig
 from .frames import FrameReader, OutputCap
 from .job_vmd import JobVmd, job_vmd
@@ -387,9 +389,6 @@ def verification_fields(outcome: dict) -> dict:
 def close_session(vmd: JobVmd, session_id: str) -> str | None:
     """Close a vmd session whose worker died, in the job's vmd (job_vmd.py: the service's,
     or its host's); vmd's report, or None if that vmd can't be reached or refuses."""
-    from vmagent.client import VmdUnavailable
-    from vmagent.fleet.on_host import VmdCall
-
     calls = [VmdCall(verb="session_attach", params={"session_id": session_id}),
              VmdCall(verb="session_close"), VmdCall(verb="report")]
     try:
@@ -408,9 +407,6 @@ def push_status(vmd: JobVmd, session_id: str) -> dict | None:
     """Where vmd's push of a closed session stands now ({state, attempts, pushed_at, ...}),
     or None when vmd cannot say: vmd retries a push Gitea could not take after the job
     ended, and the job's owner asks the service, not vmd. `vmd`: the job's (job_vmd.py)."""
-    from vmagent.client import VmdUnavailable
-    from vmagent.fleet.on_host import VmdCall
-
     calls = [VmdCall(verb="session_attach", params={"session_id": session_id}), VmdCall(verb="session_status")]
     try:
         answers = vmd(calls, 10, True)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from vmagent.web.allow_list import parse_allow_list
 from vmagent.web.fetch import FetchLimits
 from vmagent.web.guard import Guard
