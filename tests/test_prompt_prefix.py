@@ -16,7 +16,7 @@ from tests.ollama_server import Turn, start_ollama
 from tests.vmd_fakes import LocalMachines, make_config
 from vmagent.compact import COMPACTED_HEADER, MACHINE_HEADER, Calibration
 from vmagent.config import AgentConfig
-from vmagent.llm import SCREENSHOT_DROPPED, image_count
+from vmagent.models import SCREENSHOT_DROPPED, image_count
 from vmagent.loop import JobSpec, run_job
 from vmagent.prompts import load_prompts
 from vmagent.tools import OFFERED_TOOLS

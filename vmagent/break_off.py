@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from vmagent.link import SessionLink
-from vmagent.model import Model
+from vmagent.models import Model
 
 # How often the cancel watcher looks whether the job was cancelled.
 CANCEL_POLL_S = 0.2

@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     from vmagent.link import Vmd, VmdUnavailable, default_socket
     from vmagent.config import AgentConfig, ConfigError
     from vmagent.loop_guards import model_unfit
-    from vmagent.model_backends import open_model
+    from vmagent.models import open_model
     from vmagent.prompts import PromptMissing, load_prompts
     from vmd.verbs import WAITING_STATES
 

@@ -18,12 +18,11 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel
 
-from .config import AgentConfig
-from .llm import ContextTooLong, ModelError, Reply, drop_old_images
-from .model import Model
+from vmagent.config import AgentConfig
+from vmagent.models import ContextTooLong, Model, ModelError, Reply, drop_old_images
 # The estimate and its calibration live in token_estimate.py; the tests and the
 # benchmarks have always imported them from here.
-from .token_estimate import Calibration, estimate_tokens  # noqa: F401
+from vmagent.token_estimate import Calibration, estimate_tokens  # noqa: F401
 from vmd.verbs import bounded_json
 
 log = logging.getLogger(__name__)
@@ -127,7 +126,7 @@ class Compactor:
     @property
     def num_ctx(self) -> int:
         """The model's context: num_ctx for Ollama (sent with every request), what the
-        server says for an OpenAI-compatible one (vmagent/model.py)."""
+        server says for an OpenAI-compatible one (vmagent/models/model.py)."""
         known = self.llm.context_length()
         return min(known, self.refused_at) if self.refused_at else known
 
@@ -136,14 +135,14 @@ class Compactor:
         return int(self.config.compact_at * self.num_ctx)
 
     def estimate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
-        return self.calibration.estimate(messages, tools)
+        return self.calibration.estimate(messages, self.llm.tools_as_sent(tools))
 
     def observe(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, reply: Any) -> None:
         """Feed back the prompt_eval_count of a reply (a Reply or an int) for these messages."""
         count = getattr(reply, "prompt_eval_count", reply)
         if isinstance(count, int):
             self.calibration.num_ctx = self.num_ctx
-            self.calibration.observe(messages, tools, count)
+            self.calibration.observe(messages, self.llm.tools_as_sent(tools), count)
         if getattr(reply, "done_reason", None) == "length":
             self.due = True
 
@@ -159,7 +158,8 @@ class Compactor:
             if refused.context and refused.context < self.num_ctx:
                 self.refused_at = refused.context
             self.calibration.num_ctx = self.num_ctx
-            self.calibration.observe_refused(messages, tools, refused.prompt_tokens, refused.context)
+            self.calibration.observe_refused(messages, self.llm.tools_as_sent(tools), refused.prompt_tokens,
+                                             refused.context)
             messages, _ = self.maybe_compact(messages, tools, pinned, force=True)
             return messages, self.llm.chat(messages, tools=tools, retry_until=retry_until), True
 

@@ -46,7 +46,7 @@ class AgentConfig(BaseModel):
     # --- the model -----------------------------------------------------------------
     # Which protocol the model server speaks (VMAGENT_MODEL_API): "ollama" (/api/chat) or
     # "openai" (/v1/chat/completions: vLLM, llama.cpp's llama-server, SGLang, LM Studio,
-    # and Ollama too). vmagent/model.py picks the client by it.
+    # and Ollama too). vmagent/models/backends.py picks the client by it.
     model_api: Literal["ollama", "openai"] = "ollama"
     # The model server (VMAGENT_MODEL_URL). For "openai" the base URL ending in /v1; unset,
     # llama-server's own default. For "ollama" it wins over ollama_host when set.

@@ -11,7 +11,7 @@ from vmagent import tools
 from vmagent.link import Outage as VmdOutage
 from vmagent.link import SessionLink, Vmd, VmdError, VmdUnavailable
 from vmagent.job import Ending, Job, Verification
-from vmagent.llm import Outage as ModelOutage
+from vmagent.models import Outage as ModelOutage
 from vmd.verbs import fence, one_line
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from vmd.verbs import WAITING_STATES, Result
 from vmagent.link import SessionLink, VmdError, VmdUnavailable
 from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.job import Ending, Event, Events, Job, Outcome, Verification, save_quietly
-from vmagent.model import Model
+from vmagent.models import Model
 
 log = logging.getLogger(__name__)
 

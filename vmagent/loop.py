@@ -10,7 +10,7 @@ and the guest answers, the model is told the machine is up (vmagent/hand_over.py
 Every request offers the same tools and starts with the same system prompt, written
 once per job: what becomes known later arrives as a message at the end, so the model
 server's cache of the prompt's head holds from the first turn to the last (old
-screenshots go in batches: wire.py's drop_images_in_batches). Each turn then is: guards
+screenshots go in batches: vmagent/models/history.py's drop_images_in_batches). Each turn then is: guards
 (vmagent/loop_guards.py), compaction, one model call, the tool calls it asked for, the
 transcript written to disk. What the loop itself says to the model is in
 vmagent/loop_words.py.
@@ -47,9 +47,8 @@ from vmagent.hand_over import hand_over_machine
 # JobSpec, Outcome and Verification are also taken from here by the loop's callers.
 from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification  # noqa: F401
 from vmagent.job_end import end_job, end_without_session
-from vmagent.llm import ModelCancelled, ModelError, drop_images_in_batches, only_latest_thinking
-from vmagent.model import Model
-from vmagent.model_backends import open_model
+from vmagent.models import (Model, ModelCancelled, ModelError, drop_images_in_batches, only_latest_thinking,
+                            open_model)
 from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
                                  model_unfit, past_deadline, prose_only, repeat_notice, stall_reminder,
                                  stuck_ending, stuck_notice)
@@ -268,7 +267,7 @@ def _turn(job: Job, vmd: SessionLink, llm: Model, compactor: Compactor, config: 
     if reply.content.strip():
         _note(vmd, job.steps, reply.content.strip())
     # The thinking goes back with the tool calls while their results are answered, as
-    # Ollama's tool-calling docs say; only the newest is kept (llm.only_latest_thinking).
+    # Ollama's tool-calling docs say; only the newest is kept (models.only_latest_thinking).
     job.messages = only_latest_thinking(job.messages + [reply.as_message(with_thinking=True)])
 
     sees_images = llm.sees_images()

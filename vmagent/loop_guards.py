@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from vmagent import tools
 from vmagent.config import AgentConfig
 from vmagent.job import Ending, Job
-from vmagent.llm import ModelError, Reply
-from vmagent.model import Model
+from vmagent.models import Model, ModelError, Reply
 from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
 from vmagent.tool_results import ToolOutcome
 from vmd.verbs import SessionStatusResult

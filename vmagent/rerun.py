@@ -30,7 +30,7 @@ from vmagent.job_end import end_without_session
 from vmagent.loop import _config_for, _link, _work
 from vmagent.loop_guards import model_unfit
 from vmagent.loop_words import RESULT_LOST_WITH_HOST, answer_text, host_lost, rerun_status
-from vmagent.model_backends import open_model
+from vmagent.models import open_model
 from vmagent.web.agent_tools import WebTools
 
 # What update_task answers for a closed task (vmd/session/handlers/task_verbs.py); the

@@ -31,7 +31,7 @@ import json
 import re
 from typing import Any, Iterable
 
-from vmagent.reply import ToolCall
+from vmagent.models import ToolCall
 from vmagent.tool_parsing import _tool_name
 
 # Said once per job, in the result of the first recovered call.

@@ -2,7 +2,8 @@
 fixed cost, the ratio learnt from what the model server counted (Ollama's
 prompt_eval_count, an OpenAI-compatible server's usage.prompt_tokens) and from a prompt it
 refused as longer than its context. Compaction (vmagent/compact.py) keeps the estimate
-under its target."""
+under its target. The tools are counted as the server receives them: the model's backend
+says how (`Model.tools_as_sent`), and the compactor hands them over in that shape."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import json
 import math
 from typing import Any, Iterable, Mapping
 
-from .config import AgentConfig
-from .wire import image_count, wire_tools
+from vmagent.config import AgentConfig
+from vmagent.models import image_count
 
 # Characters per token before anything was measured. Qwen and Llama tokenizers give
 # 3.5-4.5 on English and code; counted on the JSON of the messages (quotes, escapes,
@@ -32,7 +33,7 @@ def _text_chars(messages: Iterable[Mapping[str, Any]], tools: list[dict[str, Any
             message = {k: v for k, v in message.items() if k != "images"}
         chars += len(json.dumps(message, ensure_ascii=False, default=str))
     if tools:
-        chars += len(json.dumps(wire_tools(tools), ensure_ascii=False, default=str))
+        chars += len(json.dumps(tools, ensure_ascii=False, default=str))
     return chars
 
 
@@ -40,6 +41,7 @@ def estimate_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
                     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN, image_tokens: int = 1300,
                     keep_images: int | None = None) -> int:
     """Tokens the prompt will take: characters / ratio, each image at a fixed cost.
+    tools: the schemas as the server receives them (Model.tools_as_sent).
     keep_images: count at most this many images (the client sends no more: max_images)."""
     images = image_count(messages)
     if keep_images is not None:

@@ -132,7 +132,7 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
         {"role": "user", "content": question},
     ]
     # Imported here: the service runs (extractive answers) without the model client.
-    from vmagent.model_backends import open_model
+    from vmagent.models import open_model
 
     content = open_model(_ask_settings(config)).chat(messages, think=False).content.strip()
     if not content:

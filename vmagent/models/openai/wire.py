@@ -1,5 +1,5 @@
 """The history as an OpenAI-compatible server reads it (/v1/chat/completions): the loop's
-messages (Ollama's shape: vmagent/wire.py) translated, and the request body.
+messages (Ollama's shape: vmagent/models/history.py) translated, and the request body.
 
 What differs from Ollama's shape, per the chat completions reference:
 - an assistant message's tool calls carry an `id` and their arguments as a JSON string;
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping
 
-from .wire import drop_old_images, only_latest_thinking
+from vmagent.models.history import drop_old_images, only_latest_thinking
 
 NOT_RUN = "(not run: an earlier call of the same reply ended the turn)"
 SCREENSHOT_NOTE = "The screenshot the tool call above returned."
@@ -84,7 +84,7 @@ def request_body(model: str, messages: list[dict[str, Any]], tools: list[dict[st
         "stream_options": {"include_usage": True},
     }
     if tools:
-        body["tools"] = [_spelt_out_once(tool) for tool in tools]
+        body["tools"] = tools_as_sent(tools)
     if max_tokens is not None:
         # A max_tokens of the settings is a ceiling for every reply, a summary's too.
         ceiling = body.get("max_tokens")
@@ -93,6 +93,11 @@ def request_body(model: str, messages: list[dict[str, Any]], tools: list[dict[st
         # How vLLM, SGLang and llama.cpp switch a template's thinking (Qwen3, DeepSeek).
         body["chat_template_kwargs"] = {"enable_thinking": think}
     return body
+
+
+def tools_as_sent(tools: Iterable[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The tool schemas as the request carries them (what compaction counts)."""
+    return [_spelt_out_once(tool) for tool in tools or []]
 
 
 def _spelt_out_once(tool: dict[str, Any]) -> dict[str, Any]:

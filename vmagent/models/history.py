@@ -1,33 +1,14 @@
-"""The history and the tools as they are sent to Ollama: what the model really reads.
-
-Kept apart from the client (vmagent/llm.py) because compaction (vmagent/compact.py)
-counts the prompt from the same shapes: old screenshots dropped, thinking only where it
-belongs, tool-call arguments as objects, tool schemas as the ollama client trims them.
+"""The loop's history as every backend sends it: old screenshots dropped (in batches, so
+that the model server's cache of the prompt's head holds between drops), thinking only
+where it belongs. Both wires (vmagent/models/ollama/wire.py, vmagent/models/openai/wire.py),
+compaction and the turn loop read the history through these; none of them knows a server.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-import ollama
-from vmd.verbs import bounded_json
-
 SCREENSHOT_DROPPED = "[screenshot dropped]"
-
-
-def wire_tools(tools: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
-    """The tool schemas as the ollama client sends them: its Tool model keeps a property's
-    type, items, description and enum only (bounds, defaults and a nested object's own
-    properties are dropped), so this, not our schema, is what the model reads and counts."""
-    return [ollama.Tool.model_validate(tool).model_dump(exclude_none=True) for tool in tools or []]
-
-
-def wire_messages(messages: Iterable[Mapping[str, Any]], max_images: int) -> list[dict[str, Any]]:
-    """The history as it is sent: no more than `max_images` screenshots (the loop keeps
-    fewer already, dropped in batches: drop_images_in_batches), thinking only where it
-    belongs (only_latest_thinking), tool-call arguments as objects."""
-    kept = only_latest_thinking(drop_old_images(list(messages), max_images))
-    return [_wire_message(m) for m in kept]
 
 
 def only_latest_thinking(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -55,31 +36,6 @@ def only_latest_thinking(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             message = {k: v for k, v in message.items() if k != "thinking"}
         out.append(message)
     return out
-
-
-def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    calls = message.get("tool_calls")
-    if not calls:
-        return dict(message)
-    out = dict(message)
-    out["tool_calls"] = [_wire_tool_call(call) for call in calls]
-    return out
-
-
-def _wire_tool_call(call: Any) -> dict[str, Any]:
-    # The client refuses anything but an object as arguments; the history may hold the
-    # model's raw string when it sent one.
-    function = dict(call.get("function", {})) if isinstance(call, Mapping) else {}
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            parsed = bounded_json(arguments)
-        except ValueError:
-            parsed = None
-        arguments = parsed if isinstance(parsed, dict) else {"_raw_arguments": arguments}
-    elif not isinstance(arguments, Mapping):
-        arguments = {} if arguments is None else {"_raw_arguments": str(arguments)}
-    return {"function": {"name": str(function.get("name", "")), "arguments": dict(arguments)}}
 
 
 def drop_old_images(messages: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:

@@ -1,9 +1,9 @@
-"""The OpenAI-compatible backend of the model interface (vmagent/model.py): streamed
+"""The OpenAI-compatible backend of the model interface (vmagent/models/model.py): streamed
 /v1/chat/completions over httpx, for vLLM, llama.cpp's llama-server, SGLang, LM Studio
 and Ollama's own /v1.
 
-What is sent is shaped by vmagent/openai_wire.py, the stream is read by
-vmagent/openai_stream.py, and a failure is sorted and said by vmagent/openai_failures.py.
+What is sent is shaped by wire.py beside this, the stream is read by stream.py into the one
+accumulator (vmagent/models/stream.py), and a failure is sorted and said by failures.py.
 The capabilities come from GET /v1/models where the server says them (vLLM's
 max_model_len, llama.cpp's meta.n_ctx and input modalities), else from the settings
 (num_ctx, model_vision, think); a server without /v1/models (404) is used on the
@@ -14,17 +14,17 @@ else: no sentence, log line or stored text holds it.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
-from .config import AgentConfig
-from .llm_failures import ModelError, Retryable
-from .model import CONNECT_TIMEOUT_S, Model
-from .openai_failures import OpenAIFailures, error_message
-from .openai_stream import OpenAIStream
-from .openai_wire import openai_messages, request_body
-from .reply import Reply
+from vmagent.config import AgentConfig
+from vmagent.models.failures import ModelError
+from vmagent.models.model import CONNECT_TIMEOUT_S, Model
+from vmagent.models.openai.failures import OpenAIFailures, error_message
+from vmagent.models.openai.stream import OpenAIEvents
+from vmagent.models.openai.wire import openai_messages, request_body, tools_as_sent
+from vmagent.models.stream import ReplyStream
 
 # Where a /v1/models entry gives the model's context, by server: vLLM, llama.cpp, and
 # the names LM Studio and others use.
@@ -92,50 +92,32 @@ class OpenAICompatModel(Model):
         self.capabilities()
         return self._context or self.config.num_ctx
 
-    # --- chat -------------------------------------------------------------------------
+    def tools_as_sent(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        return tools_as_sent(tools)
 
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        think: bool | None = None,
-        on_text: Callable[[str], None] | None = None,
-        on_thinking: Callable[[str], None] | None = None,
-        max_tokens: int | None = None,
-        retry_until: float | None = None,
-    ) -> Reply:
-        wanted = self.config.think if think is None else think
-        switch = wanted if wanted is not None and self.supports_thinking() else None
+    # --- one try of a chat ----------------------------------------------------------------
+
+    def _stream(self, reply: ReplyStream, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                think: bool | None, max_tokens: int | None) -> None:
+        switch = think if think is not None and self.supports_thinking() else None
         wire = openai_messages(messages, self.config.max_images, self.sees_images())
         body = request_body(self.model, wire, tools, max_tokens, switch, self.config.model_extra_body)
-        state = OpenAIStream(on_text, on_thinking)
-        url = f"{self.host}/chat/completions"
-
-        def attempt() -> Reply:
-            state.reset()
-            try:
-                with self.client.stream("POST", url, content=json.dumps(body).encode(),
-                                        headers={"Content-Type": "application/json"}) as response:
-                    if response.status_code >= 400:
-                        raise self.failures.refused(response.status_code, response.read())
-                    for line in response.iter_lines():
-                        self._check_abandoned()
-                        state.take_line(line)
-                        if state.ended:
-                            break
-                    state.close()
-            except Exception as e:
-                # Cut after the server said the reply was whole: only the usage chunk is missing.
-                if not (state.finished and isinstance(e, httpx.TransportError)):
-                    raise self.failures.classify(e, streamed=state.streamed) from None
-            if not state.finished:
-                failure = "the stream ended before the server said the reply was finished"
-                if state.streamed:
-                    raise self.failures.broken_off(failure)
-                raise Retryable(failure)
-            return state.reply()
-
-        return self._waited(lambda: self._with_retries(attempt, what="chatting", until=retry_until))
+        events = OpenAIEvents(reply)
+        try:
+            with self.client.stream("POST", f"{self.host}/chat/completions", content=json.dumps(body).encode(),
+                                    headers={"Content-Type": "application/json"}) as response:
+                if response.status_code >= 400:
+                    raise self.failures.refused(response.status_code, response.read())
+                for line in response.iter_lines():
+                    self._check_abandoned()
+                    events.take_line(line)
+                    if events.ended:
+                        break
+                events.close()
+        except httpx.TransportError:
+            # Cut after the server said the reply was whole: only the usage chunk is missing.
+            if not reply.finished:
+                raise
 
 
 def _context_of(entry: dict[str, Any]) -> int | None:

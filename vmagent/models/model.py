@@ -4,14 +4,20 @@ the server speaks.
     model = open_model(config)            # OllamaModel or OpenAICompatModel, by model_api
     model.capabilities()                  # ["tools", "vision", ...], asked once
     model.context_length()                # tokens the prompt and reply share
-    reply = model.chat(messages, tools)   # a Reply (vmagent/reply.py)
+    reply = model.chat(messages, tools)   # a Reply (vmagent/models/reply.py)
 
 Messages and tools go in the loop's own shape (Ollama's dicts: role, content, images,
 tool_calls, tool_name, thinking; tool schemas in OpenAI's function form), and a Reply
 comes out; each backend translates both ways and never shows the loop a wire format. The
-failures are the same for every backend (vmagent/llm_failures.py): ModelError with a
+failures are the same for every backend (vmagent/models/failures.py): ModelError with a
 sentence, ContextTooLong (the compaction path), ModelCancelled; a server that is away,
 busy (429) or failing (5xx) is asked the same request again here, within bounds.
+
+`chat` is written once, here. A backend implements it through one hook, `_stream`: send
+one request and feed what the server streams into the one accumulator
+(vmagent/models/stream.py `ReplyStream`); the tries, the waiting, the cancel and the
+sorting of failures (the backend's `failures`) are this class's. A backend also says what
+it can do (`_capabilities_now`) and how the tools reach the server (`tools_as_sent`).
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from .config import AgentConfig
-from .llm_failures import Failures, ModelCancelled, ModelError, Outage, Retryable, outage_cause
-from .reply import Reply
+from vmagent.config import AgentConfig
+from vmagent.models.failures import Failures, ModelCancelled, Outage, Retryable, outage_cause
+from vmagent.models.reply import Reply
+from vmagent.models.stream import ReplyStream
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +49,8 @@ ABANDON_POLL_S = 0.1
 
 
 class Model:
-    """One model on one server. Subclasses give `_capabilities_now`, `chat` (through
-    `_waited` and `_with_retries`) and `failures`; the rest is shared."""
+    """One model on one server. Subclasses give `_capabilities_now`, `_stream` (one try of
+    a chat) and `failures`, and may say `tools_as_sent`; the rest is shared."""
 
     failures: Failures
 
@@ -86,6 +93,10 @@ class Model:
         """Tokens the prompt and the reply share: what compaction keeps the prompt under."""
         return self.config.num_ctx
 
+    def tools_as_sent(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """The tool schemas as the server receives them: what compaction counts."""
+        return list(tools or [])
+
     def chat(
         self,
         messages: list[dict[str, Any]],
@@ -107,6 +118,32 @@ class Model:
         ContextTooLong for a prompt the server refused as too long, ModelError otherwise,
         and ModelCancelled once `abandon` was called.
         """
+        # What is sent depends on what the model can do (thinking, images): asked once,
+        # before the first try, so that a try is only the request.
+        self.capabilities()
+        wanted = self.config.think if think is None else think
+        reply = ReplyStream(on_text, on_thinking)
+
+        def attempt() -> Reply:
+            reply.reset()
+            try:
+                self._stream(reply, messages, tools, wanted, max_tokens)
+            except Exception as e:
+                raise self.failures.classify(e, streamed=reply.streamed) from None
+            if not reply.finished:
+                if reply.streamed:
+                    raise self.failures.broken_off(self.failures.unfinished)
+                raise Retryable(self.failures.unfinished)
+            return reply.reply()
+
+        return self._waited(lambda: self._with_retries(attempt, what="chatting", until=retry_until))
+
+    def _stream(self, reply: ReplyStream, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                think: bool | None, max_tokens: int | None) -> None:
+        """One try: send the request and feed the server's stream into `reply` (calling
+        `_check_abandoned` between pieces), up to the server's word that it is whole.
+        `think`: the setting or the caller's wish (None: use it if the model can). Raises
+        what the client raises; `failures.classify` sorts it."""
         raise NotImplementedError
 
     # --- waiting and retries ------------------------------------------------------------
@@ -188,5 +225,3 @@ class Model:
             except Exception:  # a view never breaks the work
                 log.exception("the wait callback failed; the work goes on")
 
-
-__all__ = ["Model", "ModelError", "ModelCancelled", "CONNECT_TIMEOUT_S", "FIRST_CONTACT_RETRIES"]

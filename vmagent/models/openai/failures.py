@@ -1,5 +1,5 @@
 """Why an OpenAI-compatible server gave no reply: its HTTP statuses, error bodies and
-broken streams sorted into the failures every backend raises (vmagent/llm_failures.py),
+broken streams sorted into the failures every backend raises (vmagent/models/failures.py),
 each with a sentence that names the server and the model and says what to do.
 
 Error bodies differ by server; the message is read from each one's shape:
@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from .llm_failures import ContextTooLong, Failures, ModelCancelled, ModelError, Retryable, _first_line
+from vmagent.models.failures import ContextTooLong, Failures, ModelCancelled, ModelError, Retryable, first_line
 from vmd.verbs import bounded_json
 
 # How much of a server's error message a sentence quotes.
@@ -50,18 +50,18 @@ def error_message(body: Any) -> str:
         try:
             body = bounded_json(text)
         except ValueError:
-            return _first_line(text)[:MESSAGE_CHARS] or "no message"
+            return first_line(text)[:MESSAGE_CHARS] or "no message"
     if isinstance(body, dict):
         error = body.get("error", body)
         if isinstance(error, dict):
             for key in ("message", "detail", "msg"):
                 if isinstance(error.get(key), str) and error[key].strip():
-                    return _first_line(error[key])[:MESSAGE_CHARS]
+                    return first_line(error[key])[:MESSAGE_CHARS]
         elif isinstance(error, str) and error.strip():
-            return _first_line(error)[:MESSAGE_CHARS]
+            return first_line(error)[:MESSAGE_CHARS]
         if isinstance(body.get("detail"), str):  # FastAPI's own shape
-            return _first_line(body["detail"])[:MESSAGE_CHARS]
-    return _first_line(json.dumps(body))[:MESSAGE_CHARS]
+            return first_line(body["detail"])[:MESSAGE_CHARS]
+    return first_line(json.dumps(body))[:MESSAGE_CHARS]
 
 
 def context_refusal(body: Any, message: str) -> tuple[bool, int | None, int | None]:
@@ -124,7 +124,7 @@ class OpenAIFailures(Failures):
                 f"{self.model}. It may be overloaded or stuck; check it, or raise request_timeout_s.",
                 streamed=streamed)
         if isinstance(e, (httpx.TransportError, ValueError)):  # ValueError: a chunk that is not JSON
-            cause = f"{type(e).__name__}: {_first_line(str(e)) or 'no detail'}"
+            cause = f"{type(e).__name__}: {first_line(str(e)) or 'no detail'}"
             if isinstance(e, httpx.ConnectError):
                 cause = "could not connect"
             return self.broken_off(cause) if streamed else Retryable(cause)

@@ -6,7 +6,7 @@ server (a broken one, or one that is not Ollama) that sent 10,000 '[' would rais
 RecursionError in the worker, and on CPython 3.11.2 that can corrupt the interpreter
 (vmd/json_depth.py). This transport sits under the client: every line of the body is
 measured as it arrives, before the client's parser sees it, and a line too deep ends the
-reply with TooDeep, which llm_failures says in a sentence.
+reply with TooDeep, which failures.py says in a sentence.
 """
 
 from __future__ import annotations
