@@ -17,7 +17,7 @@ import pytest
 from vmagent.models import ModelError as OllamaError
 from vmagent.models.ollama.depth_transport import DepthBoundTransport
 from vmagent.models.ollama.failures import OllamaFailures as Failures
-from vmagent.tool_parsing import _decode
+from vmagent.tools.parsing import _decode
 from vmd import json_depth
 from vmd.verbs import TooDeep, bounded_json
 

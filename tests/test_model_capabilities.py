@@ -9,7 +9,7 @@ from vmagent.link import typed_result
 from vmagent.config import AgentConfig
 from vmagent.job import Events, Job, JobSpec
 from vmagent.loop import _call_tool, run_job
-from vmagent.tool_results import SCREEN_UNSEEN
+from vmagent.tools import SCREEN_UNSEEN
 
 PNG_B64 = "iVBORw0KGgo="
 

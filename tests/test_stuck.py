@@ -144,7 +144,7 @@ def test_a_model_that_changes_approach_after_the_notice_goes_on(tmp_path):
 
 def poll_steps(n_pairs: int, screen: str = "same screen", seconds: float = 5) -> list[dict]:
     from vmagent.loop_guards import call_step
-    from vmagent.tool_results import ToolOutcome
+    from vmagent.tools import ToolOutcome
 
     wait = call_step("wait", {"seconds": seconds}, ToolOutcome(ok=True, text=f"waited {seconds} s"))
     shot = call_step("screenshot", {}, ToolOutcome(ok=True, text="1280x800", image_b64=screen))
@@ -189,7 +189,7 @@ def test_a_screen_that_changes_starts_the_poll_allowance_again():
 
 def test_a_command_that_sleeps_before_it_looks_is_a_poll():
     from vmagent.loop_guards import call_step, waited_s
-    from vmagent.tool_results import ToolOutcome
+    from vmagent.tools import ToolOutcome
 
     assert waited_s("run", {"command": "sleep 30; tail -n 1 build.log"}) == 30
     assert waited_s("run", {"command": "sleep 2m && ls"}) == 120

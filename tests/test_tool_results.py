@@ -1,4 +1,4 @@
-"""One tool call from the loop to vmd and back (vmagent/tool_results.py): what reaches
+"""One tool call from the loop to vmd and back (vmagent/tools/results.py): what reaches
 vmd, and what the model reads of vmd's answer, against a stand-in for vmd (a plain
 object with a `.call(method, **params)` like vmagent.link.Vmd, answering the verb's
 result model as it does)."""
@@ -216,7 +216,7 @@ def test_a_namespaced_or_capitalised_tool_name_is_understood():
 
 
 def test_a_tool_call_is_read_once_and_that_reading_is_what_vmd_gets(tmp_path, monkeypatch):
-    from vmagent import tool_parsing
+    from vmagent.tools import parsing as tool_parsing
     from vmagent.loop import _call_tool
 
     reads = []

@@ -290,7 +290,7 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
                config: AgentConfig, events: Events, notice: str = "",
                sees_images: bool = True, web: WebTools | None = None) -> tools.ToolOutcome:
     """Run one tool call and put its result in the history, capped, with any notice."""
-    verb = tools._tool_name(name)
+    verb = tools.verb_of(name)
     # Read once: the command is shown before it runs, and the same reading goes to vmd.
     parsed = tools.parse_arguments(verb, arguments)
     params = parsed.params or {}
@@ -304,7 +304,7 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
         job.verification = params["verification"].get("command")
 
     try:
-        # A model without vision gets the screen read as text (vmagent/tool_results.py).
+        # A model without vision gets the screen read as text (vmagent/tools/results.py).
         outcome = tools.call(vmd, name, parsed, offered=offered, sees_images=sees_images, web=web)
     except ResultLost as lost:
         # vmd restarted while this call was in flight and the session is re-attached.

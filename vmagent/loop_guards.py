@@ -14,8 +14,7 @@ from vmagent import tools
 from vmagent.config import AgentConfig
 from vmagent.job import Ending, Job
 from vmagent.models import Model, ModelError, Reply
-from vmagent.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
-from vmagent.tool_results import ToolOutcome
+from vmagent.tools import USE_THE_TOOL_INTERFACE, ToolOutcome, calls_in_text
 from vmd.verbs import SessionStatusResult
 
 

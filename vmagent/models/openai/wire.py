@@ -103,7 +103,7 @@ def tools_as_sent(tools: Iterable[dict[str, Any]] | None) -> list[dict[str, Any]
 def _spelt_out_once(tool: dict[str, Any]) -> dict[str, Any]:
     """The tool as an OpenAI-compatible server gets it: a nested object parameter keeps its
     own fields' schemas here, so the description that spells those fields out in one line
-    (for Ollama's client, which drops them: vmagent/tool_table.py `finish`) is left out."""
+    (for Ollama's client, which drops them: vmagent/tools/table.py `finish`) is left out."""
     function = tool.get("function")
     params = function.get("parameters") if isinstance(function, Mapping) else None
     if not isinstance(params, Mapping) or not isinstance(params.get("properties"), Mapping):

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vmagent.tool_table import OFFERED_TOOLS, SCREEN_TOOLS, TOOLS, Phase, Tool, _words, os_family_of, tool_names
+from vmagent.tools.table import OFFERED_TOOLS, SCREEN_TOOLS, TOOLS, Phase, Tool, os_family_of, tool_names, worded
 
 
 def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
@@ -45,7 +45,7 @@ def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
             if key == "properties":
                 out[key] = {name: clean(v) for name, v in value.items()}
             elif key == "description" and isinstance(value, str):
-                out[key] = _words(value, os_family)
+                out[key] = worded(value, os_family)
             else:
                 out[key] = clean(value)
         return out
@@ -95,7 +95,7 @@ def parameters(tool: Tool, os_family: str) -> dict:
         for name in path.split("."):
             node = node["properties"][name]
         limits = {key: f"{node[key]:g}" for key in ("default", "maximum") if type(node.get(key)) in (int, float)}
-        node["description"] = _words(text, os_family, limits)
+        node["description"] = worded(text, os_family, limits)
         for key in limits:  # said in the words once: not again as a key of the schema
             if "{" + key + "}" in text:
                 node.pop(key)

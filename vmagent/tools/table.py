@@ -3,7 +3,7 @@ descriptions (worded for the guest's shell), the field a bare value is read as, 
 aliases it accepts, and which tools each phase allows.
 
 A tool's arguments are its verb's params model in vmd/verbs.py, the one contract: this
-table adds only what the model reads about them (vmagent/tool_schemas.py joins the two)."""
+table adds only what the model reads about them (vmagent/tools/schemas.py joins the two)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class Tool:
 
     def describe(self, os_family: str) -> str:
         text = self.description if isinstance(self.description, str) else self.description[os_family]
-        return _words(text, os_family)
+        return worded(text, os_family)
 
 
 _PATH_ALIASES = {
@@ -222,7 +222,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
 # that changed at the hand-over would make the model server evaluate the whole prompt
 # again ("mask, don't remove"). vmd's gate refuses a machine verb before the plan with a
 # sentence that says to plan first; the loop answers a screen tool on a guest without a
-# desktop itself (vmagent/tool_results.py). The order is the table's.
+# desktop itself (vmagent/tools/results.py). The order is the table's.
 OFFERED_TOOLS = tuple(v for v, p in POLICY.items() if p.agent_phase is not None and v in TOOLS)
 PLANNING_TOOLS = tuple(v for v, p in POLICY.items() if p.agent_phase == "planning" and v in TOOLS)
 SCREEN_TOOLS = tuple(v for v, p in POLICY.items() if p.agent_phase == "desktop" and v in TOOLS)
@@ -242,7 +242,7 @@ def tool_names(phase: Phase, desktop: bool) -> list[str]:
     return [v for v, p in POLICY.items() if p.agent_phase in offered and v in TOOLS]
 
 
-def _words(text: str, os_family: str, more: dict[str, str] | None = None) -> str:
+def worded(text: str, os_family: str, more: dict[str, str] | None = None) -> str:
     for key, value in {**OS_WORDS[os_family], **(more or {})}.items():
         text = text.replace("{" + key + "}", value)
     return text

@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 from vmd.verbs import REFUSED, WAITING_STATES, SessionStateName
 from vmagent.link import VmdError, VmdUnavailable
-from vmagent.tool_parsing import ParsedArguments, _tool_name, _unknown_tool_text, parse_arguments
-from vmagent.tool_table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS
+from vmagent.tools.parsing import ParsedArguments, parse_arguments, unknown_tool_text, verb_of
+from vmagent.tools.table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS
 
 # The first line a model that cannot see images reads of a screenshot.
 SCREEN_AS_TEXT = ("NOTE: the model you run on cannot see images, so this screenshot is not shown "
@@ -63,11 +63,11 @@ def call(vmd: Any, name: Any, arguments: Any, offered: Iterable[str] | None = No
     read_page on the host; their outcome's `result` is the source vmd records.
     Raises only VmdUnavailable.
     """
-    verb = _tool_name(name)
+    verb = verb_of(name)
     try:
         offered_names = list(offered) if offered is not None else None
         if verb not in TOOLS:
-            return ToolOutcome("ERROR: " + _unknown_tool_text(name, offered_names),
+            return ToolOutcome("ERROR: " + unknown_tool_text(name, offered_names),
                                verb=verb, ok=False)
         if offered_names is not None and verb not in offered_names:
             return ToolOutcome("ERROR: " + _not_offered_text(verb, offered_names), verb=verb, ok=False)

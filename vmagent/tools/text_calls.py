@@ -21,7 +21,7 @@ tools). Without recovery the loop reads all of these as prose and the job stalls
 A JSON example in an explanation must not run by accident: an object is a call when it
 names a known tool, or when it has a call's shape exactly (a name and its arguments, no
 other fields) or stands inside a call marker (tags, a prefix). A call to a tool that does
-not exist is kept, so that the model is told which tools there are (vmagent/tool_results.py),
+not exist is kept, so that the model is told which tools there are (vmagent/tools/results.py),
 not dropped silently.
 """
 
@@ -32,7 +32,7 @@ import re
 from typing import Any, Iterable
 
 from vmagent.models import ToolCall
-from vmagent.tool_parsing import _tool_name
+from vmagent.tools.parsing import verb_of
 
 # Said once per job, in the result of the first recovered call.
 USE_THE_TOOL_INTERFACE = (
@@ -82,7 +82,7 @@ def _calls_in_piece(piece: str, known: set[str], in_marker: bool) -> list[ToolCa
     named = _MISTRAL_NAMED.match(piece)
     if named and in_marker:  # run[ARGS]{"command": "ls"}
         values = _json_values(piece[named.end():])
-        return [ToolCall(name=_tool_name(named.group(1)), arguments=_arguments(values[0]) if values else {})]
+        return [ToolCall(name=verb_of(named.group(1)), arguments=_arguments(values[0]) if values else {})]
     calls = []
     for value in _json_values(piece):
         for item in value if isinstance(value, list) else [value]:
@@ -124,7 +124,7 @@ def _call_of(value: Any, known: set[str], in_marker: bool) -> ToolCall | None:
     if not isinstance(name, str) or not _NAME.fullmatch(name.strip()):
         return None
     has_arguments = "arguments" in value or "parameters" in value
-    if _tool_name(name) not in known:
+    if verb_of(name) not in known:
         # Not a tool: a call only by its shape or its marker; then the model hears there is none.
         if not (has_arguments and (in_marker or set(value) <= _CALL_FIELDS)):
             return None
@@ -134,7 +134,7 @@ def _call_of(value: Any, known: set[str], in_marker: bool) -> ToolCall | None:
         arguments = _arguments(value.get("arguments", value.get("parameters")))
     if arguments is None:
         return None
-    return ToolCall(name=_tool_name(name), arguments=arguments)
+    return ToolCall(name=verb_of(name), arguments=arguments)
 
 
 def _arguments(raw: Any) -> dict | str | None:

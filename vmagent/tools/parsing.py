@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable
 import json_repair
 from pydantic import ValidationError
 
-from vmagent.tool_schemas import json_schema, shape
-from vmagent.tool_table import TOOLS, Tool
+from vmagent.tools.schemas import json_schema, shape
+from vmagent.tools.table import TOOLS, Tool
 from vmd.verbs import TooDeep, bounded_json
 
 
@@ -207,7 +207,7 @@ def parse_arguments(name: str, raw: Any) -> ParsedArguments:
     """
     tool = TOOLS.get(name)
     if tool is None:
-        return ParsedArguments(None, _unknown_tool_text(name))
+        return ParsedArguments(None, unknown_tool_text(name))
     try:
         return _parse(tool, raw)
     except Exception as exc:  # untrusted input must never cost the session
@@ -282,12 +282,12 @@ def _problem(error: dict) -> str:
     return f"{where}: {error.get('msg', 'invalid')}"
 
 
-def _unknown_tool_text(name: Any, offered: Iterable[str] | None = None) -> str:
+def unknown_tool_text(name: Any, offered: Iterable[str] | None = None) -> str:
     valid = list(offered) if offered is not None else list(TOOLS)
     return f"there is no tool named {_echo(name)}. Valid tools: {', '.join(valid)}."
 
 
-def _tool_name(name: Any) -> str:
+def verb_of(name: Any) -> str:
     # "functions.run", " Run " -> "run"
     text = str(name or "").strip()
     return text.rsplit(".", 1)[-1].strip().lower()
