@@ -7,7 +7,7 @@ import json
 import math
 
 from tests.ollama_server import Turn, honest_prompt_tokens, start_ollama
-from vmagent.compact import (
+from vmagent.loop.compact import (
     COMPACTED_HEADER,
     Calibration,
     Compactor,

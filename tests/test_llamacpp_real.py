@@ -17,7 +17,7 @@ from tests.llamacpp_server import LlamaCppServer, start_llamacpp
 from tests.ollama_server import Turn
 from tests.openai_server import start_openai
 from vmagent import tools
-from vmagent.compact import COMPACTED_HEADER, Compactor, PinnedContext
+from vmagent.loop.compact import COMPACTED_HEADER, Compactor, PinnedContext
 from vmagent.config import AgentConfig
 from vmagent.models import ContextTooLong, open_model
 from vmagent.models.openai import OpenAICompatModel

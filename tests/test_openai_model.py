@@ -199,7 +199,7 @@ def test_the_job_service_passes_the_model_server_settings_to_its_workers():
 def test_a_server_with_less_context_than_the_settings_say_is_compacted_to_its_own():
     # No /v1/models: the settings say 32768 tokens, the server has 3000. Its refusal says
     # so, and the history is compacted to fit what it has, then answered.
-    from vmagent.compact import COMPACTED_HEADER, Compactor, PinnedContext
+    from vmagent.loop.compact import COMPACTED_HEADER, Compactor, PinnedContext
 
     history = TASK + [m for n in range(6) for m in (
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "run", "arguments": {"command": f"cat log{n}"}}}]},

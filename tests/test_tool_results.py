@@ -10,7 +10,7 @@ import pytest
 from vmagent import tools
 from vmagent.link import VmdError, VmdUnavailable, typed_result
 from vmagent.config import AgentConfig
-from vmagent.job import Events, Job, JobSpec
+from vmagent.loop.job import Events, Job, JobSpec
 from vmd import verbs
 
 
@@ -217,7 +217,7 @@ def test_a_namespaced_or_capitalised_tool_name_is_understood():
 
 def test_a_tool_call_is_read_once_and_that_reading_is_what_vmd_gets(tmp_path, monkeypatch):
     from vmagent.tools import parsing as tool_parsing
-    from vmagent.loop import _call_tool
+    from vmagent.loop.turns import _call_tool
 
     reads = []
     read = tool_parsing._parse

@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     from vmagent import loop, tools
     from vmagent.link import Vmd, VmdUnavailable, default_socket
     from vmagent.config import AgentConfig, ConfigError
-    from vmagent.loop_guards import model_unfit
+    from vmagent.loop.guards import model_unfit
     from vmagent.models import open_model
     from vmagent.prompts import PromptMissing, load_prompts
     from vmd.verbs import WAITING_STATES
@@ -167,7 +167,7 @@ def cancel_in_vmd(socket_path: str, session_id: str) -> None:
     """session_cancel on a connection of its own, so vmd hears of the cancel at once: the
     session refuses further machine verbs while the loop, blocked in a long `run` (which
     session_cancel does not stop) or in the model's answer, is broken off after its grace.
-    The loop cancels and closes the session in its end (vmagent/job_end.py `end_job`) all the same."""
+    The loop cancels and closes the session in its end (vmagent/loop/job_end.py `end_job`) all the same."""
     from vmagent.link import Vmd, VmdError, VmdUnavailable
 
     try:

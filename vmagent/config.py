@@ -145,7 +145,7 @@ class AgentConfig(BaseModel):
     repeat_notice_after: int = Field(3, ge=2)
     # Model turns without the task list moving before a reminder shows it again.
     stall_reminder_steps: int = Field(12, ge=1)
-    # The stuck detector (vmagent/loop_guards.py), over the tool calls of the whole job.
+    # The stuck detector (vmagent/loop/guards.py), over the tool calls of the whole job.
     # The same call with the same answer this many times in a row: a poll of something
     # that does not change. Output that changes (a build log tailed every 30 s) is not one.
     stuck_same_answer: int = Field(3, ge=2)

@@ -3,7 +3,7 @@
 Reads DIR/job.json ({"spec": {...}, "mode": "run" | "resume" | "rerun", "answer",
 "approved", "cancel", "vmd_socket", "lost"}), runs the turn loop (a fresh job, the resume of
 one that asked a question, or a job whose host was lost, run again from its last checkpoint:
-vmagent/rerun.py), and writes every event as one NDJSON frame on stdout, flushed at once. The
+vmagent/loop/rerun.py), and writes every event as one NDJSON frame on stdout, flushed at once. The
 transcript lives at DIR/transcript.json. SIGTERM sets the cancel event: the loop breaks
 off what is in flight after cancel_grace_s and ends with a report. A vmd restart is
 ridden out by the loop (and by the screen watcher). Whatever happens, the last frame is
@@ -170,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             # The job's host was lost (the Ray shim says how, vmagent/service/ray_worker.py): a
             # new session from the last pushed checkpoint, with the transcript it had; a
             # person's answer that was to resume it on that host comes along.
-            from vmagent.rerun import rerun_job
-
-            outcome = rerun_job(transcript, lost=str(job.get("lost") or ""), on_event=on_event, cancel=cancel,
-                                vmd_socket=vmd_socket, answer=job.get("answer"), approved=job.get("approved"))
+            outcome = loop.rerun_job(transcript, lost=str(job.get("lost") or ""), on_event=on_event, cancel=cancel,
+                                     vmd_socket=vmd_socket, answer=job.get("answer"), approved=job.get("approved"))
         elif job.get("mode") == "resume":
             outcome = loop.resume_job(transcript, answer=job.get("answer"), approved=job.get("approved"),
                                       on_event=on_event, cancel=cancel, vmd_socket=vmd_socket)

@@ -20,7 +20,7 @@ from vmagent.eval.pages import write_results
 from vmagent.eval.runner import Interrupted, TaskRun, run_all
 from vmagent.eval.scores import row_of, table, totals_of
 from vmagent.eval.tasks import EvalTaskError, load_tasks
-from vmagent.loop_guards import model_unfit
+from vmagent.loop.guards import model_unfit
 from vmagent.models import open_model
 
 DEFAULT_TASKS = Path("evals")

@@ -19,7 +19,7 @@ from vmagent import loop
 from vmagent.link import Vmd, VmdError, VmdUnavailable
 from vmagent.config import AgentConfig
 from vmagent.eval.tasks import EvalTask
-from vmagent.job import Outcome
+from vmagent.loop.job import Outcome
 
 # The owner folder of every eval project in vmd (and on Gitea, when one is set).
 EVAL_OWNER = "eval"

@@ -9,7 +9,7 @@ holding one `vm_slot` of the job's OS family there, starts the real worker throu
 relays its frames and transcript snapshots. DIR/host.json says where the job ran.
 
 A host lost while the job runs (its actor or node died in Ray) costs the job its guest: the
-shim runs it again on another host in mode "rerun" (vmagent/rerun.py: a new machine with the
+shim runs it again on another host in mode "rerun" (vmagent/loop/rerun.py: a new machine with the
 project as of its last pushed checkpoint and the transcript so far), at most MAX_RERUNS
 times; then it ends failed with a report naming each host and why. A resume goes back to
 the host whose suspended guest waits (hard node affinity), or reruns when that host is gone.
@@ -78,7 +78,7 @@ class Lost(Exception):
 
     def __init__(self, host: str | None, why: str):
         super().__init__(f"host {host} lost: {why}")
-        # What the re-run tells the model (loop_words.host_lost puts it in brackets).
+        # What the re-run tells the model (vmagent/loop/words.py host_lost puts it in brackets).
         self.sentence = f"{why} on host {host}"
 
 

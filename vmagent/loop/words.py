@@ -1,12 +1,12 @@
 """What the loop tells the model and the report in its own words: the opening message,
 the hand-over of the machine, a person's answer, a result lost to a vmd restart, vmd gone
-for good. The guards' sentences are with the guards (vmagent/loop_guards.py)."""
+for good. The guards' sentences are with the guards (vmagent/loop/guards.py)."""
 
 from __future__ import annotations
 
 from vmagent import tools
 from vmagent.link import VmdGone
-from vmagent.job import Job, JobSpec
+from vmagent.loop.job import Job, JobSpec
 from vmd.verbs import SessionOpenResult
 
 # What the model reads for a tool call whose result vmd lost when it restarted. It is not
@@ -83,7 +83,7 @@ def vmd_gone(exc: VmdGone) -> str:
             "push) once it is back; the session's record stays in vmd's state dir.")
 
 
-# A job run again after its host was lost (vmagent/rerun.py): what the model reads first on
+# A job run again after its host was lost (vmagent/loop/rerun.py): what the model reads first on
 # the new machine, and what a tool call in flight when the host went is answered with.
 RESULT_LOST_WITH_HOST = ("INTERRUPTED: the machine was lost with its host before this call's result came back; "
                          "it may or may not have taken effect there. The new machine has the project as the "

@@ -1,7 +1,7 @@
-"""The end of a job, the one way out of the turn loop (vmagent/loop.py): unless the
+"""The end of a job, the one way out of the turn loop (vmagent/loop/turns.py): unless the
 session waits for a person, vmd closes it (`vmagent eval`'s hidden check first, then
 commit and push) and the report is vmd's, built from its record, with the loop's notes on
-why it ended (vmagent/fallback_report.py); the outcome goes to the transcript and the
+why it ended (vmagent/loop/fallback_report.py); the outcome goes to the transcript and the
 event feed. A job that never opened a session ends with the loop's own report."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import asdict
 
 from vmd.verbs import WAITING_STATES, Result
 from vmagent.link import SessionLink, VmdError, VmdUnavailable
-from vmagent.fallback_report import local_report, loop_notes, outage_notes, vmd_report
-from vmagent.job import Ending, Event, Events, Job, Outcome, Verification, save_quietly
+from vmagent.loop.fallback_report import local_report, loop_notes, outage_notes, vmd_report
+from vmagent.loop.job import Ending, Event, Events, Job, Outcome, Verification, save_quietly
 from vmagent.models import Model
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from vmagent import tools
 from vmagent.link import Outage as VmdOutage
 from vmagent.link import SessionLink, Vmd, VmdError, VmdUnavailable
-from vmagent.job import Ending, Job, Verification
+from vmagent.loop.job import Ending, Job, Verification
 from vmagent.models import Outage as ModelOutage
 from vmd.verbs import fence, one_line
 

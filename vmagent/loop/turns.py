@@ -2,30 +2,32 @@
 
     run_job(spec, on_event=..., transcript_path=...)      a new job
     resume_job(transcript_path, answer=..., on_event=...) the same job after a question
+    work(job, link, config, events, cancel)                the turns of a job whose session
+                                                           is open (also vmagent/loop/rerun.py's)
 
 A job opens a vmd session without waiting for the machine, and the first turns are for
 the plan: the model writes the task list while the guest boots (vmd refuses the
 machine's tools until a plan exists, with a sentence that says so). Once a plan exists
-and the guest answers, the model is told the machine is up (vmagent/hand_over.py).
+and the guest answers, the model is told the machine is up (vmagent/loop/hand_over.py).
 Every request offers the same tools and starts with the same system prompt, written
 once per job: what becomes known later arrives as a message at the end, so the model
 server's cache of the prompt's head holds from the first turn to the last (old
-screenshots go in batches: vmagent/models/history.py's drop_images_in_batches). Each turn then is: guards
-(vmagent/loop_guards.py), compaction, one model call, the tool calls it asked for, the
-transcript written to disk. What the loop itself says to the model is in
-vmagent/loop_words.py.
+screenshots go in batches: vmagent/models/history.py's drop_images_in_batches). Each turn
+then is: guards (vmagent/loop/guards.py), compaction, one model call, the tool calls it
+asked for, the transcript written to disk. What the loop itself says to the model is in
+vmagent/loop/words.py.
 
-Every way out ends in `end_job` (vmagent/job_end.py): unless the session waits for a
+Every way out ends in `end_job` (vmagent/loop/job_end.py): unless the session waits for a
 person, vmd closes it (commit + push) and the report is vmd's, built from its record,
-with the loop's notes on why it ended (vmagent/fallback_report.py). Nothing the model
+with the loop's notes on why it ended (vmagent/loop/fallback_report.py). Nothing the model
 says decides the outcome.
-The job's state, its transcript on disk and the event feed are in vmagent/job.py.
+The job's state, its transcript on disk and the event feed are in vmagent/loop/job.py.
 
 Faults on the way are ridden out, within bounds: a vmd restart through the session's
 `SessionLink` (vmagent/link/: wait, re-attach, a tool call in flight answered as
 interrupted), a model server that goes away through `Model.chat`'s retries (the same
 request again). A cancel reaches what is in flight after `cancel_grace_s` (`BreakOff`,
-vmagent/break_off.py).
+vmagent/loop/break_off.py).
 """
 
 from __future__ import annotations
@@ -37,24 +39,23 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from vmd.verbs import WAITING_STATES, ResumeResult, SessionStatusResult
 from vmagent import tools
-from vmagent.break_off import BreakOff
-from vmagent.link import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
-from vmagent.compact import Compactor, PinnedContext, cap_tool_result
 from vmagent.config import AgentConfig, ConfigError
-from vmagent.hand_over import hand_over_machine
-# JobSpec, Outcome and Verification are also taken from here by the loop's callers.
-from vmagent.job import Ending, Event, Events, Job, JobSpec, Outcome, Verification  # noqa: F401
-from vmagent.job_end import end_job, end_without_session
-from vmagent.models import (Model, ModelCancelled, ModelError, drop_images_in_batches, only_latest_thinking,
-                            open_model)
-from vmagent.loop_guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
+from vmagent.link import ResultLost, SessionLink, Vmd, VmdError, VmdGone, VmdUnavailable, default_socket
+from vmagent.loop.break_off import BreakOff
+from vmagent.loop.compact import Compactor, PinnedContext, cap_tool_result
+from vmagent.loop.guards import (at_step_cap, call_step, calls_written_as_text, cancelled, machine_gone,
                                  model_unfit, past_deadline, prose_only, repeat_notice, stall_reminder,
                                  stuck_ending, stuck_notice)
-from vmagent.loop_words import answer_text, opening_message, result_lost, vmd_gone
+from vmagent.loop.hand_over import hand_over_machine
+from vmagent.loop.job import Ending, Event, Events, Job, JobSpec, Outcome
+from vmagent.loop.job_end import end_job, end_without_session
+from vmagent.loop.words import answer_text, opening_message, result_lost, vmd_gone
+from vmagent.models import (Model, ModelCancelled, ModelError, drop_images_in_batches, only_latest_thinking,
+                            open_model)
 from vmagent.prompts import PromptMissing, Prompts, load_prompts
 from vmagent.web.agent_tools import WebTools, record_source
+from vmd.verbs import WAITING_STATES, ResumeResult, SessionStatusResult
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def run_job(
     cancel = cancel or threading.Event()
     job = Job(spec=spec, transcript_path=Path(transcript_path))
     try:
-        config = _config_for(spec, config)
+        config = config_for(spec, config)
         # Loaded before session_open, so that a missing prompt boots no machine; it is
         # written once vmd says the guest's family (only the family's own part differs,
         # and that part is optional).
@@ -100,7 +101,7 @@ def run_job(
     job.screen = True if job.os_family == "windows" else opened.desktop
     web = WebTools.from_config(config) if spec.web else WebTools(None, None, 0)
     job.web_tools = list(web.names)  # decided once: the tool list stays the same all job long
-    link = _link(vmd, config, events, cancel)
+    link = session_link(vmd, config, events, cancel)
     events.emit({"type": "session", "session_id": job.session_id})
     try:
         # The screen's rules join the prompt at once where the screen tools are offered from
@@ -114,7 +115,7 @@ def run_job(
         {"role": "user", "content": opening_message(spec, opened, job.web_tools)},
     ]
     job.save()
-    return _work(job, link, config, events, cancel, llm, web)
+    return work(job, link, config, events, cancel, llm, web)
 
 
 def resume_job(
@@ -144,8 +145,8 @@ def resume_job(
     vmd.session_id = job.session_id  # what a lost connection re-attaches
     link = SessionLink(vmd, stop=cancel)  # waits for nothing until the config says how long
     try:
-        config = _config_for(job.spec, config)
-        link = _link(vmd, config, events, cancel)
+        config = config_for(job.spec, config)
+        link = session_link(vmd, config, events, cancel)
         link.call("session_attach", session_id=job.session_id)
         if cancel.is_set():  # cancelled while it waited: close it without waking the model
             return end_job(job, link, Ending("cancelled", "Cancelled while the session waited for a person."), events)
@@ -160,10 +161,10 @@ def resume_job(
     job.save()
     web = WebTools.from_config(config)
     web.names = tuple(name for name in web.names if name in job.web_tools)  # as the job started
-    return _work(job, link, config, events, cancel, web=web)
+    return work(job, link, config, events, cancel, web=web)
 
 
-def _link(vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event) -> SessionLink:
+def session_link(vmd: Vmd, config: AgentConfig, events: Events, cancel: threading.Event) -> SessionLink:
     """The session's connection as the loop uses it: it rides out a vmd restart for up to
     vmd_reconnect_s, and says so in the event feed."""
     return SessionLink(vmd, wait_s=config.vmd_reconnect_s, stop=cancel,
@@ -184,8 +185,10 @@ def _resume(link: SessionLink, answer: str | None, approved: bool | None) -> Res
 # --- the loop -------------------------------------------------------------------------
 
 
-def _work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cancel: threading.Event,
-          llm: Model | None = None, web: WebTools | None = None) -> Outcome:
+def work(job: Job, vmd: SessionLink, config: AgentConfig, events: Events, cancel: threading.Event,
+         llm: Model | None = None, web: WebTools | None = None) -> Outcome:
+    """The turns of `job`, whose session `vmd` is open and whose history holds its start (a
+    new job, a resume, a rerun), to the job's end: the outcome, never an exception."""
     llm = llm or open_model(config)
     llm.on_wait = lambda text: events.emit({"type": "status", "text": text})
     compactor = Compactor(config, llm)
@@ -336,7 +339,8 @@ def _call_tool(job: Job, vmd: SessionLink, name: str, arguments: Any, offered: l
 # --- pieces -------------------------------------------------------------------------------
 
 
-def _config_for(spec: JobSpec, config: AgentConfig | None) -> AgentConfig:
+def config_for(spec: JobSpec, config: AgentConfig | None) -> AgentConfig:
+    """The job's settings: `config` (else the agent's own, loaded), with the spec's model."""
     config = config or AgentConfig.load()
     if spec.model:
         config = config.model_copy(update={"model": spec.model})

@@ -100,7 +100,7 @@ class Guards:
     last_tasks: str = ""
     # Whether the model was told to use the tool interface after writing a call as text.
     told_tool_interface: bool = False
-    # The stuck detector's view of the job (vmagent/loop_guards.py): the newest tool calls,
+    # The stuck detector's view of the job (vmagent/loop/guards.py): the newest tool calls,
     # each {"call", "answer", "refused", "label"} (digests and a short name), as many as
     # its longest pattern needs; how often each pattern was hit; and, once one ends the
     # job, the sentence for the report.

@@ -1,4 +1,4 @@
-"""The loop's guards, checked every turn (vmagent/loop.py `_turn`): each one either ends
+"""The loop's guards, checked every turn (vmagent/loop/turns.py `_turn`): each one either ends
 the job with the reason for the report, or puts a notice or a reminder in front of the
 model. Each says why it exists; the numbers are in vmagent/config.py."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from vmagent import tools
 from vmagent.config import AgentConfig
-from vmagent.job import Ending, Job
+from vmagent.loop.job import Ending, Job
 from vmagent.models import Model, ModelError, Reply
 from vmagent.tools import USE_THE_TOOL_INTERFACE, ToolOutcome, calls_in_text
 from vmd.verbs import SessionStatusResult

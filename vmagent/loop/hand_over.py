@@ -2,7 +2,7 @@
 asked in slices so a cancel is seen while it boots) and the agent is told, in a message,
 what it has: the machine's facts, whether it has a desktop (with the screen's rules when
 the system prompt does not hold them) and the task list. Called from the turn loop
-(vmagent/loop.py `_turn`) on the first turn after the plan."""
+(vmagent/loop/turns.py `_turn`) on the first turn after the plan."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 from vmd.verbs import NOT_READY
 from vmagent.link import SessionLink, VmdError
 from vmagent.config import AgentConfig
-from vmagent.job import Ending, Events, Job
-from vmagent.loop_words import machine_facts, machine_up_message
+from vmagent.loop.job import Ending, Events, Job
+from vmagent.loop.words import machine_facts, machine_up_message
 from vmagent.prompts import load_prompts
 
 # session_ready is asked in slices so that a cancel is seen while the guest boots.
@@ -39,7 +39,7 @@ def hand_over_machine(job: Job, vmd: SessionLink, config: AgentConfig, events: E
             if left <= READY_SLICE_S:
                 return Ending("failed", f"The machine was still booting {time.monotonic() - waited:.0f} s "
                                         f"after the plan was made; stopped waiting. ({exc.message})")
-    facts = ready.facts.model_dump()  # shown to the model as they are (vmagent/loop_words.py)
+    facts = ready.facts.model_dump()  # shown to the model as they are (vmagent/loop/words.py)
     job.boot_seconds = ready.seconds
     job.machine_came = ready.came
     # A guest whose image said it has no desktop is offered no screen tools all job long

@@ -1,7 +1,7 @@
 """Compaction: keep a long session's prompt under a target fraction of num_ctx.
 
 Before each model call the prompt is estimated in tokens (characters / a ratio learnt
-from the server's own count: vmagent/token_estimate.py). Past the target, the middle of the conversation
+from the server's own count: vmagent/loop/token_estimate.py). Past the target, the middle of the conversation
 is summarised by the model -- or, if that call fails, written out as a mechanical
 transcript -- while the system prompt and the task (byte for byte: the model server's
 cache of that head holds) and a recent tail stay verbatim, and the machine's facts, the
@@ -22,7 +22,7 @@ from vmagent.config import AgentConfig
 from vmagent.models import ContextTooLong, Model, ModelError, Reply, drop_old_images
 # The estimate and its calibration live in token_estimate.py; the tests and the
 # benchmarks have always imported them from here.
-from vmagent.token_estimate import Calibration, estimate_tokens  # noqa: F401
+from vmagent.loop.token_estimate import Calibration, estimate_tokens  # noqa: F401
 from vmd.verbs import bounded_json
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,10 @@ What survives is every checkpoint that vmd pushed to Gitea when a task was close
 (vmd/session/handlers/task_verbs.py), so a NEW session for the same spec opens the
 project at the last of them, on whichever vmd this worker talks to.
 
-The conversation carries on: the model is told, in a message (vmagent/loop_words.py
+The conversation carries on: the model is told, in a message (vmagent/loop/words.py
 `host_lost`), which checkpoint the new machine has and that its task list must be written
-again. The job goes back to planning, so the hand-over (vmagent/hand_over.py) tells it when
-the new machine is up, as at the start. Then the loop's own `_work` runs it to its end.
+again. The job goes back to planning, so the hand-over (vmagent/loop/hand_over.py) tells it when
+the new machine is up, as at the start. Then the loop's own `work` runs it to its end.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Callable
 
 from vmagent.link import Vmd, VmdError, VmdUnavailable, default_socket
 from vmagent.config import AgentConfig, ConfigError
-from vmagent.job import Event, Events, Guards, Job, JobSpec, Outcome
-from vmagent.job_end import end_without_session
-from vmagent.loop import _config_for, _link, _work
-from vmagent.loop_guards import model_unfit
-from vmagent.loop_words import RESULT_LOST_WITH_HOST, answer_text, host_lost, rerun_status
+from vmagent.loop.job import Event, Events, Guards, Job, JobSpec, Outcome
+from vmagent.loop.job_end import end_without_session
+from vmagent.loop.turns import config_for, session_link, work
+from vmagent.loop.guards import model_unfit
+from vmagent.loop.words import RESULT_LOST_WITH_HOST, answer_text, host_lost, rerun_status
 from vmagent.models import open_model
 from vmagent.web.agent_tools import WebTools
 
@@ -68,7 +68,7 @@ def rerun_job(
                                                  "its transcript holds no conversation.")
     lost_session = job.session_id
     try:
-        config = _config_for(job.spec, config)
+        config = config_for(job.spec, config)
     except ConfigError as exc:
         return end_without_session(job, events, f"The job could not run again after its host was lost: {exc}")
     llm = open_model(config)
@@ -87,7 +87,7 @@ def rerun_job(
     job.session_id = opened.session_id
     job.answered_os_family = opened.os_family or job.answered_os_family
     checkpoint = checkpoint_of(vmd, job, lost_session)
-    link = _link(vmd, config, events, cancel)
+    link = session_link(vmd, config, events, cancel)
     events.emit({"type": "session", "session_id": job.session_id})
     events.emit({"type": "status", "text": rerun_status(checkpoint, lost)})
     _answer_calls_in_flight(job)
@@ -95,14 +95,14 @@ def rerun_job(
     if answer or approved is not None:
         told += "\n\n" + answer_text(answer, approved)
     job.messages.append({"role": "user", "content": told})
-    # The report's notes say it too (vmagent/fallback_report.py loop_notes).
+    # The report's notes say it too (vmagent/loop/fallback_report.py loop_notes).
     job.notes.append(f"The host of session {lost_session or '(none)'} was lost ({lost}); the job ran again in "
                      f"session {job.session_id} " + (f"from the checkpoint '{checkpoint}'." if checkpoint
                                                       else "from its start."))
     job.save()
     web = WebTools.from_config(config)
     web.names = tuple(name for name in web.names if name in job.web_tools)  # as the job started
-    return _work(job, link, config, events, cancel, llm, web)
+    return work(job, link, config, events, cancel, llm, web)
 
 
 def _start_over(job: Job) -> None:

@@ -1,6 +1,6 @@
 """A cancel's reach into what is in flight: once the job is cancelled, the vmd call and
 the model's answer get a grace period to end by themselves, then they are broken off so
-that the loop reaches its end and the session closes promptly (vmagent/loop.py)."""
+that the loop reaches its end and the session closes promptly (vmagent/loop/turns.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class BreakOff:
     """Once the job is cancelled, what is in flight gets `grace` seconds to end by itself;
     then the vmd call is broken off (the link's connection shut down) and the model's
     answer abandoned, so the loop reaches `end_job` and the session closes promptly. Stopped
-    before `end_job` (vmagent/job_end.py), whose calls are never broken off."""
+    before `end_job` (vmagent/loop/job_end.py), whose calls are never broken off."""
 
     def __init__(self, cancel: threading.Event, grace: float, link: SessionLink, llm: Model):
         self.cancel, self.grace, self.link, self.llm = cancel, grace, link, llm

@@ -1,7 +1,7 @@
 """The prompt's size in tokens before it is sent: characters over a ratio, each image at a
 fixed cost, the ratio learnt from what the model server counted (Ollama's
 prompt_eval_count, an OpenAI-compatible server's usage.prompt_tokens) and from a prompt it
-refused as longer than its context. Compaction (vmagent/compact.py) keeps the estimate
+refused as longer than its context. Compaction (vmagent/loop/compact.py) keeps the estimate
 under its target. The tools are counted as the server receives them: the model's backend
 says how (`Model.tools_as_sent`), and the compactor hands them over in that shape."""
 
