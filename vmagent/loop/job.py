@@ -1,6 +1,6 @@
-"""A job's state and what goes out of it: the spec, the outcome, the transcript kept on
-disk after every turn (`Job.save`, `Job.load`: what a resumed job carries on from) and
-the watcher's event feed (`Events`: a view never breaks the work)."""
+"""A job's state and what goes out of it: the spec (vmagent/job_file.py), the outcome, the
+transcript kept on disk after every turn (`Job.save`, `Job.load`: what a resumed job carries
+on from) and the watcher's event feed (`Events`: a view never breaks the work)."""
 
 from __future__ import annotations
 
@@ -15,28 +15,14 @@ from pydantic import BaseModel, Field
 
 from vmagent import tools
 from vmagent.atomic_file import replace_text
-from vmd.verbs import HiddenCheck, Verdict
+from vmagent.job_file import JobSpec
+from vmd.verbs import Verdict
 
 log = logging.getLogger(__name__)
 
 TRANSCRIPT_VERSION = 1
 
 Event = dict[str, Any]
-
-
-class JobSpec(BaseModel):
-    task: str
-    os: str = "debian"
-    project: str | None = None
-    owner: str = ""
-    chat_id: str = ""
-    model: str | None = None
-    # The person's switch for the web tools (the Open WebUI tool's web_tools user valve):
-    # False offers them no web tool, whatever the operator's settings allow.
-    web: bool = True
-    # `vmagent eval` only: a check vmd runs in the guest after the agent's last turn and
-    # before the close (the hidden_check verb); never shown to the model.
-    hidden_check: HiddenCheck | None = None
 
 
 # vmd's verdict on the agent's check, read from its report; its words are the contract's.
