@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from vmagent.config import AgentConfig, ConfigError
 from vmagent.link import VmdCall, VmdUnavailable
 from vmd.verbs import LOCAL_OWNER, HistoryResult, fence, name_problem
 
@@ -142,8 +143,6 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
 
 def _agent_settings():
     """The agent's settings (its config file and environment), else its defaults."""
-    from vmagent.config import AgentConfig, ConfigError
-
     try:
         return AgentConfig.load()
     except ConfigError:
