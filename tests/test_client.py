@@ -1,4 +1,4 @@
-"""vmagent/client.py `Vmd` against a server on a real Unix socket that speaks vmd's wire
+"""vmagent/link/unix_socket.py `Vmd` against a server on a real Unix socket that speaks vmd's wire
 protocol and does what each test tells it: a result (answered as the verb's result model,
 or refused when it does not fit it), an error with data, output lines while a call runs,
 BUSY, or vanishing mid-call. Every wait is short: a client that
@@ -16,8 +16,8 @@ from typing import Callable
 import pytest
 
 from tests.vmd_fakes import short_socket_dir
-from vmagent import client
-from vmagent.client import ResultUnfit, SessionLink, Vmd, VmdError, VmdUnavailable
+from vmagent.link import ResultUnfit, SessionLink, Vmd, VmdError, VmdUnavailable
+from vmagent.link import session_link as client
 from vmd.verbs import BUSY, FAILED, INTERNAL_ERROR, REFUSED, PeekResult, RunResult, SessionStatusResult
 
 # A reply the client has not got by then is a hang.

@@ -4,7 +4,7 @@ nested parts typed too (the facts, the finish outcome, the close, the report's v
 
 from __future__ import annotations
 
-from vmagent.client import Vmd
+from vmagent.link import Vmd
 from vmd import verbs as V
 from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, make_config

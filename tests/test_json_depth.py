@@ -14,9 +14,10 @@ import time
 import ollama
 import pytest
 
-from vmagent.depth_transport import DepthBoundTransport
-from vmagent.llm_failures import Failures, OllamaError
-from vmagent.tool_parsing import _decode
+from vmagent.models import ModelError as OllamaError
+from vmagent.models.ollama.depth_transport import DepthBoundTransport
+from vmagent.models.ollama.failures import OllamaFailures as Failures
+from vmagent.tools.parsing import _decode
 from vmd import json_depth
 from vmd.verbs import TooDeep, bounded_json
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from vmagent.text_calls import _call_of
+from vmagent.tools.text_calls import _call_of
 from vmd import verbs as V
 from vmd.guests.windows_scripts import render
 from vmd.projects.owners import owner_name_problem, repository_name_problem

@@ -16,7 +16,7 @@ from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
-from vmagent.job import JobSpec
+from vmagent.loop.job import JobSpec
 from vmagent.loop import run_job
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer

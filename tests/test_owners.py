@@ -144,7 +144,7 @@ def test_the_session_check_refuses_a_reserved_owner_only_where_it_names_a_gitea_
 
 def test_a_session_for_a_name_gitea_reserves_is_refused_when_it_opens(tmp_path):
     from tests.vmd_fakes import LocalMachines, make_config
-    from vmagent.client import VmdError
+    from vmagent.link import VmdError
     from tests.vmd_wire import WireVmd
     from vmd.server.rpc import VmdServer
 

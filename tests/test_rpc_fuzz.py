@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from vmagent.client import Vmd, VmdError
+from vmagent.link import Vmd, VmdError
 from tests.vmd_wire import WireVmd
 from vmd.server import rpc
 from vmd.errors import PARSE_ERROR, REFUSED

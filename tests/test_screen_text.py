@@ -19,7 +19,7 @@ from tests.loop_harness import running_vmd
 from tests.test_screen_numbers import X11Guest, parse_windows
 from tests.vmd_fakes import LocalGuest, LocalScreen
 from vmagent import tools
-from vmagent.client import Vmd, typed_result
+from vmagent.link import Vmd, typed_result
 from vmd.machines import screen_text as st
 from vmd.guests.guest import CommandResult, GuestError
 from vmd.guests.x11_windows import WINDOWS_COMMAND
@@ -315,7 +315,7 @@ def test_the_screenshot_verb_reads_the_screen_only_when_asked(tmp_path, monkeypa
 
 class ScreenVmd:
     """A vmd that answers screenshots, with the screen as text when asked, as the result
-    model `Vmd.call` gives (vmagent/client.py)."""
+    model `Vmd.call` gives (vmagent/link/)."""
 
     def __init__(self, screen_text: bool = True):
         self.calls: list[dict] = []

@@ -20,7 +20,7 @@ from tests import guests
 from tests.gitea_server import FakeGitea, _Handler
 from tests.vmd_fakes import LocalMachines, make_config
 from tests.http_stand_in import StandInHTTPServer
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from tests.vmd_wire import WireVmd
 from vmd.session import disk
 from vmd.session import boot as session_boot

@@ -1,6 +1,6 @@
-"""One tool call from the loop to vmd and back (vmagent/tool_results.py): what reaches
+"""One tool call from the loop to vmd and back (vmagent/tools/results.py): what reaches
 vmd, and what the model reads of vmd's answer, against a stand-in for vmd (a plain
-object with a `.call(method, **params)` like vmagent.client.Vmd, answering the verb's
+object with a `.call(method, **params)` like vmagent.link.Vmd, answering the verb's
 result model as it does)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from vmagent import tools
-from vmagent.client import VmdError, VmdUnavailable, typed_result
+from vmagent.link import VmdError, VmdUnavailable, typed_result
 from vmagent.config import AgentConfig
-from vmagent.job import Events, Job, JobSpec
+from vmagent.loop.job import Events, Job, JobSpec
 from vmd import verbs
 
 
@@ -216,8 +216,8 @@ def test_a_namespaced_or_capitalised_tool_name_is_understood():
 
 
 def test_a_tool_call_is_read_once_and_that_reading_is_what_vmd_gets(tmp_path, monkeypatch):
-    from vmagent import tool_parsing
-    from vmagent.loop import _call_tool
+    from vmagent.tools import parsing as tool_parsing
+    from vmagent.loop.turns import _call_tool
 
     reads = []
     read = tool_parsing._parse

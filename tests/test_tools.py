@@ -139,7 +139,7 @@ def test_finish_says_where_its_check_runs_and_where_the_rules_are(os_family):
 
 def test_the_verification_shape_reaches_the_model_through_ollamas_client():
     # The client drops a nested object's fields: only the description tells the model the shape.
-    from vmagent.llm import wire_tools
+    from vmagent.models.ollama.wire import wire_tools
 
     for os_family, shell in (("linux", "bash"), ("windows", "PowerShell 5.1")):
         [finish] = [t for t in wire_tools(tools.schemas(os_family, "working", False))

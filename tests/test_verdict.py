@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vmagent.eval.scores import agent_check
-from vmagent.fallback_report import verification_of
+from vmagent.loop.fallback_report import verification_of
 from vmd.session.record import Record
 from vmd.session.report import build_report
 from vmd.verbs import Verdict

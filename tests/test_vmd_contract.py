@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from tests.vmd_wire import WireVmd
 from vmd import verbs as V
 from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED

@@ -72,7 +72,7 @@ def read_back(seen: dict):
 
 
 def test_a_job_on_windows_runs_powershell_and_drives_notepad(tmp_path, windows_images_dir):
-    from vmagent.job import JobSpec
+    from vmagent.loop.job import JobSpec
     from vmagent.loop import run_job
     from vmd.machines.libvirt_machines import LibvirtMachines
     from vmd.server.rpc import VmdServer

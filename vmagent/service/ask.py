@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from vmagent.client import VmdUnavailable
-from vmagent.fleet.on_host import VmdCall
+from vmagent.config import AgentConfig, ConfigError
+from vmagent.link import VmdCall, VmdUnavailable
 from vmd.verbs import LOCAL_OWNER, HistoryResult, fence, name_problem
 
 from .config import ServiceConfig
@@ -133,7 +133,7 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
         {"role": "user", "content": question},
     ]
     # Imported here: the service runs (extractive answers) without the model client.
-    from vmagent.model_backends import open_model
+    from vmagent.models import open_model
 
     content = open_model(_ask_settings(config)).chat(messages, think=False).content.strip()
     if not content:
@@ -143,8 +143,6 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
 
 def _agent_settings():
     """The agent's settings (its config file and environment), else its defaults."""
-    from vmagent.config import AgentConfig, ConfigError
-
     try:
         return AgentConfig.load()
     except ConfigError:

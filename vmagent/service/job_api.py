@@ -32,13 +32,13 @@ OWNER_PATTERN = r"^(?!.*\n)(?!.*\.[Gg][Ii][Tt]$)" + NAME_PATTERN.pattern.removep
 # A job's project: a name, or empty for none (the Open WebUI tool sends "" by default).
 PROJECT_PATTERN = "^$|" + OWNER_PATTERN
 # What to do about a field that is too long, beyond "shorten it".
-_TOO_LONG_HINTS = {
+TOO_LONG_HINTS = {
     "task": "put long material (logs, specifications) in the project's files and name them in the task",
     "answer": "put long material in the project's files and name them in the answer",
     "question": "ask about one thing at a time",
 }
 # What a name must look like, for a field refused by its pattern.
-_PATTERN_HINTS = {
+PATTERN_HINTS = {
     "project": (f"is not a usable project name: use up to {PROJECT_CHARS} letters, digits, '-', '_' and '.', "
                 "start with a letter, digit or '_', and do not end in .git; or leave it empty for no project"),
 }
