@@ -49,6 +49,7 @@ class LinuxGuest(LinuxVerbs, Guest):
         self.runner_off: str | None = None  # why this guest's commands go through exec instead
         self.runner_runs = 0  # commands the runner ran (tests, the benchmark)
         self.exec_runs = 0  # commands exec'd one channel each
+        self._prewarming: threading.Thread | None = None  # the runner `restored` starts
         self._count_lock = threading.Lock()  # the counters and runner_off
 
     @property
@@ -70,8 +71,25 @@ class LinuxGuest(LinuxVerbs, Guest):
             prefix += f"{self._mount_line()} >/dev/null 2>&1; "
         once = LinuxGuest(self.ssh, self.project_path, use_runner=False)
         facts = self.facts(prefix, runner=once.run)
-        threading.Thread(target=self.prewarm, name="prewarm", daemon=True).start()
+        self._prewarming = threading.Thread(target=self.prewarm, name="prewarm", daemon=True)
+        self._prewarming.start()
         return facts
+
+    def prewarmed(self, timeout: float) -> bool:
+        """Waits (at most `timeout` s) for the runner `restored` started; whether one is idle
+        now, ready for the next command (a parked slot is paused only once it is:
+        vmd/machines/parked_slot.py)."""
+        if self._prewarming is not None:
+            self._prewarming.join(timeout)
+        return self.runners.idle_count() > 0
+
+    def resumed(self, now: float) -> bool:
+        """A guest paused since it was woken (a parked slot, vmd/machines/parked_slot.py) at
+        work again: its clock, which stood still while it was paused, set, through the
+        runner it kept. Whether the project share is mounted."""
+        done = self.run(f"sudo -n date -u -s @{now:.3f} >/dev/null 2>&1; "
+                        f"mountpoint -q {shlex.quote(self.project_path)} && echo mounted", timeout=30, cwd="/")
+        return done.stdout.strip() == "mounted"
 
     # --- shell ---------------------------------------------------------------------
 

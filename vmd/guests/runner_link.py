@@ -325,6 +325,10 @@ class RunnerPool:
                     return
         link.close()
 
+    def idle_count(self) -> int:
+        with self._lock:
+            return len(self.idle)
+
     def close(self) -> None:
         with self._lock:
             idle, self.idle = self.idle, []
