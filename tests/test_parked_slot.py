@@ -179,3 +179,18 @@ def test_only_linux_guests_on_9p_are_parked(fake_image):  # noqa: F811
     assert parkable(fake_image)
     assert not parkable(fake_image.model_copy(update={"share": "smb"}))
     assert not parkable(fake_image.model_copy(update={"os_family": "windows", "boot": "disk", "share": "smb"}))
+
+
+def test_a_parked_guests_disk_is_not_relabelled_by_libvirt_whose_paths_go_stale(tmp_path):
+    # The hand-out renames the parked folder; libvirt would give the disk its owner back at the
+    # end by the old path. Its other sources (console, share) are not libvirt's to relabel anyway.
+    import xml.etree.ElementTree as ET
+
+    from tests.test_warm_pool import SAVED_XML
+    from vmd.machines.parked_slot import unlabelled
+
+    root = ET.fromstring(unlabelled(SAVED_XML.format(slot="/state/warm/debian-1/abc.parked")))
+    [label] = root.findall("devices/disk/source/seclabel")
+    assert label.attrib == {"model": "dac", "relabel": "no"}
+    assert root.findall("devices/filesystem/source/seclabel") == []
+    assert root.find("devices/disk/source").get("file") == "/state/warm/debian-1/abc.parked/overlay.qcow2"

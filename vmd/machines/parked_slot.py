@@ -248,6 +248,19 @@ def move_project_back(project_dir: Path) -> None:
     os.rmdir(kept)
 
 
+def unlabelled(xml: str) -> str:
+    """A slot's restore XML for its parking: libvirt is told not to relabel its disk, whose
+    owner vmd sets itself (QEMU's user). libvirt gives a disk its owner back at the end by the
+    path it started with, and a parked guest's folder is renamed at the hand-out: for each one
+    destroyed, libvirtd logged "unable to stat …/<id>.parked/overlay.qcow2" errors."""
+    root = ET.fromstring(xml)
+    for source in root.iterfind("devices/disk/source"):
+        for old in source.findall("seclabel"):
+            source.remove(old)
+        ET.SubElement(source, "seclabel", model="dac", relabel="no")
+    return ET.tostring(root, encoding="unicode")
+
+
 def name_session(domain: libvirt.virDomain, session_id: str) -> str:
     """The live domain's vmd <metadata> with `session_id` as its owner; its XML after."""
     root = ET.fromstring(domain.XMLDesc(0))

@@ -50,7 +50,7 @@ from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
 from vmd.machines.machine import Machine, accel, connect, timeout_scale
 from vmd.machines.parked_slot import (PARKED_SUFFIX, ParkedSlot, ParkFailed, discard, hand_out_parked, park,
-                                      parkable)
+                                      parkable, unlabelled)
 from vmd.machines.port import MachineError
 from vmd.machines.warm_slot import SLOT_FILES, SlotInfo, ready_slots_in, restore_xml, undefine_saved
 from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
@@ -202,9 +202,10 @@ class WarmPool:
         return None
 
     def hand_out(self, claimed: Path, image: Image, *, workdir: Path, project_dir: Path | None,
-                 session_id: str | None = None):
+                 session_id: str | None = None, own_disk: bool = False):
         """Restores the claimed slot as a session's machine (vmd.machines.machine.Machine). The slot
-        is gone afterwards, handed out or discarded (WarmFailed)."""
+        is gone afterwards, handed out or discarded (WarmFailed). `own_disk`: its disk is given
+        to QEMU's user by vmd, not relabelled by libvirt (a parking: parked_slot.py `unlabelled`)."""
 
         try:
             info = SlotInfo.model_validate_json((claimed / "slot.json").read_text())
@@ -227,6 +228,10 @@ class WarmPool:
                 except MachineError as exc:
                     raise WarmFailed(str(exc)) from None
             xml = restore_xml(xml, info, workdir, share, session_id)
+            owner = share_owner(self.qemu_user)
+            if own_disk and owner is not None:
+                xml = unlabelled(xml)
+                os.chown(workdir / "overlay.qcow2", *owner)
             write_private(workdir / "domain.xml", xml)
             try:
                 conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
@@ -356,7 +361,7 @@ class WarmPool:
             passable_dir(folder, qemu_gid(self.qemu_user))
             give_to_qemu(folder / "share", self.qemu_user)
             try:
-                machine = self.hand_out(claimed, image, workdir=folder, project_dir=folder / "share")
+                machine = self.hand_out(claimed, image, workdir=folder, project_dir=folder / "share", own_disk=True)
             except WarmFailed as exc:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise ParkFailed(str(exc)) from None
