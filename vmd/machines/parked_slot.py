@@ -3,7 +3,7 @@
 A saved slot's hand-out (warm_pool.py `hand_out`) spends, from the request to the first
 command answered, libvirt's restore of the saved memory, a new SSH handshake with the woken
 guest, the waking command (clock, share, facts) and, at the first command, a command
-runner's start (python3 under TCG): 2.9 s on the 2-core TCG build machine (bench/machine.py).
+runner's start (python3 under TCG): 2.9-3.6 s on the 2-core TCG build machine (bench/machine.py).
 A parked slot has had all of that done while no one waited: the pool restores a saved slot
 into a folder of its own, its share an empty folder of its own (`share`), wakes it (clock
 set, share mounted, facts read, desktop seen), starts a command runner on the SSH transport
@@ -12,17 +12,19 @@ it keeps, and pauses it. Its hand-out (`hand_out_parked`) is then, with the gues
 1. the share folder is checked empty (a guest that wrote into it is not handed out; the
    only program that ran there is the image's own, but the check costs a listing) and the
    extended attributes set on the folder itself through the mount are dropped;
-2. the parked folder becomes the session's machine folder, by a rename: QEMU keeps the files
-   it has open, and libvirt's live XML keeps the old paths, which nothing reads again;
-3. the session's project folder (vmd's own fresh checkout, which no guest has seen:
+2. the domain's <metadata> names the session (the orphan sweep finds it by it);
+3. the parked folder becomes the session's machine folder, by a rename: QEMU keeps the files
+   it has open, and libvirt's live XML keeps the old paths, which nothing reads again (its
+   disk is not relabelled by libvirt, `unlabelled`, so libvirt does not look for it there at
+   the end either);
+4. the session's project folder (vmd's own fresh checkout, which no guest has seen:
    vmd/projects/publish.py `prepare_project`) is moved into the share folder entry by entry,
    the share folder takes the project folder's owner, mode and mapped attributes, and then
    its place. QEMU's 9p holds its export by an open descriptor, not by its path
    (hw/9pfs/9p-local.c `mountfd`), so the guest's mount, which never saw another folder,
    now shows the project, and vmd finds it where the session's project folder is;
-4. the domain's <metadata> names the session (the orphan sweep finds it by it), and the
-   guest resumes;
-5. the session's `ready` sets the clock, which stood still while it was paused, and looks
+5. the guest resumes;
+6. the session's `ready` sets the clock, which stood still while it was paused, and looks
    at the mount, in one command through the runner that waited with it
    (Machine._ready_parked).
 
@@ -31,8 +33,10 @@ What a saved slot guarantees, a parked one keeps: it was booted and given its ow
 no session's files were ever in its share; it was saved and parked without egress, which its
 session gets on approval as any warm machine does (libvirt_machines.py `create`); its desktop
 was seen before the pause. While it waits it runs nothing (paused: no CPU, the guest's clocks
-stopped, and QEMU's user network runs its TCP timers on the virtual clock, net/slirp.c, so the
-kept SSH connection is the same after an hour as after a second) but holds a guest's memory.
+stopped, and QEMU's user network runs its TCP timers on the virtual clock, net/slirp.c, so no
+timer of its own drops the kept SSH connection however long it waits; read in QEMU's source,
+and a connection that did drop is made anew by the first command, Machine._ready_parked) but
+holds a guest's memory.
 It lives only as long as the vmd that parked it, whose SSH connection and runner it keeps:
 that vmd destroys its parked guests when it stops, and the next one destroys any it finds.
 
@@ -136,7 +140,7 @@ def park(machine: Machine, folder: Path, image: Image, ready_s: float) -> Parked
 def hand_out_parked(parked: ParkedSlot, *, workdir: Path, project_dir: Path | None,
                     session_id: str | None) -> Machine:
     """The parked slot as a session's machine, running, with `project_dir` as its share and
-    `workdir` as its folder (steps 1-4 above). Raises ParkFailed: the slot is destroyed and
+    `workdir` as its folder (steps 1-5 above). Raises ParkFailed: the slot is destroyed and
     the project folder is as it was."""
     machine = parked.machine
     share = parked.folder / "share"
@@ -148,6 +152,9 @@ def hand_out_parked(parked: ParkedSlot, *, workdir: Path, project_dir: Path | No
         if project_dir is not None and os.stat(project_dir).st_dev != os.stat(share).st_dev:
             raise ParkFailed(f"the project folder {project_dir} is on another filesystem than the warm pool; "
                              "put VMD_PROJECTS_DIR beside VMD_STATE_DIR, or set VMD_WARM_PARKED=0")
+        # The session is named first: a vmd that dies from here on leaves a guest its sweep
+        # finds by the session (and the next vmd's pool destroys it while its folder is the pool's).
+        xml = name_session(machine.domain, session_id) if session_id else None
         take_place(parked.folder, workdir)
     except Exception as exc:
         discard(machine, parked.folder)
@@ -155,12 +162,11 @@ def hand_out_parked(parked: ParkedSlot, *, workdir: Path, project_dir: Path | No
     share = workdir / "share"
     try:
         (workdir / PARKED_FILE).unlink(missing_ok=True)
+        if xml is not None:
+            write_private(workdir / "domain.xml", xml)
         if project_dir is not None:
             move_project_into(share, project_dir)
         try:
-            xml = name_session(machine.domain, session_id) if session_id else None
-            if xml is not None:
-                write_private(workdir / "domain.xml", xml)
             machine.moved_to(workdir, project_dir, woken=parked.facts)
             machine.domain.resume()
             machine.ssh.keepalive()
