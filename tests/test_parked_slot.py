@@ -103,6 +103,8 @@ def test_a_parked_slot_is_handed_out_first_running_with_the_sessions_project_and
     finally:
         machine.destroy()
     assert machine.name not in domains()
+    # Its disk went back to the path libvirt knew for the destroy, and is gone from both.
+    assert not (workdir / "overlay.qcow2").exists() and not parked.folder.exists()
 
 
 def test_a_parked_guest_that_wrote_into_its_share_is_destroyed_and_the_session_boots_cold(fake_image, tmp_path):  # noqa: F811

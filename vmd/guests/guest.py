@@ -180,6 +180,10 @@ class Guest(ABC):
         """Whether a command runner waits idle in the guest, the one `restored` started."""
         return False
 
+    def keep_root_runner(self) -> bool:
+        """Whether a runner as root was started and kept for `resumed`."""
+        return False
+
     def resumed(self, now: float) -> bool:
         """A parked guest at work again: its clock set; whether the project share is mounted."""
         raise GuestError(f"a {self.os_family} guest is never parked, so it cannot be resumed as one")

@@ -129,6 +129,7 @@ class Machine:
         # A parked slot handed out (vmd/machines/parked_slot.py): the facts read when it was
         # woken, before it was paused; its first `ready` only sets the clock.
         self.woken: Facts | None = None
+        self.libvirt_disk: Path | None = None  # a parked slot's disk's first path (moved_to)
         # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays again.
         self.smb_relay = relay_for(domain, workdir)
         self.guest.share = "smb" if self.smb_relay is not None else "9p"
@@ -226,6 +227,7 @@ class Machine:
         """A parked slot's machine (vmd/machines/parked_slot.py) given to a session: its folder
         renamed to `workdir`, its share now `project_dir`, its guest woken with `woken` as its
         facts; its `ready` from now on counts from here."""
+        self.libvirt_disk = self.workdir / "overlay.qcow2"  # where libvirt still knows it by
         self.workdir = workdir
         self.project_dir = project_dir
         self.screen = Screen(self.domain, tuple(self.image.resolution), dump_path=self.host.screen_dump(workdir))
@@ -442,10 +444,32 @@ class Machine:
         # The domain goes first: a boot thread may hold the SSH lock while it connects to a
         # guest still booting (up to its connect timeout), and the guest's end is what
         # frees it. A close during boot must not wait for that.
+        back = self._disk_back_for_libvirt()
         _remove(self.domain, self.workdir, self.host)
+        if back is not None:
+            back.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                back.parent.rmdir()
         self.ssh.close()
         if self.smb_relay is not None:
             self.smb_relay.stop()
+
+    def _disk_back_for_libvirt(self) -> Path | None:
+        """A parked slot's disk, for its destroy, moved back to the path libvirt started it with
+        (its folder was renamed at the hand-out: `moved_to`), or None. libvirt removes its own
+        attributes from a disk by that path when the guest stops, and logged two errors and a
+        warning for each parked guest's disk it did not find there. The guest goes away next
+        whatever happens: a vmd that dies meanwhile leaves a `.parked` folder that the next
+        one's pool removes with what it finds of the guest."""
+        old, here = self.libvirt_disk, self.workdir / "overlay.qcow2"
+        if old is None or not here.exists() or old.parent.exists():
+            return None
+        try:
+            old.parent.mkdir(mode=0o700)
+            os.rename(here, old)
+        except OSError:
+            return None
+        return old
 
     @staticmethod
     def discard(name: str, workdir: Path, host: Host) -> bool:

@@ -123,6 +123,7 @@ def park(machine: Machine, folder: Path, image: Image, ready_s: float) -> Parked
             raise ParkFailed("its desktop did not come up")
         if not machine.guest.prewarmed(START_TIMEOUT):
             raise ParkFailed("no command runner started in it")
+        machine.guest.keep_root_runner()  # for the clock at the hand-out; sudo does it without one
         machine.ssh.keepalive(0)  # nothing to send to a paused guest; turned on again at the hand-out
         machine.domain.suspend()
         parked = ParkedSlot(machine=machine, folder=folder, image_dir=image.dir.name, facts=facts,
