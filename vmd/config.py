@@ -204,9 +204,9 @@ class VmdConfig(BaseModel):
     warm_pool_size: int | Literal["auto"] = "auto"
     # How many of those slots wait restored, woken and paused (vmd/machines/parked_slot.py):
     # the share mounted, the clock set, SSH and the command runner connected, so that a
-    # hand-out is a resume and the project moved into place: 0.5 s from the request to the
-    # first command answered on the 2-core TCG build machine, against 3.6 s for a restore, a
-    # handshake and a runner's start (bench/machine.py). Each holds a guest's memory
+    # hand-out is a resume and the project moved into place: 0.3-0.6 s from the request to
+    # the first command answered on the 2-core TCG build machine, against 3.6-3.9 s for a
+    # restore, a handshake and a runner's start (bench/machine.py). Each holds a guest's memory
     # (guest_memory_mib) while it waits, where a saved slot holds only disk; at most the
     # pool's size. 0: every warm hand-out restores a saved slot.
     warm_parked: int = Field(default=1, ge=0, le=16)

@@ -3,7 +3,8 @@
 A saved slot's hand-out (warm_pool.py `hand_out`) spends, from the request to the first
 command answered, libvirt's restore of the saved memory, a new SSH handshake with the woken
 guest, the waking command (clock, share, facts) and, at the first command, a command
-runner's start (python3 under TCG): 2.9-3.6 s on the 2-core TCG build machine (bench/machine.py).
+runner's start (python3 under TCG): 2.9-3.9 s on the 2-core TCG build machine (bench/machine.py;
+0.3-0.6 s for a parked one).
 A parked slot has had all of that done while no one waited: the pool restores a saved slot
 into a folder of its own, its share an empty folder of its own (`share`), wakes it (clock
 set, share mounted, facts read, desktop seen), starts a command runner on the SSH transport
