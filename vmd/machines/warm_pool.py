@@ -105,6 +105,7 @@ class WarmPool:
         # Parked slots (vmd/machines/parked_slot.py), under _changed: they live in this vmd only.
         self._parked: list[ParkedSlot] = []
         self._parking = False  # a slot is being parked now
+        self._parking_name: str | None = None  # its domain, once its slot is claimed
         self._park_off_until = 0.0  # no parking before (monotonic): the last one failed
         # Slot domains restored for a session in the last few minutes: the session may not
         # have stored its machine's name yet, and the sweep must not take them meanwhile.
@@ -296,12 +297,14 @@ class WarmPool:
         last slot's pace then boots cold beside the slot it gave up on (seen in
         bench/load.py: 256 s to the first command against 164 s for a plain cold boot)."""
 
-        scale = self.timeout_scale() * boot_factor(image)
         with self._changed:
             name = self._making
             if (name is None and not self._parking) or self._waited_for is not None:
                 return None
             self._waited_for = name or "parking"
+            # After the claim: the accelerator's probe may take a while, and a second session
+            # asking meanwhile must find this one waiting.
+            scale = self.timeout_scale() * boot_factor(image)
             made_by = self._making_since + self.config.slot_make_s * scale
         parked_by = None  # set when the wait for a parking begins: a restore and a wake, within slot_ready_s
         try:
@@ -358,6 +361,7 @@ class WarmPool:
             if claimed is None:
                 return None
             folder = claimed.with_name(claimed.name.removesuffix(".taken") + PARKED_SUFFIX)
+            self._parking_name = SLOT_PREFIX + claimed.name.removesuffix(".taken")
             passable_dir(folder, qemu_gid(self.qemu_user))
             give_to_qemu(folder / "share", self.qemu_user)
             try:
@@ -369,7 +373,7 @@ class WarmPool:
             return parked if self.add_parked(parked) else None
         finally:
             with self._changed:
-                self._parking = False
+                self._parking, self._parking_name = False, None
                 self._changed.notify_all()
 
     def add_parked(self, parked: ParkedSlot) -> bool:
@@ -489,12 +493,13 @@ class WarmPool:
 
     def stop(self) -> None:
         self._stop.set()
-        making = self._making
-        if making is not None:  # a slot booting now: its create or ready fails and cleans up
-            try:
-                connect(self.uri).lookupByName(making).destroy()
-            except Exception:
-                pass
+        # A slot booting or being parked now: its create, restore or ready fails and cleans up.
+        for name in (self._making, self._parking_name):
+            if name is not None:
+                try:
+                    connect(self.uri).lookupByName(name).destroy()
+                except Exception:
+                    pass
         if self._thread is not None:
             self._thread.join(60)
         # A parked guest lives only with this vmd (its SSH connection and runner are this
