@@ -93,6 +93,20 @@ def test_host_info_tells_sessions_warm_guests_images_and_capacity_on_a_connectio
             assert closer.call("host_info")["sessions"] == 0
 
 
+def test_a_parked_warm_guest_counts_as_ready_once_it_is_paused(tmp_path):
+    # vmd/machines/parked_slot.py: <id>.parked gets parked.json when its guest is paused.
+    with local_vmd(tmp_path) as (_, _, config):
+        lay_out_image_and_slots(config)
+        pool = config.state_dir / "warm" / "debian-0123456789abcdef"
+        (pool / "p1.parked").mkdir()
+        (pool / "p1.parked" / "parked.json").write_text("{}")
+        (pool / "p2.parked").mkdir()  # still being restored and woken
+        with RpcClient(config.socket) as c:
+            info = c.call("host_info")
+    assert info["warm_slots"] == 2, info
+    assert info["images"] == [{"name": "debian", "os_family": "linux", "warm_slots": 2}]
+
+
 def test_host_info_of_a_vmd_with_no_images_and_no_pool_says_so(tmp_path):
     with local_vmd(tmp_path) as (_, _, config):
         with RpcClient(config.socket) as c:

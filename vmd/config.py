@@ -47,6 +47,7 @@ ENV_FIELDS = {
     "VMD_PUSH_RETRY_BACKOFF_MAX_S": "push_retry_backoff_max_s",
     "VMD_ACCEL": "accel",
     "VMD_WARM_POOL_SIZE": "warm_pool_size",
+    "VMD_WARM_PARKED": "warm_parked",
     "VMD_ROOM_TEMPLATES": "room_templates",
     "VMD_ROOM_TEMPLATES_DIR": "room_templates_dir",
     "VMD_GUEST_MEMORY_MIB": "guest_memory_mib",
@@ -206,6 +207,14 @@ class VmdConfig(BaseModel):
     # "auto" sizes the pool for the host (vmd/machines/host_room.py host_pool_size: one slot per two
     # cores, within memory, at most 4); 0 turns it off and every session boots cold.
     warm_pool_size: int | Literal["auto"] = "auto"
+    # How many of those slots wait restored, woken and paused (vmd/machines/parked_slot.py):
+    # the share mounted, the clock set, SSH and the command runner connected, so that a
+    # hand-out is a resume and the project moved into place: 0.3-0.6 s from the request to
+    # the first command answered on the 2-core TCG build machine, against 3.6-3.9 s for a
+    # restore, a handshake and a runner's start (bench/machine.py). Each holds a guest's memory
+    # (guest_memory_mib) while it waits, where a saved slot holds only disk; at most the
+    # pool's size. 0: every warm hand-out restores a saved slot.
+    warm_parked: int = Field(default=1, ge=0, le=16)
     # Clean rooms (vmd/machines/room_templates.py): how many rooms of one image may run at
     # once restored from a saved template (one template each, made on first use: a boot,
     # and its memory image on disk) instead of booting cold; 0: every room boots cold.

@@ -186,6 +186,20 @@ class Guest(ABC):
     @abstractmethod
     def restored(self, now: float, mount_share: bool) -> GuestFacts: ...  # a saved guest woken: clock, share, facts
 
+    # A parked warm slot's (vmd/machines/parked_slot.py): only guests whose commands go through
+    # a runner kept in the guest (LinuxGuest) are parked.
+    def prewarmed(self, timeout: float) -> bool:
+        """Whether a command runner waits idle in the guest, the one `restored` started."""
+        return False
+
+    def keep_root_runner(self) -> bool:
+        """Whether a runner as root was started and kept for `resumed`."""
+        return False
+
+    def resumed(self, now: float) -> bool:
+        """A parked guest at work again: its clock set; whether the project share is mounted."""
+        raise GuestError(f"a {self.os_family} guest is never parked, so it cannot be resumed as one")
+
     @abstractmethod
     def reboot(self) -> None: ...  # asks the guest to restart; it goes away at once
 

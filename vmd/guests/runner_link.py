@@ -325,6 +325,10 @@ class RunnerPool:
                     return
         link.close()
 
+    def idle_count(self) -> int:
+        with self._lock:
+            return len(self.idle)
+
     def close(self) -> None:
         with self._lock:
             idle, self.idle = self.idle, []
@@ -336,9 +340,10 @@ class SshRunnerLauncher:
     """Starts a runner on a new channel of `ssh` (vmd.guests.ssh.SshConnection), uploading the
     runner first when the guest lacks it, and once more when what starts is not it."""
 
-    def __init__(self, ssh, start_timeout: float = START_TIMEOUT):
+    def __init__(self, ssh, start_timeout: float = START_TIMEOUT, command: str = RUNNER_COMMAND):
         self.ssh = ssh
         self.start_timeout = start_timeout
+        self.command = command  # how it is started (`sudo -n` before it: a runner as root)
         self._upload_lock = threading.Lock()
 
     def __call__(self) -> RunnerLink:
@@ -394,7 +399,7 @@ class SshRunnerLauncher:
     def open_transport(self) -> Transport:
         """A new channel running the runner (the tests run it as a local process)."""
         try:
-            channel = self.ssh.open_channel(command=RUNNER_COMMAND)
+            channel = self.ssh.open_channel(command=self.command)
         except Exception as exc:
             raise RunnerUnavailable(f"no channel for the runner: {exc or type(exc).__name__}",
                                     permanent=False) from None

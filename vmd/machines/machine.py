@@ -45,6 +45,9 @@ from vmd.projects.tree import share_owner
 from vmd.shown_text import one_line
 
 
+log = logging.getLogger("vmd.machines.machine")
+
+
 def accel(config: VmdConfig | None = None) -> str:
     """"kvm" or "qemu" for the next guest under `config` (its accel and images_dir); None:
     the settings in effect (VMD_CONFIG, VMD_ACCEL), for a caller without vmd's config at
@@ -102,6 +105,10 @@ class Machine:
         self.screen = Screen(domain, tuple(image.resolution), dump_path=host.screen_dump(workdir))
         self.facts: Facts | None = None
         self.restored = False  # handed out from the warm pool (vmd/machines/warm_pool.py)
+        # A parked slot handed out (vmd/machines/parked_slot.py): the facts read when it was
+        # woken, before it was paused; its first `ready` only sets the clock.
+        self.woken: Facts | None = None
+        self.libvirt_disk: Path | None = None  # a parked slot's disk's first path (moved_to)
         # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays
         # again, and the share's login, with which the guest maps it.
         self.smb_relay = relay_for(domain, workdir, config.smb_max_starts)
@@ -196,6 +203,18 @@ class Machine:
         machine.restored = True
         return machine
 
+    def moved_to(self, workdir: Path, project_dir: Path | None, woken: Facts) -> None:
+        """A parked slot's machine (vmd/machines/parked_slot.py) given to a session: its folder
+        renamed to `workdir`, its share now `project_dir`, its guest woken with `woken` as its
+        facts; its `ready` from now on counts from here."""
+        self.libvirt_disk = self.workdir / "overlay.qcow2"  # where libvirt still knows it by
+        self.workdir = workdir
+        self.project_dir = project_dir
+        self.screen = Screen(self.domain, tuple(self.image.resolution), dump_path=self.host.screen_dump(workdir))
+        self.woken = woken
+        self.restored = False  # woken already: a later `ready` (a reboot's) is a boot's
+        self.started = time.monotonic()
+
     @classmethod
     def attach(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
                host: Host | None = None, uri: str = DEFAULT_URI, config: VmdConfig | None = None) -> "Machine":
@@ -249,6 +268,10 @@ class Machine:
     def ready(self, timeout: float, desktop: bool = False, desktop_timeout: float | None = None) -> Facts:
         """Wait until the guest answers over SSH (and its desktop is up, if asked: at most
         `desktop_timeout` more seconds, then DesktopMissing)."""
+        if self.woken is not None:
+            facts = self._ready_parked()
+            if facts is not None:
+                return facts
         deadline = time.monotonic() + timeout
         # While sshd is not up, paramiko's transport thread logs each refused banner as an
         # ERROR with a traceback; those are expected here and would drown real output.
@@ -311,6 +334,29 @@ class Machine:
         if self.image.desktop and not facts.desktop:
             return None
         self.facts = self._share_checked(facts)
+        self.facts.seconds = round(time.monotonic() - self.started, 1)
+        return self.facts
+
+    def _ready_parked(self) -> Facts | None:
+        """A parked slot handed out (vmd/machines/parked_slot.py): woken and its desktop seen
+        before it was paused, its SSH transport and a command runner kept open; here its clock
+        is set and its share looked at in one command through that runner. Its other facts
+        are those of the parking: the guest ran nothing since. Once: after a reboot the
+        usual checks run. None when that command failed: then a restored guest's checks
+        follow (a new connection, the clock, the share, the facts)."""
+        woken, self.woken = self.woken, None
+        try:
+            mounted = self.guest.resumed(time.time())
+        except (GuestError, OSError, paramiko.SSHException, EOFError) as exc:
+            log.warning("the parked guest %s did not answer through its kept connection (%s); it is woken "
+                        "as a restored one", self.name, exc)
+            self.restored = True
+            return None
+        if not mounted and self.project_dir is not None:
+            self.guest.mount_share()
+            self.facts = self.read_facts()
+        else:
+            self.facts = woken.model_copy(update={"project_mounted": mounted})
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
 
@@ -390,10 +436,32 @@ class Machine:
         # The domain goes first: a boot thread may hold the SSH lock while it connects to a
         # guest still booting (up to its connect timeout), and the guest's end is what
         # frees it. A close during boot must not wait for that.
+        back = self._disk_back_for_libvirt()
         _remove(self.domain, self.workdir, self.host)
+        if back is not None:
+            back.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                back.parent.rmdir()
         self.ssh.close()
         if self.smb_relay is not None:
             self.smb_relay.stop()
+
+    def _disk_back_for_libvirt(self) -> Path | None:
+        """A parked slot's disk, for its destroy, moved back to the path libvirt started it with
+        (its folder was renamed at the hand-out: `moved_to`), or None. libvirt removes its own
+        attributes from a disk by that path when the guest stops, and logged two errors and a
+        warning for each parked guest's disk it did not find there. The guest goes away next
+        whatever happens: a vmd that dies meanwhile leaves a `.parked` folder that the next
+        one's pool removes with what it finds of the guest."""
+        old, here = self.libvirt_disk, self.workdir / "overlay.qcow2"
+        if old is None or not here.exists() or old.parent.exists():
+            return None
+        try:
+            old.parent.mkdir(mode=0o700)
+            os.rename(here, old)
+        except OSError:
+            return None
+        return old
 
     @staticmethod
     def discard(name: str, workdir: Path, host: Host) -> bool:

@@ -18,6 +18,7 @@ from typing import Protocol
 from vmd import verbs as V
 from vmd.config import VmdConfig
 from vmd.machines.images import ImageMissing, find_image
+from vmd.machines.parked_slot import parked_slots_in
 from vmd.machines.warm_slot import ready_slots_in
 from vmd.session.registry import Sessions
 
@@ -73,8 +74,10 @@ def _images(config: VmdConfig) -> list:
 
 
 def _warm_slots(config: VmdConfig, image_dir_name: str) -> int:
-    """Ready slots of one image across the state dir's pools (`warm`, `warm-<host>`)."""
-    return sum(len(ready_slots_in(pool / image_dir_name)) for pool in config.state_dir.glob("warm*"))
+    """Ready slots of one image across the state dir's pools (`warm`, `warm-<host>`), saved
+    or parked (vmd/machines/parked_slot.py)."""
+    return sum(len(ready_slots_in(pool / image_dir_name)) + len(parked_slots_in(pool / image_dir_name))
+               for pool in config.state_dir.glob("warm*"))
 
 
 def _memory_mib() -> int:
