@@ -97,7 +97,8 @@ def test_a_listing_of_a_million_entries_is_capped_in_memory_with_a_sentence(sshd
 
 def test_the_list_dir_verb_says_the_listing_was_cut(sshd):
     from vmd.session.handlers.shell_verbs import list_dir
-    from vmd import verbs as V
+    from vmd.contract.params import ListDir
+    from vmd.contract.results import result_problem
 
     sshd.sftp_handler, _ = listing_server(LIST_MAX_ENTRIES + 500)
     guest = LinuxGuest(connect(sshd), use_runner=False)
@@ -106,10 +107,10 @@ def test_the_list_dir_verb_says_the_listing_was_cut(sshd):
         def ready_machine(self):
             return type("M", (), {"guest": guest})()
 
-    result = list_dir(_Session(), V.ListDir(path="big"), None)
+    result = list_dir(_Session(), ListDir(path="big"), None)
     assert len(result["entries"]) == LIST_MAX_ENTRIES
     assert result["text"].endswith("list a narrower folder or use run('ls | head').]")
-    assert V.result_problem("list_dir", result) is None
+    assert result_problem("list_dir", result) is None
     guest.close()
 
 

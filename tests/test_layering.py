@@ -1,5 +1,5 @@
 """The line between the agent and the supervisor: `vmagent/` imports nothing of `vmd/`
-but the contract module `vmd/verbs.py` (pure pydantic, no behaviour). Checked on the
+but its contract, the folder `vmd/contract/` (pure pydantic, no behaviour). Checked on the
 syntax tree of every module, so an import inside a function counts too."""
 
 from __future__ import annotations
@@ -8,7 +8,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ALLOWED = {"vmd.verbs"}
+CONTRACT = "vmd.contract"
+
+
+def _in_the_contract(name: str) -> bool:
+    return name == CONTRACT or name.startswith(CONTRACT + ".")
 
 
 def _vmd_imports(path: Path) -> list[str]:
@@ -18,8 +22,8 @@ def _vmd_imports(path: Path) -> list[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "vmd":  # `from vmd import verbs` names a module
-                names = [f"vmd.{alias.name}" for alias in node.names]
+            if node.module in ("vmd", CONTRACT):  # `from vmd.contract import params` names a module
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
             else:
                 names = [node.module]
         else:
@@ -32,7 +36,7 @@ def _vmd_imports(path: Path) -> list[str]:
 def test_vmagent_imports_only_the_contract_of_vmd():
     modules = sorted((ROOT / "vmagent").rglob("*.py"))
     assert modules, "no modules found under vmagent/"
-    crossing = {str(path.relative_to(ROOT)): [i for i in _vmd_imports(path) if i.split(" ")[0] not in ALLOWED]
+    crossing = {str(path.relative_to(ROOT)): [i for i in _vmd_imports(path) if not _in_the_contract(i.split(" ")[0])]
                 for path in modules}
     crossing = {path: imports for path, imports in crossing.items() if imports}
     assert not crossing, f"vmagent/ modules import vmd internals: {crossing}"
@@ -40,30 +44,33 @@ def test_vmagent_imports_only_the_contract_of_vmd():
 
 def test_the_check_sees_every_form_of_import(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("import vmd.session\nfrom vmd import verbs, rpc\nfrom vmd.verbs import Run\n"
-                      "def f():\n    from vmd.errors import REFUSED\n")
-    assert _vmd_imports(sample) == ["vmd.session (line 1)", "vmd.verbs (line 2)", "vmd.rpc (line 2)",
-                                    "vmd.verbs (line 3)", "vmd.errors (line 5)"]
+    sample.write_text("import vmd.session\nfrom vmd import contract, errors\nfrom vmd.contract.params import Run\n"
+                      "from vmd.contract import policy\ndef f():\n    from vmd.errors import REFUSED\n")
+    assert _vmd_imports(sample) == ["vmd.session (line 1)", "vmd.contract (line 2)", "vmd.errors (line 2)",
+                                    "vmd.contract.params (line 3)", "vmd.contract.policy (line 4)",
+                                    "vmd.errors (line 6)"]
+    assert [_in_the_contract(i.split(" ")[0]) for i in _vmd_imports(sample)] == [False, True, False, True, True, False]
 
 
 def test_the_contract_is_pure_and_closed():
-    # vmagent may import vmd/verbs.py only because it pulls in nothing of vmd's behaviour:
-    # its one vmd import is its own result models, and those import nothing of vmd.
-    contract = {"vmd.verbs": ROOT / "vmd" / "verbs.py", "vmd.verb_results": ROOT / "vmd" / "verb_results.py",
-                "vmd.shown_text": ROOT / "vmd" / "shown_text.py",
-                "vmd.request_bounds": ROOT / "vmd" / "request_bounds.py", "vmd.verdict": ROOT / "vmd" / "verdict.py",
-                "vmd.json_depth": ROOT / "vmd" / "json_depth.py", "vmd.check_results": ROOT / "vmd" / "check_results.py"}
-    imports = {name: {i.split(" ")[0] for i in _vmd_imports(path)} for name, path in contract.items()}
-    assert imports == {"vmd.request_bounds": {"vmd.verb_results"},
-                       "vmd.verbs": {"vmd.verb_results", "vmd.shown_text", "vmd.request_bounds", "vmd.json_depth"},
-                       "vmd.verb_results": {"vmd.verdict", "vmd.check_results"}, "vmd.shown_text": set(),
-                       "vmd.verdict": set(), "vmd.json_depth": set(), "vmd.check_results": set()}, imports
+    # vmagent may import vmd/contract/ only because it pulls in nothing of vmd's behaviour:
+    # its modules import each other and nothing else of vmd, and only pydantic and a few
+    # modules of the standard library besides.
+    contract = {_module_name(path): path for path in sorted((ROOT / "vmd" / "contract").glob("*.py"))}
+    assert {"vmd.contract.params", "vmd.contract.results", "vmd.contract.policy", "vmd.contract.errors",
+            "vmd.contract.bounds", "vmd.contract.verdict", "vmd.contract.shown_text"} <= set(contract)
+    outside = {name: [i for i in _vmd_imports(path) if not _in_the_contract(i.split(" ")[0])]
+               for name, path in contract.items()}
+    assert not {name: i for name, i in outside.items() if i}, outside
     for path in contract.values():
         tops = {node.names[0].name.split(".")[0] if isinstance(node, ast.Import) else (node.module or "").split(".")[0]
                 for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))}
         assert tops <= {"__future__", "re", "typing", "pathlib", "json", "itertools", "pydantic", "vmd"}, (path.name, tops)
-
-
+    # Split by meaning, not by size: the params never need the answers, the answers never the
+    # params; both read the bounds, the check and the states.
+    graph = _graph("vmd")
+    assert "vmd.contract.results" not in graph["vmd.contract.params"]
+    assert "vmd.contract.params" not in graph["vmd.contract.results"]
 
 
 def test_no_module_outgrows_a_room():

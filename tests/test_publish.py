@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from tests.gitea_server import start_gitea, start_recorder
-from vmd import verbs as V
+
 from vmd.config import VmdConfig
 from vmd.projects.owners import person_slug, person_topic
-from vmd.projects.tree import XATTR_MODE, Limits, walk
 from vmd.projects.publish import (Committed, PublishError, PushResult, Remote, changed_files,
                          commit_project, prepare_project, push_project, remote_for)
 from vmd.projects.repository import Repository, repository_path
+from vmd.projects.tree import XATTR_MODE, Limits, walk
 
 TOKEN = "gitea-fake-token-5f1e2d9c-never-leak-me"
 MIB = 1024 * 1024

@@ -22,12 +22,12 @@ from tests.vmd_fakes import LocalMachines, make_config
 from tests.http_stand_in import StandInHTTPServer
 from vmagent.link import VmdError
 from tests.vmd_wire import WireVmd
+from vmd.projects.store import ProjectStore
+from vmd.server.rpc import VmdServer
 from vmd.session import disk
 from vmd.session import boot as session_boot
-from vmd.session.registry import Sessions
-from vmd.projects.store import ProjectStore
 from vmd.session.record import read_record
-from vmd.server.rpc import VmdServer
+from vmd.session.registry import Sessions
 
 TOKEN = "lifecycle-token-0123456789abcdef"
 FAST = dict(reaper_interval_s=0.1)
@@ -273,14 +273,14 @@ def test_a_close_while_the_machine_boots_destroys_it_and_blames_no_machine(tmp_p
 
 
 def test_a_close_before_the_boot_began_says_no_machine_was_started(tmp_path, monkeypatch):
-    from vmd import verbs as V
+    from vmd.contract.params import SessionOpen
     from vmd.session.handlers.end_verbs import close
 
     machines = LocalMachines()
     sessions = Sessions(make_config(tmp_path), machines)
     with monkeypatch.context() as patched:
         patched.setattr(session_boot, "start_machine", lambda session, attach: None)  # starts late
-        session = sessions.open(V.SessionOpen(task="never booted"))
+        session = sessions.open(SessionOpen(task="never booted"))
     session.ending.set()
     session_boot.start_machine(session, attach=False)  # sees the end before it creates anything
     closed = close(session)

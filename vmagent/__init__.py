@@ -11,6 +11,6 @@
 
 On top: cli.py (the commands), config.py (the agent's settings), prompts.py, worker.py (one
 job's process) and job_file.py (what a worker is handed), terminal.py, atomic_file.py.
-Nothing here imports vmd/ but its contract (vmd/verbs.py), and no sub-package imports one
+Nothing here imports vmd/ but its contract (vmd/contract/), and no sub-package imports one
 that imports it back (tests/test_layering.py).
 """

@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
     from vmagent.loop.guards import model_unfit
     from vmagent.models import open_model
     from vmagent.prompts import PromptMissing, load_prompts
-    from vmd.verbs import WAITING_STATES
+    from vmd.contract.policy import WAITING_STATES
 
     socket_path = default_socket()
     try:

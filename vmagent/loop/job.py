@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from vmagent import tools
 from vmagent.atomic_file import replace_text
 from vmagent.job_file import JobSpec
-from vmd.verbs import Verdict
+from vmd.contract.verdict import Verdict
 
 log = logging.getLogger(__name__)
 

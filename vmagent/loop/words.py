@@ -7,7 +7,7 @@ from __future__ import annotations
 from vmagent import tools
 from vmagent.link import VmdGone
 from vmagent.loop.job import Job, JobSpec
-from vmd.verbs import SessionOpenResult
+from vmd.contract.results import SessionOpenResult
 
 # What the model reads for a tool call whose result vmd lost when it restarted. It is not
 # run again: a command may have run in part, in full or not at all, and only a look at

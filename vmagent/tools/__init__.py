@@ -4,7 +4,7 @@ Three jobs, in the order a turn meets them, each in a module of its own:
 
 - `offered_schemas(os_family, web_tools, screen)` (schemas.py) — the function
   schemas offered to the model, decided when the job starts and the same in every phase (`schemas(os_family, phase, desktop)`: those a
-  phase allows): each verb's params model from vmd/verbs.py (the one contract)
+  phase allows): each verb's params model from vmd/contract/params.py (the one contract)
   with the tool table's descriptions (table.py), worded for the guest's
   shell (bash and /mnt/project, or PowerShell 5.1 and Z:\\).
 - `parse_arguments(name, raw)` (parsing.py) — tool arguments are untrusted

@@ -2,7 +2,7 @@
 descriptions (worded for the guest's shell), the field a bare value is read as, the
 aliases it accepts, and which tools each phase allows.
 
-A tool's arguments are its verb's params model in vmd/verbs.py, the one contract: this
+A tool's arguments are its verb's params model in vmd/contract/params.py, the one contract: this
 table adds only what the model reads about them (vmagent/tools/schemas.py joins the two)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from vmd.verbs import POLICY, VERBS, Params
 from vmagent.web.agent_tools import WEB_TOOLS, ReadPageArgs, WebSearchArgs
+from vmd.contract.params import VERBS
+from vmd.contract.policy import POLICY
 
 OsFamily = Literal["linux", "windows"]
 Phase = Literal["planning", "working"]
@@ -215,7 +216,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          host_params=ReadPageArgs),
 ]}
 
-# Which tools each phase allows comes from vmd's per-verb policy (vmd/verbs.py POLICY,
+# Which tools each phase allows comes from vmd's per-verb policy (vmd/contract/policy.py POLICY,
 # `agent_phase`): planning tools from the start, working tools once the machine is up,
 # desktop tools only with a desktop. What is *offered* is every one of them, in every
 # phase (OFFERED_TOOLS): the tool list sits before the messages in the prompt, so a list

@@ -14,6 +14,8 @@ import uuid
 
 import paramiko
 
+from vmd.contract.bounds import READ_LIMIT  # the contract's bound on one read
+from vmd.contract.shown_text import one_line
 from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, GuestFacts,
                               OutputCallback, listing_of)
 from vmd.guests.os_verbs import LinuxVerbs
@@ -21,7 +23,6 @@ from vmd.guests.output import DEFAULT_BOUNDS, _CappedStream, _LineSplitter
 from vmd.guests.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
                                     SshRunnerLauncher)
 from vmd.guests.ssh import LIST_TIME_S, NAME_MAX_BYTES, SshConnection, drain
-from vmd.verbs import READ_LIMIT, one_line  # READ_LIMIT: the contract's bound on one read
 
 log = logging.getLogger("vmd.guests.linux")
 

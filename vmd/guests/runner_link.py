@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Protocol
 
-from vmd import json_depth
+from vmd.contract import json_depth
 
 # Package data, never imported on the host: the guest runs it (pyproject.toml ships in_guest/).
 RUNNER_SOURCE = (Path(__file__).parent / "in_guest" / "runner.py").read_bytes()

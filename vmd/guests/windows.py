@@ -19,16 +19,17 @@ import time
 
 import paramiko
 
+from vmd.contract.bounds import READ_LIMIT
+from vmd.contract.shown_text import one_line
 from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, OutputCallback,
                              listing_of)
 from vmd.guests.output import _CappedStream, _LineSplitter
 from vmd.guests.powershell import b64_utf8, in_shell_command, plain_lines, quoted, strip_clixml
 from vmd.guests.ssh import LIST_TIME_S, SshConnection, drain
+from vmd.guests.windows_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
 from vmd.guests.windows_paths import parent, sftp_path, windows_path
 from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, MOUNT_SHARE, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
 from vmd.guests.windows_verbs import WindowsVerbs
-from vmd.verbs import READ_LIMIT, one_line
-from vmd.guests.windows_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
 
 # Where vmd's command files and the window lists wait in the guest (deleted once read).
 RUN_FOLDER = GUEST_VMD_DIR + "\\run"

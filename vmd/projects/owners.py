@@ -31,8 +31,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
+from vmd.contract.bounds import LOCAL_OWNER
 from vmd.projects.gitea import GiteaClient, GiteaError
-from vmd.verbs import LOCAL_OWNER
 
 # --- Gitea's name rules ------------------------------------------------------------------
 # From Gitea's source (models/repo/repo.go, models/user/user.go, models/db/name.go): names
@@ -329,7 +329,7 @@ def _create_user_for(client: GiteaClient, email: str) -> str:
 def gitea_name_problem(config, owner: str, project: str | None) -> str | None:
     """A sentence when `owner`'s `project` cannot be kept on Gitea as vmd would name it
     (a name Gitea reserves or refuses), else None. vmd calls it when a session opens, after
-    vmd's own name rule (vmd.verbs.name_problem), so that nothing is worked on that could
+    vmd's own name rule (vmd/contract/bounds.py name_problem), so that nothing is worked on that could
     never be pushed. Without Gitea configured, or without a project, there is nothing to
     check."""
     if not project or not (config.gitea_url and config.gitea_token.get_secret_value()):

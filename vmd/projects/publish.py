@@ -35,7 +35,7 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
-from vmd import verbs as V
+from vmd.contract.bounds import LOCAL_OWNER, name_problem
 from vmd.errors import WordedError
 from vmd.private_fs import passable_dir, private_dir
 from vmd.projects.gitea import GiteaClient, GiteaError, GiteaUnavailable, RepoInfo, StatusState
@@ -43,7 +43,7 @@ from vmd.projects.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_pla
 from vmd.projects.repository import BRANCH, Identity, Repository, RepositoryError, repository_path, tail
 from vmd.projects.tree import Limits, present_to_guest, walk
 
-LOCAL_OWNER = V.LOCAL_OWNER
+LOCAL_OWNER = LOCAL_OWNER
 
 
 class PublishError(WordedError):
@@ -79,7 +79,7 @@ class Remote(BaseModel):
     def _safe_name(cls, value: str, info) -> str:
         if value == "" and info.field_name == "owner":
             return value
-        problem = V.name_problem(info.field_name, value)
+        problem = name_problem(info.field_name, value)
         if problem:
             raise ValueError(problem)
         return value

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from vmd.config import VmdConfig
+from vmd.contract.verdict import Verdict
 from vmd.projects.publish import changed_files, commit_project, prepare_project, push_project, remote_for
 from vmd.projects.tree import Limits, share_owner
-from vmd.verbs import Verdict
 
 # Gitea's commit status of a checkpoint: pushed before any check ran.
 CHECKPOINT_STATUS = "checkpoint: not yet verified by vmd"

@@ -6,13 +6,13 @@ whose table takes a Session): it needs no session and acts on none. vmd/server/r
 answers it on any connection, from vmd's config alone (POLICY: `session=False`).
 
 Read-only and safe on a repository whatever it holds: the revision is checked by the
-contract (vmd/verbs.py History) and resolved to one commit id before anything else is read;
+contract (vmd/contract/params.py History) and resolved to one commit id before anything else is read;
 git runs with vmd's allow-listed environment and safe config (vmd/projects/repository.py
 `git_env`: no hooks, no fsmonitor, no external diff), with textconv, external diffs,
 signatures, mailmap and replace objects off, no pager, no optional locks (nothing is
 written), and paths read literally. Its output is bounded in bytes and time; the messages
 and files in it came from the agent and the guest, so the answer is made printable
-(vmd/shown_text.py).
+(vmd/contract/shown_text.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.errors import FAILED, INVALID_PARAMS, VerbError
+from vmd.contract.bounds import LOCAL_OWNER
+from vmd.contract.errors import FAILED, INVALID_PARAMS
+from vmd.contract.params import History
+from vmd.contract.shown_text import one_line, printable
+from vmd.errors import VerbError
 from vmd.projects.repository import git_env, repository_path
 
 # Read-only git: what a repository's own config or attributes could make git run stays off.
@@ -37,8 +40,8 @@ _LOG_FLAGS = [*_DIFF_FLAGS, "--no-show-signature", "--format=medium", "--date=is
 _STDERR_CHARS = 600
 
 
-def answer_history(config: VmdConfig, p: V.History) -> dict:
-    owner = p.owner or V.LOCAL_OWNER
+def answer_history(config: VmdConfig, p: History) -> dict:
+    owner = p.owner or LOCAL_OWNER
     where = f"{owner}/{p.project}"
     repo = repository_path(config.state_dir, owner, p.project)
     if not (repo / "HEAD").is_file():
@@ -81,7 +84,7 @@ def answer_history(config: VmdConfig, p: V.History) -> dict:
     if out.timed_out:
         notes.append(f"(cut: git did not finish within {config.history_timeout_s:g} s; this is what it wrote "
                      "so far)")
-    text = V.printable(out.text).rstrip("\n")
+    text = printable(out.text).rstrip("\n")
     if not text:
         text = f"(nothing in {where} at {commit[:12]}" + (f" touches {p.path})" if p.path else ")")
     return {"owner": owner, "project": p.project, "what": p.what, "commit": commit, "commits": commits,
@@ -135,5 +138,5 @@ class _Git:
             said = stderr.read(_STDERR_CHARS * 4).decode("utf-8", errors="replace")
         if check and code != 0 and not cut and not timed_out.is_set():
             raise VerbError(f"git {args[0]} failed on vmd's repository: "
-                            f"{V.one_line(said)[-_STDERR_CHARS:] or f'exit code {code}'}", FAILED)
+                            f"{one_line(said)[-_STDERR_CHARS:] or f'exit code {code}'}", FAILED)
         return _Output(data[:max_bytes].decode("utf-8", errors="replace"), cut, timed_out.is_set())

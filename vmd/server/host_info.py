@@ -15,8 +15,8 @@ import os
 from collections import Counter
 from typing import Protocol
 
-from vmd import verbs as V
 from vmd.config import VmdConfig
+from vmd.contract.params import Empty
 from vmd.machines.images import ImageMissing, find_image
 from vmd.machines.warm_slot import ready_slots_in
 from vmd.session.registry import Sessions
@@ -28,7 +28,7 @@ class Served(Protocol):
     sessions: Sessions
 
 
-def answer_host_info(server: Served, p: V.Empty) -> dict:
+def answer_host_info(server: Served, p: Empty) -> dict:
     config = server.config
     states = Counter(s.s.state for s in server.sessions.live() if s.s.state != "closed")
     machines = server.sessions.machines

@@ -26,10 +26,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.errors import (BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION,
-                        VerbError, checked_result)
+from vmd.contract.errors import BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION
+from vmd.contract.params import VERBS
+from vmd.contract.policy import POLICY
+from vmd.contract.shown_text import one_line, printable
+from vmd.errors import VerbError, checked_result
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.machines.port import MachineFactory
 from vmd.projects.store import ProjectStore
@@ -44,8 +46,8 @@ from vmd.session.session import Session
 
 # The verbs served with no session (POLICY `session=False`): verb -> handler(server, params).
 SESSIONLESS = {"history": lambda server, p: answer_history(server.config, p), "host_info": answer_host_info}
-if set(SESSIONLESS) != {verb for verb, policy in V.POLICY.items() if not policy.session}:
-    raise RuntimeError("every verb with session=False in vmd/verbs.py POLICY needs one handler in SESSIONLESS")
+if set(SESSIONLESS) != {verb for verb, policy in POLICY.items() if not policy.session}:
+    raise RuntimeError("every verb with session=False in vmd/contract/policy.py POLICY needs one handler in SESSIONLESS")
 
 class Connection:
     """One client: reads requests, writes replies and notifications, holds the binding."""
@@ -140,9 +142,9 @@ class Connection:
         return {"id": request_id, "result": result}
 
     def dispatch(self, verb: str, raw_params) -> dict:
-        model = V.VERBS.get(verb)
+        model = VERBS.get(verb)
         if model is None:
-            raise VerbError(f"unknown verb {verb!r}; the verbs are: {', '.join(V.VERBS)}.", METHOD_NOT_FOUND)
+            raise VerbError(f"unknown verb {verb!r}; the verbs are: {', '.join(VERBS)}.", METHOD_NOT_FOUND)
         if raw_params is None:
             raw_params = {}
         if not isinstance(raw_params, dict):
@@ -152,7 +154,7 @@ class Connection:
             params = model.model_validate(raw_params)
         except ValidationError as exc:
             message = params_error(verb, exc, model)
-            if self.session is not None and V.POLICY[verb].session:
+            if self.session is not None and POLICY[verb].session:
                 self.session.record.verb(verb, raw_params, error=message, code=INVALID_PARAMS)
             raise VerbError(message, INVALID_PARAMS) from None
         if verb == "session_open":
@@ -171,7 +173,7 @@ class Connection:
             return checked_result(verb, {
                 "session_id": s.id, "state": s.state,
                 "text": f"Attached to session {s.id} ({s.state}).\n{self.session.tasks.render()}"})
-        if not V.POLICY[verb].session:
+        if not POLICY[verb].session:
             return checked_result(verb, SESSIONLESS[verb](self.server, params))
         if self.session is None:
             raise VerbError(f"no session on this connection: call session_open or session_attach before "
@@ -188,11 +190,11 @@ def _log_record_factory(base):
         record = base(*args, **kwargs)
         if record.name == "vmd" or record.name.startswith("vmd."):
             try:
-                record.msg, record.args = V.one_line(record.getMessage()), None
+                record.msg, record.args = one_line(record.getMessage()), None
             except Exception:  # a message that does not format: logging reports it as ever
                 pass
             if record.exc_info and record.exc_info[0] is not None:
-                record.exc_text = V.printable("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
+                record.exc_text = printable("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
         return record
 
     factory.vmd_clean = True

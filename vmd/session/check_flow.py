@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmd import verbs as V
+from vmd.contract.check import Verification
 from vmd.errors import sentence
 from vmd.session import verification as check
 from vmd.session.clean_room import CleanRoom, RoomRun, RoomUnavailable
@@ -43,7 +43,7 @@ class Checked:
     rooms: list[dict] = field(default_factory=list)  # each room: how its machine came, its cost
 
 
-def verify(session: Session, v: V.Verification, notify) -> Checked:
+def verify(session: Session, v: Verification, notify) -> Checked:
     """Raises RoomUnavailable when a fresh machine cannot be had (the finish refuses; it
     never falls back to the session's guest)."""
     tail = session.config.output_tail_chars

@@ -24,16 +24,19 @@ import threading
 import time
 from pathlib import Path
 
-from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.errors import INVALID_PARAMS, NOT_READY, VerbError, sentence
+from vmd.contract.bounds import LOCAL_OWNER, name_problem
+from vmd.contract.errors import INVALID_PARAMS, NOT_READY
+from vmd.contract.params import SESSION_ID, SessionOpen
+from vmd.contract.policy import POLICY, WAITING_STATES
+from vmd.errors import VerbError, sentence
 from vmd.machines.port import MachineFactory, MachineSpec, SessionMachine, Stall
 from vmd.private_fs import passable_dir, qemu_gid
 from vmd.projects.owners import gitea_name_problem
 from vmd.projects.store import ProjectStore
 from vmd.session import disk
 from vmd.session.record import Record, Redactor
-from vmd.session.state import SESSION_ID, SessionState, new_session_id
+from vmd.session.state import SessionState, new_session_id
 from vmd.session.tasks import TaskList
 
 
@@ -83,10 +86,10 @@ class Session:
     # --- opening, loading, saving -----------------------------------------------------------
 
     @classmethod
-    def open(cls, params: V.SessionOpen, config: VmdConfig, machines: MachineFactory,
+    def open(cls, params: SessionOpen, config: VmdConfig, machines: MachineFactory,
              store: ProjectStore) -> "Session":
         for what, value in (("project", params.project), ("owner", params.owner)):
-            problem = value and V.name_problem(what, value)
+            problem = value and name_problem(what, value)
             if problem:
                 raise VerbError(problem, INVALID_PARAMS)
         # Names Gitea reserves (`notes.wiki`, `api`, …) fail here with a sentence, not at close.
@@ -102,7 +105,7 @@ class Session:
         session = cls(state, config, machines, store)
         started = time.monotonic()
         if state.project:
-            project_dir = config.projects_dir / (state.owner or V.LOCAL_OWNER) / state.project
+            project_dir = config.projects_dir / (state.owner or LOCAL_OWNER) / state.project
             state.project_dir = str(project_dir)
             try:
                 prepared = store.prepare(project_dir, state.owner, state.project, state.task)
@@ -205,7 +208,7 @@ class Session:
     # --- what serving a verb changes (vmd/session/serving.py) ------------------------------
 
     def count(self, verb: str) -> None:
-        if V.POLICY[verb].counts_as_step:
+        if POLICY[verb].counts_as_step:
             with self.lock:
                 self.s.steps += 1
                 self.save()
@@ -214,7 +217,7 @@ class Session:
         """When the session began to wait for a person: the reaper keeps its guest
         question_keep_s from then."""
         with self.lock:
-            waiting = self.s.state in V.WAITING_STATES
+            waiting = self.s.state in WAITING_STATES
             if waiting == (self.s.waiting_since is not None):
                 return
             self.s.waiting_since = time.time() if waiting else None
@@ -279,7 +282,7 @@ class Session:
         under the commit; resumed after, unless it was paused already (a question)."""
         machine = self.machine
         paused = False
-        if machine is not None and self.boot_done.is_set() and self.s.state not in V.WAITING_STATES:
+        if machine is not None and self.boot_done.is_set() and self.s.state not in WAITING_STATES:
             try:
                 machine.suspend()
                 paused = True

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from vmd import verbs as V
+from vmd.contract.params import Finish
+from vmd.contract.verdict import Verdict
 from vmd.errors import refused, sentence
 from vmd.projects.push_state import after_close, pending_text
 from vmd.session import boot as session_boot
@@ -22,7 +23,7 @@ from vmd.session.clean_room import RoomUnavailable
 from vmd.session.session import Session
 
 
-def finish(session: Session, p: V.Finish, notify) -> dict:
+def finish(session: Session, p: Finish, notify) -> dict:
     open_tasks = session.tasks.open_tasks()
     if open_tasks:
         names = "; ".join(f"{t.id}. {t.title} ({t.status.replace('_', ' ')})" for t in open_tasks)
@@ -37,7 +38,7 @@ def finish(session: Session, p: V.Finish, notify) -> dict:
     return _verify_and_finish(session, p, notify)
 
 
-def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
+def _verify_and_finish(session: Session, p: Finish, notify) -> dict:
     """vmd runs the check itself, on a fresh machine holding the candidate commit
     (vmd/session/check_flow.py). A failure is work left (refused) until the allowed
     failures are spent; a pass is checked against the baseline. A refusal after the run is
@@ -91,10 +92,10 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
             session.s.state = "finished"
         session.save()
     session.record.append("outcome", **outcome, summary=p.summary)
-    verdict = V.Verdict.of_outcome(outcome).sentence()
+    verdict = Verdict.of_outcome(outcome).sentence()
     if passed and proven is None and baseline is not None and baseline.error:
         verdict += f" ({baseline.error})"
-    where = V.Verdict.of_outcome(outcome).place(got.candidate)
+    where = Verdict.of_outcome(outcome).place(got.candidate)
     text = (f"Finished. vmd ran `{command}` itself{where}: exit {run.exit_code} (expected {expect}"
             f"{', timed out' if run.timed_out else ''}): {verdict}.\nOutput tail:\n{run.output_tail[-1500:]}")
     return {"accepted": True, "outcome": outcome, "text": text}
@@ -233,10 +234,10 @@ def _commit_message(session: Session, changed_after: str | None = None) -> str:
                      "and the project folder changed after it; these files were never checked."]
     elif session.s.outcome:
         o = session.s.outcome
-        where = V.Verdict.of_outcome(o).place(o.get("candidate"))
+        where = Verdict.of_outcome(o).place(o.get("candidate"))
         setup = f" after the setup `{o['setup_command']}`" if o.get("setup_command") else ""
         body += ["", f"Verification by vmd: `{o['command']}`{setup} exited {o['exit_code']} (expected "
-                     f"{o['expect_exit']}){where}: {V.Verdict.of_outcome(o).sentence()}; "
+                     f"{o['expect_exit']}){where}: {Verdict.of_outcome(o).sentence()}; "
                      f"{o.get('attempts', 1)} attempt(s)."]
     else:
         body += ["", "Not verified by vmd: the session did not finish."]

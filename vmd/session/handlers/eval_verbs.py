@@ -16,7 +16,7 @@ import base64
 import secrets
 import shlex
 
-from vmd import verbs as V
+from vmd.contract.params import HiddenCheck
 from vmd.errors import refused
 from vmd.guests.guest import GuestError
 from vmd.session.check_flow import candidate_commit
@@ -28,7 +28,7 @@ from vmd.session.session import Session
 CHECK_ROOT = "/var/tmp"
 
 
-def hidden_check(session: Session, p: V.HiddenCheck, notify) -> dict:
+def hidden_check(session: Session, p: HiddenCheck, notify) -> dict:
     if (session.s.os_family or "linux") != "linux":
         raise refused(f"a hidden check runs on Linux guests only; this session's guest is "
                       f"{session.s.os_family}. Run the eval on a Linux image (--os debian).")

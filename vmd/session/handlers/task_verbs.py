@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vmd import verbs as V
-from vmd.errors import INVALID_PARAMS, VerbError, sentence
+from vmd.contract.errors import INVALID_PARAMS
+from vmd.contract.params import AddTask, PlanTasks, UpdateTask
+from vmd.errors import VerbError, sentence
 from vmd.session.tasks import TaskError
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ def _task_change(session: Session, change: str, **fields) -> None:
     session.save()
 
 
-def plan_tasks(session: Session, p: V.PlanTasks, notify) -> dict:
+def plan_tasks(session: Session, p: PlanTasks, notify) -> dict:
     with session.lock:
         had_plan = session.tasks.planned
         added = session.tasks.plan(p.tasks)
@@ -33,7 +34,7 @@ def plan_tasks(session: Session, p: V.PlanTasks, notify) -> dict:
     return {"tasks": rendered, "text": text + rendered}
 
 
-def add_task(session: Session, p: V.AddTask, notify) -> dict:
+def add_task(session: Session, p: AddTask, notify) -> dict:
     with session.lock:
         try:
             task = session.tasks.add(p.title)
@@ -44,7 +45,7 @@ def add_task(session: Session, p: V.AddTask, notify) -> dict:
     return {"id": task.id, "tasks": rendered, "text": f"Added task {task.id}.\n{rendered}"}
 
 
-def update_task(session: Session, p: V.UpdateTask, notify) -> dict:
+def update_task(session: Session, p: UpdateTask, notify) -> dict:
     with session.lock:
         try:
             was = session.tasks.get(p.id).status
@@ -66,7 +67,7 @@ def _checkpoint(session: Session, task) -> str:
     if not session.s.project_dir or session.machine is None or not session.boot_done.is_set():
         return ""
     # The session's id in the body: a job run again elsewhere after its host was lost tells
-    # its own checkpoints from an older job's commits (vmagent/rerun.py).
+    # its own checkpoints from an older job's commits (vmagent/loop/rerun.py).
     message = f"Task {task.id} done: {task.title}"[:200] + f"\n\nvmagent session {session.s.id}"
     try:
         with session.frozen():

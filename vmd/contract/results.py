@@ -1,51 +1,28 @@
-"""What each verb answers: one pydantic model per result, part of the contract.
+"""What each verb answers: one pydantic model per result, and `RESULTS` (verb -> model).
 
-vmd/verbs.py re-exports everything here (the agent imports only vmd/verbs.py). vmd checks
-every handler's answer against its model before it sends it (`result_problem`): a key
-missing or of the wrong type is a bug in vmd and answers INTERNAL_ERROR, never a reply
-that only looks right. The answer on the wire is the handler's own dict, unchanged; the
-agent's client reads it into the same model (vmagent/client.py `typed_result`), nested
-parts too (`Facts`, `FinishOutcome`, `PushView`, `ReportOutcome`), and refuses one that
-does not fit with `result_problem`'s sentence.
+vmd checks every handler's answer against its model before it sends it (`result_problem`,
+through vmd/errors.py `checked_result`): a key missing or of the wrong type is a bug in vmd
+and answers INTERNAL_ERROR, never a reply that only looks right. The answer on the wire is
+the handler's own dict, unchanged; the agent's client reads it into the same model
+(vmagent/link/unix_socket.py `typed_result`), nested parts too (`Facts`, `FinishOutcome`,
+`PushView`, `ReportOutcome`), and refuses one that does not fit with `result_problem`'s
+sentence.
 
 Extra keys are allowed (`extra="allow"`), so that adding a key to a result is not a
 breaking change; the keys named here are the ones a client may rely on.
 
-Pure pydantic and stdlib, like vmd/verbs.py.
+Pure pydantic and stdlib, like the whole contract.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vmd.check_results import *  # noqa: F401,F403
-from vmd.check_results import __all__ as _CHECKS
-from vmd.check_results import COMMAND_CHARS, CheckRunResult, FinishOutcome
-from vmd.verdict import Verdict, VerdictStatus
-
-__all__ = [
-    "SessionStateName", "RESULTS", "result_problem",
-    "Result", "TextResult", "SessionOpenResult", "SessionAttachResult", "SessionReadyResult",
-    "SessionStatusResult", "CancelResult", "CloseResult", "ResumeResult", "PeekResult",
-    "ReportResult", "OkResult", "TasksResult", "AddTaskResult", "RunResult", "ReadFileResult",
-    "WriteFileResult", "EditFileResult", "ListDirEntry", "ListDirResult", "GitCommitResult",
-    "ScreenshotResult", "WaitResult", "CheckInternetResult", "RebootResult", "AskUserResult",
-    "RequestUnfreezeResult", *_CHECKS, "FinishResult", "HiddenCheck", "HiddenCheckResult", "Facts", "PushView", "ReportOutcome", "Verdict", "VerdictStatus",
-    "HistoryResult", "HostImage", "HostInfoResult",
-]
-
-# Bounds shared with the verbs' params (vmd/verbs.py), defined here for the hidden check's
-# params below, which live in this module because verbs.py is at its size bound.
-# A name is one path component (vmd/verbs.py NAME_PATTERN), of at most NAME_CHARS.
-NAME_CHARS = 100
-NAME_RULE = rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{NAME_CHARS - 1}}}$"
-# Seconds: the longest command (Run.timeout) and the longest wait for a boot.
-MAX_TIMEOUT_S = 7200
-
-# A session's state, as session_status and session_attach report it and session.json keeps it.
-SessionStateName = Literal["booting", "ready", "question", "unfreeze", "finished", "cancelled", "closed"]
+from vmd.contract.check import CheckRunResult, FinishOutcome
+from vmd.contract.policy import SessionStateName
+from vmd.contract.verdict import Verdict, VerdictStatus
 
 
 class Result(BaseModel):
@@ -125,7 +102,7 @@ class SessionStatusResult(TextResult):
     question: str  # the open question while the state is "question", else ""
     unfreeze_request: str  # the open request while the state is "unfreeze", else ""
     cancelled: bool
-    steps: int  # the verbs vmd served that count as steps (vmd/verbs.py POLICY)
+    steps: int  # the verbs vmd served that count as steps (policy.py POLICY)
     # The agent's model turns (the one under way included) and its model's tool calls, as it
     # last told them (session_status's params); None while none told.
     turns: int | None = None
@@ -193,7 +170,7 @@ class ReportOutcome(Result):
     duration: float | None = None
     output_tail: str | None
     baseline: CheckRunResult | None = None
-    where: Literal["clean_room", "session"] = "clean_room"  # check_results.CheckWhere
+    where: Literal["clean_room", "session"] = "clean_room"  # check.py CheckWhere
     candidate: str | None = None  # the commit the check ran on
     setup_command: str | None = None
     commit: str | None = None  # once closed: vmd's commit, and its page on Gitea
@@ -310,25 +287,7 @@ class FinishResult(TextResult):
     outcome: FinishOutcome
 
 
-# --- the eval's hidden check: its params and its result (vmd/verbs.py is at its size bound) ---
-
-class HiddenCheck(BaseModel):
-    """Service only (`vmagent eval`): a check the agent never sees, which vmd runs after the
-    agent's work and before the close on a fresh machine holding the committed project
-    (vmd/session/handlers/eval_verbs.py). `files` are written there to a fresh folder outside
-    the project, named to the command by $CHECK_DIR; `command` runs in the project folder and
-    passes only by writing the nonce in $CHECK_DIR/.nonce to $CHECK_RESULT.
-    -> HiddenCheckResult"""
-    model_config = ConfigDict(extra="forbid")
-    command: str = Field(min_length=1, max_length=COMMAND_CHARS)
-    # Plain names; a few KiB each in evals/, and the request line's own bound (64 MiB)
-    # bounds them all together.
-    files: dict[Annotated[str, Field(pattern=NAME_RULE, max_length=NAME_CHARS)],
-                Annotated[str, Field(max_length=4 * 1024 * 1024)]] = Field(default={}, max_length=64)
-    expect_exit: int = Field(default=0, ge=0, le=255)
-    timeout: float = Field(default=300, gt=0, le=MAX_TIMEOUT_S)
-    desktop: bool = False  # the check clicks on a desktop: the fresh machine waits for its own
-
+# --- the eval's hidden check ------------------------------------------------------------
 
 class HiddenCheckResult(CheckRunResult, TextResult):
     """The eval's hidden check as vmd ran it in a clean room (vmd/session/handlers/eval_verbs.py).

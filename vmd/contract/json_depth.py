@@ -8,7 +8,7 @@ interpreter's recursion count wrong, so that a later, unrelated `compile()` fail
 therefore no bound at all: the depth is measured first, outside strings, with no recursion,
 and a text deeper than the limit is refused before json sees it.
 
-Stdlib only: part of the contract vmagent imports (through vmd/verbs.py).
+Stdlib only: part of the contract, which vmagent imports too.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""What a request may hold: the name rule and the bound of every size. Part of the
-contract, re-exported by vmd/verbs.py, whose params models use them (`from vmd.verbs
-import READ_LIMIT, name_problem` works).
+"""What a request may hold: the name rule and the bound of every size, each with its
+reason. The params models (params.py), the agent's check (check.py) and the job service
+(a job's owner and project, /ask) read them from here.
 
 Every number and text in a request has an upper bound: vmd is root and shared by every
 session, and a size it takes from a request is memory or time it spends. Each bound is
 well past what an honest agent sends; the reason of each is given with it.
 
-Pure pydantic and stdlib, like vmd/verbs.py.
+Pure pydantic and stdlib, like the whole contract.
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ from typing import Annotated
 
 from pydantic import Field
 
-from vmd.verb_results import NAME_CHARS, NAME_RULE
-
-__all__ = ["NAME_PATTERN", "NAME_CHARS", "LOCAL_OWNER", "name_problem", "REV_PATTERN",
-           "READ_LIMIT", "MAX_OFFSET", "CONTENT_CHARS", "PATH_CHARS", "ARGS", "TEXT_CHARS", "TITLE_CHARS",
-           "TASKS", "KEYS_CHARS", "ID_CHARS", "TYPE_CHARS", "COORD", "SCROLL", "MAX_COUNT", "Title", "Arg",
-           "HISTORY_COMMITS", "HISTORY_BYTES", "REV_CHARS"]
-
 # --- names ------------------------------------------------------------------------------
+# A name is one path component (NAME_PATTERN below), of at most NAME_CHARS.
+NAME_CHARS = 100
+NAME_RULE = rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{NAME_CHARS - 1}}}$"
 # One rule for owner and project names, used by vmd (folders, repositories) and by the job
 # service (checked when a job is created, and by /ask before it asks for a job's history). A name
 # is one path component: no '/', no '..', nothing a shell or git could read as an option.
@@ -42,6 +38,14 @@ def name_problem(what: str, value: str) -> str | None:
 
 
 # --- sizes ------------------------------------------------------------------------------
+# Seconds: the longest command (Run.timeout) and the longest wait for a boot.
+MAX_TIMEOUT_S = 7200
+# A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
+# (MAX_ARG_STRLEN); longer scripts belong in a file.
+COMMAND_CHARS = 128 * 1024
+# The check's own files the agent may name for the baseline (paths in the project).
+CHECK_FILES = 64
+CHECK_FILE_CHARS = 1000
 # What read_file returns at most in one call (vmd/guests/guest.py reads limit + 1 bytes into
 # memory; before this bound a limit of 10**12 asked for a terabyte). Read on with offset.
 READ_LIMIT = 200_000

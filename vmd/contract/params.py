@@ -1,63 +1,28 @@
-"""The vmd verb table: one pydantic model per verb's params, what each returns, and when
-a session serves it.
+"""The verbs' params: one pydantic model per verb, and `VERBS` (name -> model), the table
+vmd validates every request against at the edge (vmd/server/rpc.py) and the agent builds
+its tools from (vmagent/tools/table.py). Extra keys are refused, so that a typo in a
+param's name gets an error, not silence; every size has its bound (bounds.py).
 
-This is the contract between the agent (vmagent, through vmagent/client.py) and the
-supervisor. Params are validated here at the edge (`VERBS`). Results are JSON objects;
-each verb's keys are a model in vmd/verb_results.py (`RESULTS`, re-exported here), which
-vmd checks every answer against before it sends it. Every result that the model will read
-carries a `text` key: a sentence or block the agent can act on as it is. `POLICY` says,
-per verb, when a session serves it (the gate) and whether it is a step.
-
-Pure pydantic and stdlib: the agent imports this module.
+What each verb answers is results.py; when a session serves it, policy.py.
+Pure pydantic and stdlib, like the whole contract.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
-# The result models are part of this contract: `from vmd.verbs import RunResult` works.
-from vmd.verb_results import *  # noqa: F401,F403
-from vmd.verb_results import RESULTS, SessionStateName, result_problem  # noqa: F401
-# The name rule and every size's upper bound, each with its reason there.
-from vmd.request_bounds import *  # noqa: F401,F403
-from vmd.request_bounds import (ARGS, CONTENT_CHARS, COORD, HISTORY_BYTES, HISTORY_COMMITS, ID_CHARS, KEYS_CHARS,
-                                LOCAL_OWNER, MAX_COUNT, MAX_OFFSET, PATH_CHARS, READ_LIMIT, REV_CHARS, REV_PATTERN,
-                                SCROLL, TASKS, TEXT_CHARS, TITLE_CHARS, TYPE_CHARS, Arg, Title, name_problem)
-# Bounds the hidden check's params (in vmd/verb_results.py) share with the verbs here.
-from vmd.verb_results import COMMAND_CHARS, MAX_TIMEOUT_S
-# How text from a guest or a model is shown (terminals, logs, reports): one rule for both sides.
-from vmd.shown_text import fence, one_line, printable  # noqa: F401
-# JSON from outside is parsed only once its depth is known to be shallow (why: json_depth).
-from vmd.json_depth import MAX_DEPTH as JSON_MAX_DEPTH, TooDeep  # noqa: F401
-from vmd.json_depth import check as json_depth_check, loads as bounded_json  # noqa: F401
+from vmd.contract.bounds import (ARGS, COMMAND_CHARS, CONTENT_CHARS, COORD, HISTORY_BYTES, HISTORY_COMMITS, ID_CHARS,
+                                 KEYS_CHARS, LOCAL_OWNER, MAX_COUNT, MAX_OFFSET, MAX_TIMEOUT_S, NAME_CHARS, NAME_RULE,
+                                 PATH_CHARS, READ_LIMIT, REV_CHARS, REV_PATTERN, SCROLL, TASKS, TEXT_CHARS,
+                                 TITLE_CHARS, TYPE_CHARS, Arg, Title, name_problem)
+from vmd.contract.check import Verification
 
 TaskStatus = Literal["pending", "in_progress", "done", "blocked"]
 MouseButton = Literal["left", "right", "middle"]
-# The states in which a session waits for a person (session_resume wakes it).
-WAITING_STATES: tuple[str, ...] = ("question", "unfreeze")
 
-
-# --- error codes ----------------------------------------------------------------------
-# JSON-RPC reserves -32768..-32000; the standard codes come first, vmd's own after.
-# Every refusal (a rule of the session says no) is an error with code REFUSED whose
-# message starts with REFUSED_PREFIX; nothing refuses inside a result.
-PARSE_ERROR = -32700  # the line is not JSON (or not UTF-8, or nested too deep)
-INVALID_REQUEST = -32600  # JSON, but not a request object
-METHOD_NOT_FOUND = -32601  # an unknown verb
-INVALID_PARAMS = -32602  # params that do not fit the verb's model, or a task that does not exist
-INTERNAL_ERROR = -32603  # a bug in vmd; the connection stays up
-FAILED = -32000  # the verb ran and failed (a guest error, a git error)
-REFUSED = -32001  # a rule of the session refuses the verb now; the message says why
-NO_SESSION = -32002  # the connection has no session bound
-NOT_READY = -32003  # the machine is not up (still booting, or it failed)
-BUSY = -32004  # vmd serves its connection limit already; retry later
-REFUSED_PREFIX = "REFUSED:"
-
-
-# --- names and sizes: what a request may hold (vmd/request_bounds.py) ----------------------
 
 class Params(BaseModel):
     # Extra keys are refused so that a typo in a param name gets an error, not silence.
@@ -315,6 +280,25 @@ class History(Params):
         return v if v is None else v.rstrip("/")
 
 
+# --- the eval's hidden check, after the work ---------------------------------------------
+
+class HiddenCheck(Params):
+    """Service only (`vmagent eval`): a check the agent never sees, which vmd runs after the
+    agent's work and before the close on a fresh machine holding the committed project
+    (vmd/session/handlers/eval_verbs.py). `files` are written there to a fresh folder outside
+    the project, named to the command by $CHECK_DIR; `command` runs in the project folder and
+    passes only by writing the nonce in $CHECK_DIR/.nonce to $CHECK_RESULT.
+    -> HiddenCheckResult"""
+    command: str = Field(min_length=1, max_length=COMMAND_CHARS)
+    # Plain names; a few KiB each in evals/, and the request line's own bound (64 MiB)
+    # bounds them all together.
+    files: dict[Annotated[str, Field(pattern=NAME_RULE, max_length=NAME_CHARS)],
+                Annotated[str, Field(max_length=4 * 1024 * 1024)]] = Field(default={}, max_length=64)
+    expect_exit: int = Field(default=0, ge=0, le=255)
+    timeout: float = Field(default=300, gt=0, le=MAX_TIMEOUT_S)
+    desktop: bool = False  # the check clicks on a desktop: the fresh machine waits for its own
+
+
 VERBS: dict[str, type[Params]] = {
     "session_open": SessionOpen,
     "session_attach": SessionAttach,
@@ -357,88 +341,3 @@ VERBS: dict[str, type[Params]] = {
     # What this vmd's host holds and offers, session or none. -> HostInfoResult
     "host_info": Empty,
 }
-
-
-# --- when a session serves a verb -------------------------------------------------------
-# One row per verb: the gate (vmd/session/serving.py `gate`) and the step count read this
-# table, and nothing else decides. The gate asks in this order: closed, cancelled,
-# waiting for a person, a plan; each refusal has its own sentence, saying what to do.
-
-Rule = Literal["serve", "refuse"]
-# The first phase of the agent that offers the verb to the model as a tool: "planning"
-# (from the start), "working" (once the machine is up), "desktop" (working, on a guest
-# with a desktop); None: not a tool of the model (session verbs, vmd's own reads).
-AgentPhase = Literal["planning", "working", "desktop"]
-
-
-class VerbPolicy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    needs_machine: bool = False  # acts on the guest: an error there may mean the machine is gone
-    needs_plan: bool = False  # refused until plan_tasks made a plan (the machine boots meanwhile)
-    counts_as_step: bool = True  # False: a read of the session, not a step of the work
-    recorded: bool = True  # False: not a verb of the session's record (a watcher's look, binding)
-    # False: answered on any connection, with or without a session (vmd/server/rpc.py serves
-    # it from vmd's own state); never gated, counted or recorded in a session.
-    session: bool = True
-    when_closed: Rule = "refuse"
-    when_cancelled: Rule = "serve"
-    when_waiting: Rule = "serve"  # while a question or an unfreeze request waits for a person
-    agent_phase: AgentPhase | None = None
-
-
-# A machine verb: needs a live machine and a plan, and waits while the session does not go on.
-_MACHINE = VerbPolicy(needs_machine=True, needs_plan=True, when_cancelled="refuse", when_waiting="refuse",
-                      agent_phase="working")
-_SCREEN = _MACHINE.model_copy(update={"agent_phase": "desktop"})
-# Reads of the session: served whatever its state, never a step.
-_READ = VerbPolicy(counts_as_step=False, when_closed="serve")
-_PLANNING = VerbPolicy(agent_phase="planning")
-
-POLICY: dict[str, VerbPolicy] = {
-    # Served by vmd/server/rpc.py, which binds the connection: never gated, counted or recorded as verbs.
-    "session_open": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
-    "session_attach": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
-    "session_ready": VerbPolicy(),
-    "session_status": _READ,
-    "session_cancel": VerbPolicy(when_closed="serve"),
-    "session_close": VerbPolicy(when_closed="serve"),
-    "session_resume": VerbPolicy(),  # its own rule: only a waiting session resumes
-    "peek": _READ.model_copy(update={"recorded": False}),
-    "report": _READ,
-    "note": VerbPolicy(when_closed="serve"),  # what the model said, kept even after the close
-    # A web tool's call, run by vmagent on the host: a step of the agent, needing no machine.
-    "web_source": VerbPolicy(),
-    "plan_tasks": _PLANNING,
-    "add_task": _PLANNING,
-    "update_task": _PLANNING,
-    "run": _MACHINE,
-    "read_file": _MACHINE,
-    "write_file": _MACHINE,
-    "append_file": _MACHINE,
-    "edit_file": _MACHINE,
-    "list_dir": _MACHINE,
-    "git_commit": VerbPolicy(agent_phase="working"),  # host side: reads the folder, not the guest
-    "screenshot": _SCREEN,
-    "click": _SCREEN,
-    "move": _SCREEN,
-    "type": _SCREEN,
-    "key": _SCREEN,
-    "scroll": _SCREEN,
-    "launch_app": _SCREEN,
-    "wait": VerbPolicy(agent_phase="desktop"),  # a sleep of vmd's; the guest is not asked
-    "check_internet": _MACHINE,
-    "reboot_vm": _MACHINE.model_copy(update={"agent_phase": None}),
-    "ask_user": VerbPolicy(when_cancelled="refuse", agent_phase="planning"),
-    "request_unfreeze": VerbPolicy(when_cancelled="refuse", agent_phase="working"),
-    "finish": VerbPolicy(when_cancelled="refuse", when_waiting="refuse", agent_phase="working"),
-    # The eval's check after the work (vmd/verb_results.py): no tool, no step; served till the close.
-    "hidden_check": VerbPolicy(counts_as_step=False, when_waiting="refuse"),
-    # Reads vmd's repository of a project, for the job service's /ask (vmd/server/history.py).
-    "history": VerbPolicy(session=False, counts_as_step=False, recorded=False, when_closed="serve"),
-    # Sessions, warm slots, images, capacity: the job service's /hosts (vmd/server/host_info.py).
-    "host_info": VerbPolicy(session=False, counts_as_step=False, recorded=False, when_closed="serve"),
-}
-
-# Verbs that need a live machine.
-MACHINE_VERBS: frozenset[str] = frozenset(verb for verb, policy in POLICY.items() if policy.needs_machine)

@@ -3,8 +3,8 @@
 Every place that says how a session's check went (the finish's answer, the report, the
 commit message, the Gitea status, the job's end, the eval's table, the CLI's exit code)
 reads one `Verdict` and words it through `label`, `reason` and `sentence` here, so that
-"verified and proven" means the same thing everywhere. vmd/verb_results.py re-exports it
-(and vmd/verbs.py with it); pure pydantic, like them.
+"verified and proven" means the same thing everywhere. Pure pydantic, like the whole
+contract.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The agent's check as the contract says it: what `finish` names (`Verification`) and
 what vmd answers of its runs (`CheckRunResult`, `CheckAttempt`, `FinishOutcome`). Part of
-the contract; vmd/verb_results.py re-exports it (and vmd/verbs.py with it). Pure pydantic.
+the contract: `finish`'s params (params.py) hold a `Verification`, its answer and the
+report's outcome (results.py) these runs. Pure pydantic.
 
 Where a check runs (`CheckWhere`, vmd/session/clean_room.py): "clean_room", a fresh
 machine of the session's image holding the candidate commit as a git work tree, never
@@ -14,15 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["COMMAND_CHARS", "CheckWhere", "Verification", "CheckRunResult", "CheckAttempt",
-           "FinishRefusalData", "FinishOutcome", "CHECK_FILES", "CHECK_FILE_CHARS"]
-
-# A command is one argument of `bash -c`, and Linux refuses one argument over 128 KiB
-# (MAX_ARG_STRLEN); longer scripts belong in a file.
-COMMAND_CHARS = 128 * 1024
-# The check's own files the agent may name for the baseline (paths in the project).
-CHECK_FILES = 64
-CHECK_FILE_CHARS = 1000
+from vmd.contract.bounds import CHECK_FILE_CHARS, CHECK_FILES, COMMAND_CHARS
 
 CheckWhere = Literal["clean_room", "session"]
 
