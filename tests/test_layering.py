@@ -238,10 +238,10 @@ def test_the_why_check_takes_a_comment_above_a_run_of_imports_and_nothing_less(t
     assert said == {3: True, 4: True, 8: False, 9: True}
 
 
-# --- vmagent's rooms: no circle between them, each says what it offers ----------------------
+# --- the rooms of both packages: no circle between them, each says what it offers ------------
 
 def _part(module: str) -> str:
-    """The room a module of vmagent stands in: its sub-package, or itself on the top floor."""
+    """The room a module stands in: its sub-package, or itself on the top floor."""
     return ".".join(module.split(".")[:2])
 
 
@@ -261,6 +261,21 @@ def test_no_circle_between_vmagents_rooms():
     assert {"vmagent.loop", "vmagent.models", "vmagent.tools", "vmagent.link", "vmagent.fleet",
             "vmagent.service"} <= set(parts), sorted(parts)
     assert "vmagent.link" in parts["vmagent.tools"] and "vmagent.models" in parts["vmagent.loop"]
+    assert _circles(parts) == []
+
+
+def test_no_circle_between_vmds_rooms():
+    # vmd/config.py took its field types from vmd.machines (the egress allow-list's entry)
+    # and vmd.projects (Gitea's names), which read their settings from it; and vmd.guests ->
+    # vmd.windows_image -> vmd.machines -> vmd.guests, until the Windows contract moved to the
+    # guests. A setting's type now stands beside the settings, below every room that reads one.
+    # Imports inside functions and under TYPE_CHECKING count, as they do for modules.
+    parts = _parts_graph("vmd")
+    assert {"vmd.contract", "vmd.config", "vmd.guests", "vmd.machines", "vmd.projects", "vmd.session",
+            "vmd.server"} <= set(parts), sorted(parts)
+    assert "vmd.guests" in parts["vmd.machines"] and "vmd.config" in parts["vmd.machines"]
+    assert parts["vmd.config"] <= {"vmd.contract"}, parts["vmd.config"]
+    assert parts["vmd.contract"] == set()
     assert _circles(parts) == []
 
 
@@ -287,8 +302,8 @@ def test_only_open_model_loads_a_model_backend():
 def test_every_package_says_what_it_offers():
     # A package's face is its docstring; one that hands names on lists them in __all__, and
     # its modules import each other directly, never their own face.
-    faces = sorted(p for top in ("vmagent",) for p in (ROOT / top).rglob("__init__.py"))
-    assert len(faces) >= 9
+    faces = sorted(p for top in ("vmagent", "vmd") for p in (ROOT / top).rglob("__init__.py"))
+    assert len(faces) >= 18
     unsaid = []
     for face in faces:
         tree = ast.parse(face.read_text())
@@ -301,7 +316,7 @@ def test_every_package_says_what_it_offers():
             unsaid.append(str(face.relative_to(ROOT)))
     assert not unsaid, unsaid
     package_of = {_module_name(face): face.parent for face in faces}
-    modules = {_module_name(p) for p in (ROOT / "vmagent").rglob("*.py")}
+    modules = {_module_name(p) for top in ("vmagent", "vmd") for p in (ROOT / top).rglob("*.py")}
     inward = [f"{path.relative_to(ROOT)} imports {name}" for name, folder in package_of.items()
               for path in folder.glob("*.py") if path.name not in ("__init__.py", "__main__.py")
               for imported, _ in _project_imports(path, modules) if imported == name]

@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from vmd.config import VmdConfig
+from vmd.config.gitea_names import owner_name_problem, repository_name_problem
 from vmd.contract.bounds import NAME_PATTERN
-from vmd.projects.owners import (OwnerPolicy, gitea_name_problem, org_repo_name, owner_name_problem,
-                        person_slug, person_topic, plan_place, repository_name_problem)
+from vmd.projects.owners import OwnerPolicy, gitea_name_problem, org_repo_name, person_slug, person_topic, plan_place
 
 UUID = "3f2a9c1e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
 GITEA = {"gitea_url": "http://gitea:3000", "gitea_token": "t0ken"}

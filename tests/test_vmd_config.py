@@ -1,4 +1,4 @@
-"""vmd's settings (vmd/config.py) and where they take effect: a file, then the
+"""vmd's settings (vmd/config/settings.py) and where they take effect: a file, then the
 environment, and the machine adapter and the record use what the config says."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class LibvirtMachine:
         self.screen: Screen = machine.screen
         self.os_family = image.os_family
         self.project_path = image.project_path
-        self.desktop_wait_s = desktop_wait_s  # vmd/config.py says why
+        self.desktop_wait_s = desktop_wait_s  # vmd/config/settings.py says why
         self.reboot = machine.reboot
         self.suspend = machine.suspend
         self.resume = machine.resume

@@ -13,8 +13,8 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from vmd.machines.egress_guard import Allowed
-from vmd.projects.owners import DEFAULT_ORG, GiteaOrgName, PersonMap
+from vmd.config.egress_allow import Allowed
+from vmd.config.gitea_names import DEFAULT_ORG, GiteaOrgName, PersonMap
 
 # Environment variable -> field. The environment wins over the file.
 ENV_FIELDS = {
