@@ -1,4 +1,4 @@
-"""The `history` verb (vmd/server/history.py): vmd's own repository of one owner's project,
+"""The `history` verb (vmd/session/handlers/history_verbs.py): vmd's own repository of one owner's project,
 read without a session, bounded, as data. A real vmd on its socket (stand-in machines),
 real git repositories in its state folder, and the verb spoken as the contract says."""
 
@@ -13,7 +13,7 @@ from vmd.contract.bounds import HISTORY_COMMITS, name_problem
 from vmd.contract.errors import INVALID_PARAMS
 from vmd.contract.results import result_problem
 from vmd.projects.repository import repository_path
-from vmd.server import history as history_module
+from vmd.session.handlers import history_verbs as history_module
 from tests.service_harness import vmd_project_repo
 from tests.vmd_fakes import RpcClient, RpcError, local_vmd
 

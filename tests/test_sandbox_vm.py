@@ -19,7 +19,8 @@ from tests.vmd_fakes import make_config
 from tests.vmd_wire import WireVmd
 
 from vmd.machines.libvirt_machines import LibvirtMachines
-from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
+from vmd.projects.publish import commit_project, prepare_project, push_project
+from vmd.projects.remote import Remote
 from vmd.projects.repository import repository_path
 from vmd.server.rpc import VmdServer
 

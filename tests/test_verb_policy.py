@@ -1,11 +1,14 @@
-"""The contract's tables (vmd/contract/params.py, policy.py, results.py): when a session serves each verb (POLICY), what
-each verb answers (RESULTS), and one way to refuse (an error with code REFUSED). The gate
+"""The contract's tables (vmd/contract/params.py, policy.py, results.py): when a session
+serves each verb (POLICY), what each verb answers (RESULTS), where it is served (one handler,
+vmd/session/handlers/), and one way to refuse (an error with code REFUSED). The gate
 is tested as a client meets it: a real vmd on its socket, each verb called in each state
 a session can be brought to, the refusal's sentence as the client reads it."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +30,7 @@ MACHINE = {
 # What a closed session still serves: its reads, a note, and the close (again).
 SERVED_WHEN_CLOSED = {"session_status", "report", "peek", "note", "session_close", "session_cancel"}
 # One call of every verb the gate stands before (session_open and session_attach bind the
-# connection in vmd/server/rpc.py; history needs no session: tests/test_history_verb.py),
+# connection, vmd/session/handlers/opening_verbs.py; history needs no session: tests/test_history_verb.py),
 # with arguments its model takes.
 CALLS = {
     "session_ready": {"timeout": 5}, "session_status": {}, "session_cancel": {}, "session_close": {},
@@ -327,3 +330,19 @@ def test_session_json_keeps_the_state_as_the_contract_names_it(tmp_path):
     assert SessionState.model_validate_json(state.model_dump_json()).state == "question"
     with pytest.raises(ValidationError):
         SessionState.model_validate_json(json.dumps({"id": "x", "os": "debian", "state": "sleeping"}))
+
+
+def test_every_verb_has_one_handler_and_the_socket_server_serves_none_itself():
+    # vmd/server/rpc.py served session_open and session_attach inline, so "where is a verb
+    # served" had two answers; every verb's handler is in vmd/session/handlers/ now.
+    from vmd.session.handlers import BINDING, HANDLERS, SESSIONLESS
+
+    tables = [set(HANDLERS), set(BINDING), set(SESSIONLESS)]
+    assert set().union(*tables) == set(VERBS) and sum(len(table) for table in tables) == len(VERBS)
+    assert set(BINDING) == {"session_open", "session_attach"}
+    assert set(SESSIONLESS) == {verb for verb, policy in POLICY.items() if not policy.session}
+    rpc = Path(__file__).resolve().parents[1] / "vmd" / "server" / "rpc.py"
+    named = {node.value for node in ast.walk(ast.parse(rpc.read_text()))
+             if isinstance(node, ast.Constant) and node.value in VERBS}
+    # The one verb rpc.py names: a closed session leaves vmd's memory after its close.
+    assert named == {"session_close"}, named

@@ -14,8 +14,8 @@ went wrong when it did not. Two listers, by the service's executor:
   together: a node whose vmd is slow, or whose task cannot start, is listed with its
   error, and never holds the listing up.
 
-vmd answers through its `host_info` verb (vmd/server/host_info.py), over vmagent/link/. The
-command `vmagent hosts` prints `render`'s table (vmagent/cli.py).
+vmd answers through its `host_info` verb (vmd/session/handlers/host_verbs.py), over
+vmagent/link/. The command `vmagent hosts` prints `render`'s table (vmagent/cli.py).
 Ray is imported only by the Ray lister.
 """
 

@@ -144,7 +144,7 @@ class VmdConfig(BaseModel):
     # folders 0750, files 0640, kept so by git (core.sharedRepository). Empty: vmd's user
     # only (0700/0600). The guest never reaches repos/ either way.
     repos_group: str = ""
-    # One git command of the `history` verb (vmd/server/history.py, the job service's /ask):
+    # One git command of the `history` verb (vmd/session/handlers/history_verbs.py, the job service's /ask):
     # a log of a large project on a slow disk takes seconds; past this the answer is what
     # git wrote so far, cut, and says so.
     history_timeout_s: float = Field(default=20, gt=0)

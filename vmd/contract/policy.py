@@ -34,8 +34,8 @@ class VerbPolicy(BaseModel):
     needs_plan: bool = False  # refused until plan_tasks made a plan (the machine boots meanwhile)
     counts_as_step: bool = True  # False: a read of the session, not a step of the work
     recorded: bool = True  # False: not a verb of the session's record (a watcher's look, binding)
-    # False: answered on any connection, with or without a session (vmd/server/rpc.py serves
-    # it from vmd's own state); never gated, counted or recorded in a session.
+    # False: answered on any connection, with or without a session, from vmd's own state (its
+    # handler is in vmd/session/handlers/ `SESSIONLESS`); never gated, counted or recorded in a session.
     session: bool = True
     when_closed: Rule = "refuse"
     when_cancelled: Rule = "serve"
@@ -52,7 +52,7 @@ _READ = VerbPolicy(counts_as_step=False, when_closed="serve")
 _PLANNING = VerbPolicy(agent_phase="planning")
 
 POLICY: dict[str, VerbPolicy] = {
-    # Served by vmd/server/rpc.py, which binds the connection: never gated, counted or recorded as verbs.
+    # They bind the connection (vmd/session/handlers/opening_verbs.py): never gated, counted or recorded.
     "session_open": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
     "session_attach": VerbPolicy(counts_as_step=False, recorded=False, when_closed="serve"),
     "session_ready": VerbPolicy(),
@@ -90,9 +90,9 @@ POLICY: dict[str, VerbPolicy] = {
     "finish": VerbPolicy(when_cancelled="refuse", when_waiting="refuse", agent_phase="working"),
     # The eval's check after the work (params.py HiddenCheck): no tool, no step; served till the close.
     "hidden_check": VerbPolicy(counts_as_step=False, when_waiting="refuse"),
-    # Reads vmd's repository of a project, for the job service's /ask (vmd/server/history.py).
+    # Reads vmd's repository of a project, for the job service's /ask (vmd/session/handlers/history_verbs.py).
     "history": VerbPolicy(session=False, counts_as_step=False, recorded=False, when_closed="serve"),
-    # Sessions, warm slots, images, capacity: the job service's /hosts (vmd/server/host_info.py).
+    # Sessions, warm slots, images, capacity: the job service's /hosts (vmd/session/handlers/host_verbs.py).
     "host_info": VerbPolicy(session=False, counts_as_step=False, recorded=False, when_closed="serve"),
 }
 

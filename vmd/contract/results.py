@@ -318,7 +318,7 @@ class HostImage(Result):
 
 
 class HostInfoResult(TextResult):
-    """What this vmd's host holds and offers now (vmd/server/host_info.py), for /hosts."""
+    """What this vmd's host holds and offers now (vmd/session/handlers/host_verbs.py), for /hosts."""
     host: str  # vmd's name of the host its new sessions go to ("local")
     sessions: int  # not closed, waiting for a person included
     states: dict[str, int]  # those sessions by state (booting, ready, question, ...)

@@ -18,6 +18,10 @@ vmd's own repository stays keyed by vmd's owner and project (vmd/projects/reposi
 only the Gitea side is mapped. Gitea compares owner and repository names case-insensitively
 and refuses a few names (its rules: vmd/config/gitea_names.py, which vmd's settings check
 too); `gitea_name_problem` says so when a session opens, before any work.
+
+This module plans and asks nothing of Gitea: `plan_place` says where a project goes,
+`user_names_for` what a created user would be called. Finding or making that place on
+Gitea is publishing's I/O (vmd/projects/publish.py `resolve_place`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -34,7 +37,6 @@ from pydantic import BaseModel, ConfigDict
 from vmd.config.gitea_names import (DEFAULT_ORG, GiteaOrgName, OwnerMode, PersonMap, owner_name_problem,
                                     repository_name_problem)
 from vmd.contract.bounds import LOCAL_OWNER
-from vmd.projects.gitea import GiteaClient, GiteaError
 
 SERVICE_TOPIC = "vmagent"
 # The readable part of a person's slug; the rest is a hash of the whole id. 12 keeps the
@@ -45,7 +47,7 @@ SLUG_READABLE = 12
 # same bits but push the topic, person-<hash>, past Gitea's 35 characters).
 DIGEST_CHARS = 26
 # What vmd used before: 8 characters, 40 bits, which a person choosing ids can collide with
-# another's in about 2^20 tries. Repositories named so are found and renamed (`resolve_place`).
+# another's in about 2^20 tries. Repositories named so are found and renamed (publish.py `resolve_place`).
 LEGACY_DIGEST_CHARS = 8
 
 
@@ -128,7 +130,7 @@ class GiteaPlace:
     topics: tuple[str, ...] = (SERVICE_TOPIC,)
     email: str = ""
     # kind "org": (name, person topic) of the same project as an older vmd named it, which
-    # `resolve_place` renames to `repo` when only that one exists.
+    # publish.py `resolve_place` renames to `repo` when only that one exists.
     legacy: tuple[str, str] | None = None
 
     @property
@@ -151,70 +153,15 @@ def plan_place(policy: OwnerPolicy, person: str, project: str) -> GiteaPlace:
     return GiteaPlace(owner=person, repo=project, kind="owner")
 
 
-def resolve_place(client: GiteaClient, policy: OwnerPolicy, place: GiteaPlace,
-                  create: bool) -> GiteaPlace | None:
-    """The place with an owner Gitea has. `create=False` (opening) reads only and returns
-    None when the owner does not exist yet; `create=True` (pushing) creates the
-    organisation, or the mapped user when `policy.create_users` allows it, and raises
-    GiteaError with a sentence when it cannot."""
-    if place.kind == "org":
-        found = client.get_org(place.owner)
-        if found is None and place.owner.lower() == client.current_user().lower():
-            return replace(place, owner=client.current_user(), kind="owner")
-        if found is None:
-            if not create:
-                return None
-            found = client.create_org(place.owner)
-        place = replace(place, owner=found)
-        _rename_legacy(client, place)
-        return place
-    if place.kind == "email":
-        login = client.find_user_by_email(place.email)
-        if login is None and create:
-            if not policy.create_users:
-                raise GiteaError(
-                    f"Gitea has no user with the e-mail {place.email}, which gitea_users maps this "
-                    "person to. Create that user in Gitea, map the person to a username, or set "
-                    "GITEA_CREATE_USERS=true with a site admin's token so vmd creates it.")
-            login = _create_user_for(client, place.email)
-        return replace(place, owner=login, kind="owner") if login else None
-    return place
-
-
-def _rename_legacy(client: GiteaClient, place: GiteaPlace) -> None:
-    """The person's repository as an older vmd named it (a 40-bit hash), renamed to its
-    name now and given the new person topic, so that the history carries on in one
-    repository rather than a second, empty one beside it. Found by its old name and
-    confirmed by its old person topic: a repository that lacks the topic is not one vmd
-    made for this person and is left alone. Done at open as well as at push, since the
-    open must restore that history into the folder."""
-    if place.legacy is None or client.get_repo(place.owner, place.repo) is not None:
-        return
-    old_name, old_topic = place.legacy
-    info = client.get_repo(place.owner, old_name)
-    if info is None or info.owner.lower() != place.owner.lower():
-        return
-    topics = client.get_topics(info.owner, info.name)
-    if old_topic not in topics:
-        return
-    client.rename_repo(info.owner, info.name, place.repo)
-    person = next(t for t in place.topics if t.startswith("person-"))
-    client.set_topics(info.owner, place.repo, sorted({*topics, person} - {old_topic}))
-
-
-def _create_user_for(client: GiteaClient, email: str) -> str:
+def user_names_for(email: str) -> tuple[str, str]:
+    """The names vmd tries, in order, for a Gitea user it creates for `email` (a person the
+    mapping names by e-mail, with `gitea_create_users`): the address's local part as Gitea
+    takes a name, then the same with a hash of the address."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", email.partition("@")[0])
     base = re.sub(r"[-._]{2,}", "-", base).strip("-._")[:30] or "person"
     if owner_name_problem(base):
         base = f"u-{base}"[:30].strip("-._")
-    for name in (base, f"{base}-{_digest(email, 6)}"):
-        # A password nobody knows: the person sets their own (Gitea asks at the first sign-in,
-        # or an admin resets it); vmd keeps none.
-        created = client.create_user(name, email, password=secrets.token_urlsafe(24))
-        if created:
-            return created
-    raise GiteaError(f"Gitea already has users named {base!r} and {base}-…, so vmd could not create "
-                     f"one for {email}; create it in Gitea and map the person to its username.")
+    return base, f"{base}-{_digest(email, 6)}"
 
 
 # --- when a session opens -----------------------------------------------------------------

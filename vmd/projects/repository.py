@@ -51,7 +51,7 @@ _SAFE_CONFIG = {
 def repository_path(state_dir, owner: str, project: str) -> Path:
     """vmd's own bare repository of a project, `<state_dir>/repos/<owner>/<project>.git`.
     vmd commits into it from bytes it reads itself; the guest never reaches it; the job
-    service reads its history only through vmd (the `history` verb, vmd/server/history.py).
+    service reads its history only through vmd (the `history` verb, vmd/session/handlers/history_verbs.py).
     Raises ValueError for a name that breaks the rule (vmd/contract/bounds.py name_problem)."""
     owner = owner or LOCAL_OWNER
     for what, value in (("owner", owner), ("project", project)):

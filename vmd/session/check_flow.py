@@ -23,6 +23,7 @@ from pathlib import Path
 
 from vmd.contract.check import Verification
 from vmd.errors import sentence
+from vmd.projects.store import Publication
 from vmd.session import verification as check
 from vmd.session.clean_room import CleanRoom, RoomRun, RoomUnavailable
 from vmd.session.handlers.output import streamed
@@ -58,8 +59,9 @@ def verify(session: Session, v: Verification, notify) -> Checked:
             run = check.run_check(machine.guest, v.command, v.expect_exit, cwd, timeout, sink, tail)
         return Checked(where="session", run=run, cwd=cwd, setup=setup)
     session.ready_machine()  # the work is done in the session's machine: its boot is over
-    candidate, left_out = candidate_commit(session)
-    repo = session.store.remote(session.s.owner, session.s.project or "").repository()
+    publication = session.publication()
+    candidate, left_out = candidate_commit(session, publication)
+    repo = publication.repository()
     # The baseline's project is known once the candidate is: its room boots while the
     # candidate's check runs (two restores side by side instead of one after the other), and
     # is torn down unused when the check fails.
@@ -86,15 +88,14 @@ def verify(session: Session, v: Verification, notify) -> Checked:
     return checked
 
 
-def candidate_commit(session: Session) -> tuple[str | None, list[str]]:
+def candidate_commit(session: Session, publication: Publication) -> tuple[str | None, list[str]]:
     """The project folder's bytes committed while the guest is paused: the candidate."""
     attempt = len(session.s.verifications) + 1
     message = (f"The work as finish {attempt} checks it\n\nvmagent session {session.s.id}\n\n"
                "Candidate: vmd checks this commit on a fresh machine.")
     try:
         with session.frozen():
-            committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
-                                             message, allow_empty=False)
+            committed = publication.commit(Path(session.s.project_dir), message, allow_empty=False)
     except Exception as exc:
         raise RoomUnavailable(sentence(exc, "the project folder could not be committed for the check")) from None
     return committed["sha"], list(committed.get("left_out") or [])

@@ -33,7 +33,7 @@ from vmd.errors import VerbError, sentence
 from vmd.machines.port import MachineFactory, MachineSpec, SessionMachine, Stall
 from vmd.private_fs import passable_dir, qemu_gid
 from vmd.projects.owners import gitea_name_problem
-from vmd.projects.store import ProjectStore
+from vmd.projects.store import ProjectStore, Publication
 from vmd.session import disk
 from vmd.session.record import Record, Redactor
 from vmd.session.state import SessionState, new_session_id
@@ -43,14 +43,14 @@ from vmd.session.tasks import TaskList
 class Session:
     """One session, live in this vmd: its state, record, task list and machine. The verb
     handlers (vmd/session/handlers/) read and change it through `s`, `tasks`, `record`, `lock`,
-    `save()`, `ready_machine()` and `frozen()`."""
+    `save()`, `ready_machine()`, `frozen()` and `publication()`."""
 
     def __init__(self, state: SessionState, config: VmdConfig, machines: MachineFactory,
                  store: ProjectStore):
         self.s = state
         self.config = config
         self.machines = machines
-        self.store = _WatchedStore(store, self)
+        self.store = store
         self.dir = config.sessions_dir / state.id
         # 0710 with QEMU's group: QEMU reaches the guest's disk below it, lists nothing.
         passable_dir(self.dir, qemu_gid(config.share_user))
@@ -276,6 +276,12 @@ class Session:
             raise VerbError("this session has no machine (it was closed).", NOT_READY)
         return self.machine
 
+    def publication(self) -> Publication:
+        """The session's project on its way out, its remote resolved once: what a close, a
+        checkpoint or a git_commit commits (and pushes) through."""
+        return _WatchedPublication(self.store.publication(self.s.owner, self.s.project or "", self.s.task),
+                                   self)
+
     @contextlib.contextmanager
     def frozen(self):
         """The guest paused while vmd reads the project folder, so the tree cannot change
@@ -298,23 +304,22 @@ class Session:
                     self.record.append("machine", event="resume_failed", error=sentence(exc, "resume failed"))
 
 
-class _WatchedStore:
-    """The project store as one session uses it: a commit that finds the host's disk full
-    is noted on the session (`note_full`) whoever catches the error (a checkpoint keeps
-    its task update), so that the session ends with a report saying so."""
+class _WatchedPublication:
+    """A publication as one session uses it: a commit that finds the host's disk full is
+    noted on the session (`note_full`) whoever catches the error (a checkpoint keeps its
+    task update), so that the session ends with a report saying so."""
 
-    def __init__(self, store: ProjectStore, session: Session):
-        self._store = store
+    def __init__(self, publication: Publication, session: Session):
+        self._publication = publication
         self._session = session
 
     def __getattr__(self, name: str):
-        return getattr(self._store, name)
+        return getattr(self._publication, name)
 
     def commit(self, *args, **kwargs) -> dict:
         try:
-            return self._store.commit(*args, **kwargs)
+            return self._publication.commit(*args, **kwargs)
         except Exception as exc:
             if disk.full(exc, by_text=True):  # git on this host says so in words
                 self._session.note_full(disk.sentence("a commit into vmd's repository failed", exc))
             raise
-

@@ -15,6 +15,7 @@ from vmd.contract.params import Finish
 from vmd.contract.verdict import Verdict
 from vmd.errors import refused, sentence
 from vmd.projects.push_state import after_close, pending_text
+from vmd.projects.store import Publication
 from vmd.session import boot as session_boot
 from vmd.session import disk
 from vmd.session import check_flow
@@ -101,10 +102,6 @@ def _verify_and_finish(session: Session, p: Finish, notify) -> dict:
     return {"accepted": True, "outcome": outcome, "text": text}
 
 
-def _repository(session: Session):
-    return session.store.remote(session.s.owner, session.s.project or "").repository()
-
-
 def session_close(session: Session, p, notify) -> dict:
     return close(session)
 
@@ -136,16 +133,16 @@ def _close(session: Session, reason: str | None) -> dict:
     left_out: list[str] = []
     push_state = None
     if session.s.project_dir:
-        project_dir = Path(session.s.project_dir)
-        owner, project = session.s.owner, session.s.project or ""
+        # One publication for the whole close: the remote resolved once, commit then push.
+        publication = session.publication()
         try:
             with session.frozen():
-                committed = session.store.commit(project_dir, owner, project, _commit_message(session),
-                                                 allow_empty=True)
+                committed = publication.commit(Path(session.s.project_dir), _commit_message(session),
+                                               allow_empty=True)
             commit, left_out = committed["sha"], committed["left_out"]
-            changed_after = _changed_after(session, commit)
+            changed_after = _changed_after(session, publication, commit)
             if changed_after:
-                commit = session.store.reword_head(owner, project, _commit_message(session, changed_after))
+                commit = publication.reword_head(_commit_message(session, changed_after))
         except Exception as exc:
             commit_failed = True
             error = sentence(exc, "committing the project folder failed")
@@ -153,25 +150,23 @@ def _close(session: Session, reason: str | None) -> dict:
                 error = disk.sentence("vmd could not commit the project folder", exc)
         if error is None:
             try:
-                files = session.store.changed_files(owner, project, session.s.base_commit)
+                files = publication.changed_files(session.s.base_commit)
             except Exception as exc:  # the list is for the report; the commit stands
                 session.record.append("close", event="files_unknown", error=sentence(exc, "git diff failed"))
             try:
-                push = session.store.push(owner, project, session.s.task, session.s.branch, session.s.outcome,
-                                          changed_after=changed_after)
+                push = publication.push(session.s.branch, session.s.outcome, changed_after=changed_after)
             except Exception as exc:
                 push = {"pushed": False, "retry": True, "error": sentence(exc, "the push failed")}
             web_url = push.get("web_url")
             error = push.get("error")
             if commit is not None or push.get("sha"):
-                gitea = session.store.remote(owner, project).uses_gitea
-                push_state = after_close(push, session.config, gitea)
+                push_state = after_close(push, session.config, publication.uses_gitea)
     destroyed, machine = session_boot.stop_machine(session)
     if not session.s.project_dir:
         body = "This session had no project folder: nothing was committed."
     elif commit_failed:
         try:
-            kept = session.store.last_commit(owner, project)
+            kept = publication.last_commit()
         except Exception:
             kept = None
         body = (f"The project folder could not be committed now: {error}. "
@@ -214,13 +209,13 @@ def _close(session: Session, reason: str | None) -> dict:
     return closed
 
 
-def _changed_after(session: Session, commit: str | None) -> str | None:
+def _changed_after(session: Session, publication: Publication, commit: str | None) -> str | None:
     """The verified commit, when the close's commit holds other files than it (a process
     the model left running changed the folder after the check): those are not verified."""
     candidate = (session.s.outcome or {}).get("candidate")
     if not candidate or not commit:
         return None
-    if session.store.same_tree(session.s.owner, session.s.project or "", commit, candidate):
+    if publication.same_tree(commit, candidate):
         return None
     return candidate
 

@@ -38,8 +38,9 @@ def hidden_check(session: Session, p: HiddenCheck, notify) -> dict:
     result_file = f"{folder}/.result"
     timeout = min(p.timeout, session.verify_timeout)
     try:
-        candidate, _left_out = candidate_commit(session) if session.s.project_dir else (None, [])
-        repo = session.store.remote(session.s.owner, session.s.project or "").repository()
+        publication = session.publication()
+        candidate, _left_out = candidate_commit(session, publication) if session.s.project_dir else (None, [])
+        repo = publication.repository()
         with CleanRoom(session, "eval") as room:
             room.lay_out(repo, candidate)
             machine = room.boot(desktop=p.desktop)

@@ -62,8 +62,7 @@ def git_commit(session: Session, p: GitCommit, notify) -> dict:
     if not session.s.project_dir:
         raise refused("this session has no project folder to commit; open the session with a project.")
     with session.frozen():
-        committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
-                                         p.message)
+        committed = session.publication().commit(Path(session.s.project_dir), p.message)
     sha = committed["sha"]
     if sha is None:
         text = "nothing to commit: the project folder is empty."

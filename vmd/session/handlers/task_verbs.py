@@ -12,6 +12,7 @@ from vmd.errors import VerbError, sentence
 from vmd.session.tasks import TaskError
 
 if TYPE_CHECKING:
+    from vmd.projects.store import Publication
     from vmd.session.session import Session
 
 
@@ -69,10 +70,10 @@ def _checkpoint(session: Session, task) -> str:
     # The session's id in the body: a job run again elsewhere after its host was lost tells
     # its own checkpoints from an older job's commits (vmagent/loop/rerun.py).
     message = f"Task {task.id} done: {task.title}"[:200] + f"\n\nvmagent session {session.s.id}"
+    publication = session.publication()
     try:
         with session.frozen():
-            committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
-                                             message, allow_empty=True)
+            committed = publication.commit(Path(session.s.project_dir), message, allow_empty=True)
     except Exception as exc:
         session.record.append("checkpoint", task=task.id, title=task.title,
                               error=sentence(exc, "the checkpoint commit failed"))
@@ -80,21 +81,20 @@ def _checkpoint(session: Session, task) -> str:
     session.record.append("checkpoint", task=task.id, title=task.title, commit=committed["sha"])
     if not committed["sha"]:
         return ""
-    return f" Checkpoint {committed['sha'][:10]} committed." + _push_checkpoint(session, task, committed["sha"])
+    return f" Checkpoint {committed['sha'][:10]} committed." + _push_checkpoint(session, publication, task, committed["sha"])
 
 
-def _push_checkpoint(session: Session, task, sha: str) -> str:
+def _push_checkpoint(session: Session, publication: Publication, task, sha: str) -> str:
     """The checkpoint on Gitea as soon as it is made (after the freeze: the guest runs on
     while git talks to Gitea), so that when this host is lost another host's vmd opens the
     project at it. Its commit status is pending until the close's push says what the check
     found; the close pushes again, a fast-forward from here. A push that fails is a line in
     the record and a sentence in the answer: the commit stays in vmd's repository, and the
     close pushes it with the rest."""
-    owner, project = session.s.owner, session.s.project or ""
     try:
-        if not session.store.uses_gitea(owner, project):
+        if not publication.uses_gitea:
             return ""  # vmd's own repository is where the project lives
-        pushed = session.store.push_checkpoint(owner, project, session.s.task, session.s.branch)
+        pushed = publication.push_checkpoint(session.s.branch)
         error = None if pushed.get("pushed") else (pushed.get("error") or "the push did not land")
     except Exception as exc:
         pushed, error = {}, sentence(exc, "the push failed")

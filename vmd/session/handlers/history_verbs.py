@@ -1,9 +1,9 @@
 """The `history` verb: vmd's own repository of one owner's project, read (log, show, diff),
 bounded, for the job service's /ask, so that it never opens vmd's folders itself.
 
-It lives here, in vmd/server/, and not among the session handlers (vmd/session/handlers/,
-whose table takes a Session): it needs no session and acts on none. vmd/server/rpc.py
-answers it on any connection, from vmd's config alone (POLICY: `session=False`).
+It needs no session and acts on none (POLICY: `session=False`): its handler takes vmd's live
+sessions (`Sessions`) for vmd's config alone, and vmd/server/rpc.py answers it on any
+connection from the handlers' `SESSIONLESS` table.
 
 Read-only and safe on a repository whatever it holds: the revision is checked by the
 contract (vmd/contract/params.py History) and resolved to one commit id before anything else is read;
@@ -21,14 +21,17 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from vmd.config import VmdConfig
 from vmd.contract.bounds import LOCAL_OWNER
 from vmd.contract.errors import FAILED, INVALID_PARAMS
 from vmd.contract.params import History
 from vmd.contract.shown_text import one_line, printable
 from vmd.errors import VerbError
 from vmd.projects.repository import git_env, repository_path
+
+if TYPE_CHECKING:
+    from vmd.session.registry import Sessions
 
 # Read-only git: what a repository's own config or attributes could make git run stays off.
 _READ_CONFIG = {"log.showSignature": "false", "log.mailmap": "false", "core.pager": "cat", "color.ui": "false"}
@@ -40,7 +43,8 @@ _LOG_FLAGS = [*_DIFF_FLAGS, "--no-show-signature", "--format=medium", "--date=is
 _STDERR_CHARS = 600
 
 
-def answer_history(config: VmdConfig, p: History) -> dict:
+def history(sessions: Sessions, p: History) -> dict:
+    config = sessions.config
     owner = p.owner or LOCAL_OWNER
     where = f"{owner}/{p.project}"
     repo = repository_path(config.state_dir, owner, p.project)
@@ -140,3 +144,7 @@ class _Git:
             raise VerbError(f"git {args[0]} failed on vmd's repository: "
                             f"{one_line(said)[-_STDERR_CHARS:] or f'exit code {code}'}", FAILED)
         return _Output(data[:max_bytes].decode("utf-8", errors="replace"), cut, timed_out.is_set())
+
+
+# Served without a session: verb -> handler(sessions, params) -> dict (handlers/table.py).
+SESSIONLESS = {"history": history}

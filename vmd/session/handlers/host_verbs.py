@@ -2,8 +2,8 @@
 host listing (`GET /hosts`, `vmagent hosts`; past one host, through a small Ray task on
 each node, vmagent/fleet/hosts.py).
 
-Like `history` (vmd/server/history.py) it needs no session and acts on none: vmd/server/rpc.py
-answers it on any connection. It reads vmd's own state only: its live sessions, the warm
+Like `history` (history_verbs.py) it needs no session and acts on none: vmd/server/rpc.py
+answers it on any connection from the handlers' `SESSIONLESS` table. It reads vmd's own state only: its live sessions, the warm
 pools' ready slots in its state dir, the images in its images dir, and this machine's
 cores, memory and room. Nothing here waits on a guest or on libvirt, so a listing of many
 hosts is never held up by a busy one.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Protocol
 
 from vmd.config import VmdConfig
 from vmd.contract.params import Empty
@@ -22,16 +21,10 @@ from vmd.machines.warm_slot import ready_slots_in
 from vmd.session.registry import Sessions
 
 
-class Served(Protocol):
-    """What this verb reads of the server (vmd/server/rpc.py VmdServer, which imports this module)."""
-    config: VmdConfig
-    sessions: Sessions
-
-
-def answer_host_info(server: Served, p: Empty) -> dict:
-    config = server.config
-    states = Counter(s.s.state for s in server.sessions.live() if s.s.state != "closed")
-    machines = server.sessions.machines
+def host_info(sessions: Sessions, p: Empty) -> dict:
+    config = sessions.config
+    states = Counter(s.s.state for s in sessions.live() if s.s.state != "closed")
+    machines = sessions.machines
     host = machines.host()
     images = [{"name": image.name, "os_family": image.os_family, "warm_slots": _warm_slots(config, image.dir.name)}
               for image in _images(config)]
@@ -82,3 +75,7 @@ def _memory_mib() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
     except (ValueError, OSError):
         return 0
+
+
+# Served without a session: verb -> handler(sessions, params) -> dict (handlers/table.py).
+SESSIONLESS = {"host_info": host_info}
