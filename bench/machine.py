@@ -5,7 +5,7 @@
 Prints: cold boot to ready (s), a warm hand-out from vmd's pool to ready (restore, share
 mounted, clock set, desktop checked: vmd/machines/warm_pool.py) and a question's resume to the
 first command answered, with their ratios to the cold boot; `run("true")` through vmd's runner in the guest
-(vmd/guests/in_guest/runner.py), through one exec channel per command on the persistent SSH
+(vmd/guests/linux/in_guest/runner.py), through one exec channel per command on the persistent SSH
 transport (the runner's fallback), and through a fresh `ssh` process per command (ms
 each, and the ratios); screenshot capture to a
 scaled PNG, every time (ms and bytes), and of an unchanged desktop, where the frame is
@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from vmd.config import VmdConfig
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.linux.guest import LinuxGuest
 from vmd.machines.host import local_host
 from vmd.machines.images import find_image
 from vmd.machines.machine import Machine

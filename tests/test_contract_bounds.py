@@ -51,7 +51,7 @@ def test_every_size_in_the_contract_has_an_upper_bound(model, verb):
 
 
 def test_read_file_limit_is_the_read_paths_own_cap():
-    from vmd.guests.linux import READ_LIMIT
+    from vmd.guests.linux.guest import READ_LIMIT
 
     assert ReadFile(path="a", limit=READ_LIMIT).limit == READ_LIMIT
     with pytest.raises(ValidationError, match="less than or equal to 200000"):

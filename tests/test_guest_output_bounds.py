@@ -17,8 +17,8 @@ import pytest
 
 from tests.hostile_sshd import (CLOSE, EOF, HANDLE, LSTAT, NO_SUCH_FILE, OPEN, OPENDIR, READDIR, STAT, HostileSshd,
                                 file_attrs, names, packet, status, string, u32)
-from vmd.guests.linux import LinuxGuest
-from vmd.guests.runner_link import RUNNER_SOURCE, RunnerPool, SshRunnerLauncher
+from vmd.guests.linux.guest import LinuxGuest
+from vmd.guests.linux.runner_link import RUNNER_SOURCE, RunnerPool, SshRunnerLauncher
 from vmd.guests.ssh import LIST_MAX_ENTRIES, SshConnection
 
 
@@ -117,7 +117,7 @@ def test_the_list_dir_verb_says_the_listing_was_cut(sshd):
 def test_a_listing_dribbled_forever_is_stopped_by_the_total_time_bound(sshd, monkeypatch):
     """One entry a reply, each reply quick enough for the per-reply bound, without end."""
     monkeypatch.setattr("vmd.guests.ssh.LIST_TIME_S", 2.0)
-    monkeypatch.setattr("vmd.guests.linux.LIST_TIME_S", 2.0)
+    monkeypatch.setattr("vmd.guests.linux.guest.LIST_TIME_S", 2.0)
     sshd.sftp_handler, sent = listing_server(None, per_reply=1, delay=0.05)
     guest = LinuxGuest(connect(sshd), use_runner=False)
     guest.ssh.sftp_reply_timeout = 10

@@ -267,7 +267,7 @@ def test_no_circle_between_vmagents_rooms():
 def test_no_circle_between_vmds_rooms():
     # vmd/config.py took its field types from vmd.machines (the egress allow-list's entry)
     # and vmd.projects (Gitea's names), which read their settings from it; and vmd.guests ->
-    # vmd.windows_image -> vmd.machines -> vmd.guests, until the Windows contract moved to the
+    # vmd.images.windows -> vmd.machines -> vmd.guests, until the Windows contract moved to the
     # guests. A setting's type now stands beside the settings, below every room that reads one.
     # Imports inside functions and under TYPE_CHECKING count, as they do for modules.
     parts = _parts_graph("vmd")
@@ -335,13 +335,29 @@ def test_no_private_name_crosses_a_module():
     assert not crossing, crossing
 
 
-def test_the_guests_know_nothing_of_the_machines_or_the_windows_image():
-    # vmd.guests sits below vmd.machines (which drives a guest) and vmd.windows_image (which
-    # builds one and drives libvirt through vmd.machines): a guest module importing either
-    # closes a circle (guests -> windows_image -> machines -> guests, until the Windows
-    # contract moved to vmd/guests/windows_contract.py).
-    above = ("vmd.machines", "vmd.windows_image", "vmd.session", "vmd.server")
+def test_the_guests_know_nothing_of_the_machines_or_the_images():
+    # vmd.guests sits below vmd.machines (which drives a guest) and vmd.images (whose Windows
+    # build drives libvirt through vmd.machines): a guest module importing either closes a
+    # circle (guests -> windows_image -> machines -> guests, until the Windows contract moved
+    # to the guests: vmd/guests/windows/contract.py).
+    above = ("vmd.machines", "vmd.images", "vmd.session", "vmd.server")
     crossing = {str(path.relative_to(ROOT)): [i for i in _vmd_imports(path) if i.split(" ")[0].startswith(above)]
                 for path in sorted((ROOT / "vmd" / "guests").rglob("*.py"))}
     crossing = {path: imports for path, imports in crossing.items() if imports}
     assert not crossing, crossing
+
+
+def test_an_os_is_a_folder_that_knows_nothing_of_another():
+    # The Linux guest's modules stood beside Windows' in one folder (os_verbs.py was Linux's
+    # only, x11_windows.py was Linux's): each OS is a folder of vmd/guests/ now, and only
+    # families.py, which picks the class for an image, knows them both.
+    graph = _graph("vmd")
+    folders = {os: {m for m in graph if m.startswith(f"vmd.guests.{os}.")} for os in ("linux", "windows")}
+    assert all(folders.values()), folders
+    for os, modules in folders.items():
+        others = set().union(*(m for o, m in folders.items() if o != os))
+        assert not {m: graph[m] & others for m in modules if graph[m] & others}, os
+    every_os = set().union(*folders.values())
+    shared = {m for m in graph if m.startswith("vmd.guests") and m not in every_os}
+    assert {m: sorted(graph[m] & every_os) for m in shared if graph[m] & every_os} == {
+        "vmd.guests.families": ["vmd.guests.linux.guest", "vmd.guests.windows.guest"]}

@@ -8,10 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from vmagent.tools.text_calls import _call_of
+from vmd.config.gitea_names import owner_name_problem, repository_name_problem
 from vmd.contract.bounds import name_problem
 from vmd.contract.params import History
-from vmd.guests.windows_scripts import render
-from vmd.config.gitea_names import owner_name_problem, repository_name_problem
+from vmd.guests.windows.scripts import render
 
 
 def test_the_project_and_owner_rule():

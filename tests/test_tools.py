@@ -286,3 +286,19 @@ def test_the_family_vmd_answers_wins_over_the_images_name():
     # the name is read.
     assert tools.os_family_of("win11", None) == "windows" and tools.os_family_of("debian", None) == "linux"
     assert tools.os_family_of("Windows Server", "plan9") == "windows"
+
+
+def test_the_os_family_is_decided_in_one_place():
+    # The prompts and the tool table each guessed the family from the image's name; both
+    # ask vmagent/os_family.py now, and every family it knows is worded by the table.
+    from pathlib import Path
+
+    from vmagent.os_family import FAMILIES, os_family_of
+
+    root = Path(__file__).resolve().parents[1] / "vmagent"
+    guessing = sorted(str(path.relative_to(root)) for path in root.rglob("*.py")
+                      if '.startswith("win")' in path.read_text())
+    assert guessing == ["os_family.py"], guessing
+    assert set(tools.OS_WORDS) == set(FAMILIES)
+    assert tools.os_family_of is os_family_of
+    assert os_family_of("wintermute", "linux") == "linux" and os_family_of("Win11") == "windows"

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from vmd.config import ENV_FIELDS, VmdConfig, VmdConfigError
-from vmd.guests.os_verbs import LinuxVerbs
-from vmd.session.handlers import screen_verbs
+from vmd.guests.linux.verbs import LinuxVerbs
 from vmd.machines.libvirt_machines import LibvirtMachine, LibvirtMachines
+from vmd.session.handlers import screen_verbs
 from vmd.session.record import Redactor
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from vmd.contract.results import Facts
 from vmd.guests.guest import CommandResult, DirEntry, FileChunk, Guest, GuestFacts
-from vmd.guests.x11_windows import list_x11_windows
+from vmd.guests.linux.x11_windows import list_x11_windows
 from vmd.machines.host import LOCAL, local_host
 from vmd.machines.port import MachineError, MachineSpec
 from vmd.machines.screen import Shot

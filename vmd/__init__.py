@@ -4,11 +4,13 @@ ones it uses:
 - contract/: the contract with its clients (params, results, policy, the check, the verdict,
   bounds, error codes, shown text, JSON depth): the only part of vmd that vmagent imports;
 - config/: every setting a person may tune, with its reason;
-- guests/: the guest a session drives, one class per OS behind one interface;
+- guests/: the guest a session drives, one folder per OS (linux/, windows/) behind one
+  interface;
 - projects/: the project folder, vmd's own repository of it, and its publication to Gitea;
 - machines/: what a session runs on: the machine port and its libvirt implementation,
   images, the warm pool, the screen, the egress guard;
-- windows_image/: `vmd images build windows`, the Windows guest image from the user's ISO;
+- images/: the guest images' recipes, one folder per image (debian/, ubuntu/, windows/), and
+  `vmd images build`;
 - session/: one session (its state, boot, record, report, the check vmd re-runs) and the
   verb handlers;
 - server/: vmd as a process: the socket server, the command line, the doctor, what runs

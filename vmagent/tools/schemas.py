@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vmagent.tools.table import OFFERED_TOOLS, SCREEN_TOOLS, TOOLS, Phase, Tool, os_family_of, tool_names, worded
+from vmagent.os_family import os_family_of
+from vmagent.tools.table import OFFERED_TOOLS, SCREEN_TOOLS, TOOLS, Phase, Tool, tool_names, worded
 
 
 def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:

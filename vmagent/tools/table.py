@@ -16,7 +16,6 @@ from vmagent.web.agent_tools import WEB_TOOLS, ReadPageArgs, WebSearchArgs
 from vmd.contract.params import VERBS
 from vmd.contract.policy import POLICY
 
-OsFamily = Literal["linux", "windows"]
 Phase = Literal["planning", "working"]
 
 
@@ -33,19 +32,6 @@ OS_WORDS: dict[str, dict[str, str]] = {
         "example_file": "Z:\\app.py",
     },
 }
-
-
-def os_family_of(os_name: str, answered: str | None = None) -> OsFamily:
-    """The guest's family: the one vmd's `session_open` answered (`os_family`, from the
-    image's manifest) whenever it names one this table words; an image may be called
-    anything ("wintermute" can be Debian), so its name is no guide.
-
-    The name is read only where there is no answer: a vmd older than the `os_family`
-    answer, or before the session is open (the CLI's check that the prompts load). Then
-    'windows', 'win11', 'Windows Server' -> windows; anything else (debian, ubuntu) -> linux."""
-    if answered in OS_WORDS:
-        return answered  # type: ignore[return-value]  # a key of OS_WORDS is an OsFamily
-    return "windows" if str(os_name).strip().lower().startswith("win") else "linux"
 
 
 # Each text says only what a model needs to call the tool well: the rules of the job are

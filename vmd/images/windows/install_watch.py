@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from vmd.guests import windows_contract as contract
+from vmd.guests.windows import contract
 
 _BOOT = r"Boot[0-9A-Fa-f]{4}"
 _DVD = r'"UEFI QEMU [^"]*DVD-ROM[^"]*"'

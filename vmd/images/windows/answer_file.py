@@ -14,9 +14,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.editions import Edition
-from vmd.windows_image.product_keys import generic_key
+from vmd.guests.windows import contract
+from vmd.images.windows.editions import Edition
+from vmd.images.windows.product_keys import generic_key
 
 UNATTEND_NS = "urn:schemas-microsoft-com:unattend"
 WCM_NS = "http://schemas.microsoft.com/WMIConfig/2002/State"

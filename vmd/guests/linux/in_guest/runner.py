@@ -1,9 +1,9 @@
 """vmd's command runner inside the guest (stdlib only, Python >= 3.9; this file is shipped
-into the guest by vmd, vmd/guests/runner_link.py is its host end).
+into the guest by vmd, vmd/guests/linux/runner_link.py is its host end).
 
 vmd starts it once per SSH channel as `python3 -I -S -u <this file>` and keeps it: a
 command then costs one `bash -c` in the guest instead of a new channel, a login shell,
-`timeout` and bash (the exec path of vmd/guests/linux.py, still there as the fallback).
+`timeout` and bash (the exec path of vmd/guests/linux/guest.py, still there as the fallback).
 
 Requests, host -> runner, one JSON object a line:
     {"id": int, "command": str, "cwd": str, "timeout": number, "marker": str}
@@ -12,7 +12,7 @@ Replies, runner -> host, frames: one type byte, a 4-byte big-endian length, the 
     O  stdout bytes of the running command (at most 65536 a frame)
     E  stderr bytes
     X  the end of a command: JSON {"id", "exit_code", "timed_out"}
-One command at a time. The host trusts none of it: it checks every frame (vmd/guests/runner_link.py).
+One command at a time. The host trusts none of it: it checks every frame (vmd/guests/linux/runner_link.py).
 
 A command runs as `bash -c <command>` in a new session (its own process group), stdin
 /dev/null, in `cwd` (or the home folder when `cwd` cannot be entered, as `cd cwd || cd ~`),

@@ -1,4 +1,4 @@
-"""What a built Windows guest promises the backend that drives it (vmd/guests/windows.py).
+"""What a built Windows guest promises the backend that drives it (vmd/guests/windows/guest.py).
 
 The image build writes these into the guest (firstlogon.ps1 gets them as arguments from the
 answer file); the backend imports them from here, so the two cannot drift apart.

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable
 
 from vmd.errors import WordedError
+from vmd.guests.windows import contract
 from vmd.host_env import clean_env
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.install_watch import FAILED, cd_started, firmware_problem, guest_steps, stopped_in
+from vmd.images.windows.install_watch import FAILED, cd_started, firmware_problem, guest_steps, stopped_in
 from vmd.machines.domain_xml import OVMF_CODE, OVMF_VARS
 
 # Setup takes 20-40 min under KVM on an SSD, plus the OpenSSH download at the first logon;

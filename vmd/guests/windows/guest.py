@@ -1,10 +1,10 @@
 """A Windows guest over SSH (vmd/guests/guest.py `Guest`): Windows' OpenSSH with PowerShell as
-its DefaultShell (the image sets it: vmd/guests/windows_contract.py). Each command is one
-exec channel whose line runs RUN_WRAPPER (vmd/guests/windows_scripts.py) in sshd's own PowerShell
-(vmd/guests/powershell.py in_shell_command), which maps the project share with the share's
+its DefaultShell (the image sets it: vmd/guests/windows/contract.py). Each command is one
+exec channel whose line runs RUN_WRAPPER (vmd/guests/windows/scripts.py) in sshd's own PowerShell
+(vmd/guests/windows/powershell.py in_shell_command), which maps the project share with the share's
 login and runs the command file vmd wrote over SFTP in a powershell.exe of its own, inside a
 job object that the timeout terminates whole: two PowerShell starts per command. Files over SFTP with Windows paths
-(vmd/guests/windows_paths.py). Its OS verbs are `WindowsVerbs` (vmd/guests/windows_verbs.py).
+(vmd/guests/windows/paths.py). Its OS verbs are `WindowsVerbs` (vmd/guests/windows/verbs.py).
 
 Why a command file and not the command in the line: a command may be 128 KiB (the contract's
 COMMAND_CHARS) and Windows' command line holds 32,767 characters, base64 of UTF-16 included.
@@ -21,15 +21,14 @@ import paramiko
 
 from vmd.contract.bounds import READ_LIMIT
 from vmd.contract.shown_text import one_line
-from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, OutputCallback,
-                             listing_of)
+from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, OutputCallback, listing_of)
 from vmd.guests.output import _CappedStream, _LineSplitter
-from vmd.guests.powershell import b64_utf8, in_shell_command, plain_lines, quoted, strip_clixml
 from vmd.guests.ssh import LIST_TIME_S, SshConnection, drain
-from vmd.guests.windows_contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
-from vmd.guests.windows_paths import parent, sftp_path, windows_path
-from vmd.guests.windows_scripts import EXIT_TAIL, JOB_DLL, MOUNT_SHARE, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
-from vmd.guests.windows_verbs import WindowsVerbs
+from vmd.guests.windows.contract import GUEST_VMD_DIR, PROJECT_PATH, SHARE_LETTER, SHARE_UNC
+from vmd.guests.windows.paths import parent, sftp_path, windows_path
+from vmd.guests.windows.powershell import b64_utf8, in_shell_command, plain_lines, quoted, strip_clixml
+from vmd.guests.windows.scripts import EXIT_TAIL, JOB_DLL, MOUNT_SHARE, RUN_INNER, RUN_WRAPPER, TIMEOUT_LINE, render
+from vmd.guests.windows.verbs import WindowsVerbs
 
 # Where vmd's command files and the window lists wait in the guest (deleted once read).
 RUN_FOLDER = GUEST_VMD_DIR + "\\run"

@@ -2,11 +2,11 @@
 strings, and CLIXML taken out of stderr.
 
 Why base64: sshd on Windows hands an exec request to its DefaultShell (PowerShell, set by
-the image: vmd/guests/windows_contract.py) as `powershell.exe -c <line>`, which parses
+the image: vmd/guests/windows/contract.py) as `powershell.exe -c <line>`, which parses
 vmd's text once more; a base64 of UTF-16LE has no quote, semicolon or backslash to misread
 and no code page to pass through. The line decodes it and runs it in that same PowerShell
 (`in_shell_command`); the command's own powershell.exe gets its script as -EncodedCommand
-(windows_scripts.RUN_WRAPPER). Why CLIXML: powershell.exe started with -EncodedCommand and
+(scripts.py RUN_WRAPPER). Why CLIXML: powershell.exe started with -EncodedCommand and
 its stderr not a console writes its error, warning and progress records to stderr as serialized XML
 (`#< CLIXML` and an `<Objs ...>` document per write, a CR LF in a record's text escaped as
 `_x000D__x000A_`); the model must read the text, not the XML. Ansible's PowerShell shell

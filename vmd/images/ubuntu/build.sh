@@ -3,7 +3,7 @@
 # NoCloud seed (seed.py) creates the user `agent`, installs sshd, git, a compiler and an
 # openbox + xterm desktop, and powers off. Needs internet (the image and Ubuntu's archive).
 #
-#   images/ubuntu/build.sh OUTDIR
+#   vmd/images/ubuntu/build.sh OUTDIR
 #
 # OUTDIR receives disk.qcow2 (the read-only base), vmlinuz, initrd.img (for direct kernel
 # boot, like the Debian image), id_ed25519 (the key vmd logs in with), first-boot.log and
@@ -37,7 +37,7 @@ cpus=${VMD_UBUNTU_CPUS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
 limit=${VMD_UBUNTU_TIMEOUT:-7200}
 python=${VMD_PYTHON:-}
 if [ -z "$python" ]; then
-    if [ -x "$here/../../.venv/bin/python" ]; then python="$here/../../.venv/bin/python"; else python=python3; fi
+    if [ -x "$here/../../../.venv/bin/python" ]; then python="$here/../../../.venv/bin/python"; else python=python3; fi
 fi
 
 for tool in curl sha256sum qemu-img qemu-system-x86_64 ssh-keygen tar; do

@@ -1,10 +1,10 @@
 """The cloud-init NoCloud seed that turns Ubuntu's cloud image into the vmagent guest.
 
-    python images/ubuntu/seed.py OUTDIR --pubkey id_ed25519.pub --resolution 1280x800
+    python vmd/images/ubuntu/seed.py OUTDIR --pubkey id_ed25519.pub --resolution 1280x800
 
 writes OUTDIR/user-data, OUTDIR/meta-data and OUTDIR/network-config. On its first boot the
 guest creates the user `agent` (uid 1000, passwordless sudo, the given login key), installs
-sshd, git, a compiler and the same desktop as images/debian (Xorg started by a systemd unit,
+sshd, git, a compiler and the same desktop as vmd/images/debian (Xorg started by a systemd unit,
 openbox, a focused xterm titled "terminal" at a pinned resolution), mounts the host's 9p
 share `project` at /mnt/project, and powers off, which is how build.sh knows it finished.
 Before that it hands build.sh the kernel, initrd and a verdict on the disk whose serial is
@@ -106,7 +106,7 @@ def make_seed(pubkey: str, resolution: str | tuple[int, int] = (1280, 800), **mo
         raise SeedError(" ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())) from None
 
 
-# --- the desktop, as in images/debian/rootfs -------------------------------------------------
+# --- the desktop, as in vmd/images/debian/rootfs -------------------------------------------------
 
 DESKTOP_SERVICE = """\
 [Unit]

@@ -1,7 +1,7 @@
 """The Windows guest image, built from the user's own install ISO (never downloaded).
 
 - what the built guest promises its backend (the launcher task, the share letter, the shell,
-  the ready marker) is the backend's: vmd/guests/windows_contract.py.
+  the ready marker) is the backend's: vmd/guests/windows/contract.py.
 - `editions`: the editions in the ISO's install.wim / install.esd (the WIM's XML metadata).
 - `answer_file`: Autounattend.xml from typed pieces.
 - `firstlogon.ps1`: what the guest runs at its first logon (OpenSSH, key, firewall, ...).

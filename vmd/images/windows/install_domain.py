@@ -30,7 +30,7 @@ INSTALL_CD, SEED_CD = "sdb", "sdc"
 @dataclass(frozen=True)
 class InstallMedium:
     """What the install CD drive reads: the user's ISO (raw), or the qcow2 layer over it
-    whose El Torito entry boots Setup without a key (vmd/windows_image/boot_medium.py)."""
+    whose El Torito entry boots Setup without a key (vmd/images/windows/boot_medium.py)."""
     path: Path
     format: str = "raw"
 

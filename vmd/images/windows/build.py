@@ -1,6 +1,6 @@
 """`vmd images build windows --iso PATH`: the Windows guest image, from the user's own ISO.
 
-Steps (each printed as `STEP n/N`, like images/debian/build.sh):
+Steps (each printed as `STEP n/N`, like vmd/images/debian/build.sh):
 read the editions, check the host (KVM, OVMF, swtpm: refused before anything slow), hash the
 ISO and the recipe, render the answer file, write the seed, install, compress, write the
 manifest. The image lands in `<images_dir>/windows-<recipe hash>/` like every image; the
@@ -25,25 +25,25 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from vmd.config import VmdConfig
+from vmd.guests.windows import contract
 from vmd.host_env import clean_env
+from vmd.images.windows.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
+from vmd.images.windows.boot_medium import MEDIUM_FILE, no_prompt_medium
+from vmd.images.windows.editions import SUPPLY_HINT, Edition, MediaError, pick_edition, read_editions
+from vmd.images.windows.install import (InstallFailed, compress_base, free_port, host_problems, make_disk,
+                                        run_install, sshd_takes_key, unreachable)
+from vmd.images.windows.install_domain import DISK_GB, device_set_xml, install_domain
+from vmd.images.windows.seed import seed_files, write_seed
 from vmd.machines.accel import kvm_works
 from vmd.machines.images import Image
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.answer_file import AdminAccount, AnswerFile, FirstLogon, Language, UserData
-from vmd.windows_image.editions import SUPPLY_HINT, Edition, MediaError, pick_edition, read_editions
-from vmd.windows_image.install import (InstallFailed, compress_base, free_port, host_problems, make_disk,
-                                       run_install, sshd_takes_key, unreachable)
-from vmd.windows_image.boot_medium import MEDIUM_FILE, no_prompt_medium
-from vmd.windows_image.install_domain import DISK_GB, device_set_xml, install_domain
-from vmd.windows_image.seed import seed_files, write_seed
 
-VMD_DIR = Path(__file__).resolve().parents[1]
+VMD_DIR = Path(__file__).resolve().parents[2]
 # The files that decide what the installed guest is (its answer file, its first logon, its
 # media, the contract it keeps), under vmd/: a change to one rebuilds the image (40 minutes);
 # the build's own plumbing and the doctor's check do not. The machine it is installed on is
 # hashed as its device set (install_domain.device_set_xml), not as the files that write it.
-RECIPE_FILES = ("guests/windows_contract.py", "windows_image/answer_file.py", "windows_image/product_keys.py",
-                "windows_image/firstlogon.ps1", "windows_image/seed.py")
+RECIPE_FILES = ("guests/windows/contract.py", "images/windows/answer_file.py", "images/windows/product_keys.py",
+                "images/windows/firstlogon.ps1", "images/windows/seed.py")
 IMAGE_NAME = "windows"
 # What step 4 says of the key, so a build that stops at Setup's key page has been warned.
 KEY_FORMS = {"yours": "yours (--key)",

@@ -1,10 +1,10 @@
-"""The OS verbs of a Windows guest (vmd/guests/windows.py `WindowsGuest` mixes them in): start a
+"""The OS verbs of a Windows guest (vmd/guests/windows/guest.py `WindowsGuest` mixes them in): start a
 program on the desktop, probe the internet, list the windows, and what the machine asks of its guest (facts, desktop, share, clock, reboot). Every
-script is a template of vmd/guests/windows_scripts.py; failures are `GuestError`s.
+script is a template of vmd/guests/windows/scripts.py; failures are `GuestError`s.
 
 Two things sshd's session cannot do itself, because it runs in session 0, whose desktop no
 one sees: start a window, and see the windows. Both go through the image's task that runs in
-the logged-on user's session (vmd/guests/windows_contract.py VMD_LAUNCH_TASK: it starts
+the logged-on user's session (vmd/guests/windows/contract.py VMD_LAUNCH_TASK: it starts
 the one command line written to LAUNCH_REQUEST, through `cmd /c start`).
 """
 
@@ -15,14 +15,14 @@ import secrets
 import time
 
 from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, ShareLogin, screen_coordinate
-from vmd.guests.powershell import quoted
 from vmd.guests.ssh import SshConnection
-from vmd.guests.windows_scripts import (CHECK_INTERNET, DESKTOP_PROBE, FACTS,
+from vmd.guests.windows.contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
+from vmd.guests.windows.powershell import quoted
+from vmd.guests.windows.scripts import (CHECK_INTERNET, DESKTOP_PROBE, FACTS,
                                         LIST_WINDOWS, MOUNT_SHARE, NEW_IDENTITY, REBOOT, REMAP_SHARE, RUN_LAUNCH_TASK,
                                         SET_CLOCK, WINDOWS_DLL, render)
-from vmd.guests.windows_contract import GUEST_VMD_DIR, LAUNCH_REQUEST, VMD_LAUNCH_TASK
 
-log = logging.getLogger("vmd.guests.windows")
+log = logging.getLogger("vmd.guests.windows.verbs")
 
 LAUNCH_TIMEOUT_S = 30  # the task starts the program and returns; its window comes later
 PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s

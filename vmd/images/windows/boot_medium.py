@@ -27,7 +27,7 @@ import pycdlib
 from pycdlib.pycdlibexception import PyCdlibException
 
 from vmd.host_env import clean_env
-from vmd.windows_image.install_domain import InstallMedium
+from vmd.images.windows.install_domain import InstallMedium
 
 SECTOR = 2048
 BOOT_RECORD_SECTOR = 17

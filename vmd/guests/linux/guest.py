@@ -1,6 +1,6 @@
 """A Linux guest over SSH (vmd/guests/guest.py `Guest`): commands through the runner kept
 in the guest, or one exec channel each where no runner can start; files over SFTP; every
-request bounded in time and size. Its OS verbs are `LinuxVerbs` (vmd/guests/os_verbs.py)."""
+request bounded in time and size. Its OS verbs are `LinuxVerbs` (vmd/guests/linux/verbs.py)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from vmd.contract.bounds import READ_LIMIT  # the contract's bound on one read
 from vmd.contract.shown_text import one_line
 from vmd.guests.guest import (CommandResult, DirListing, FileChunk, Guest, GuestError, GuestFacts,
                               OutputCallback, listing_of)
-from vmd.guests.os_verbs import LinuxVerbs
+from vmd.guests.linux.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
+                                          SshRunnerLauncher)
+from vmd.guests.linux.verbs import LinuxVerbs
 from vmd.guests.output import DEFAULT_BOUNDS, _CappedStream, _LineSplitter
-from vmd.guests.runner_link import (RunnerDeadline, RunnerLost, RunnerNotSent, RunnerPool, RunnerUnavailable,
-                                    SshRunnerLauncher)
 from vmd.guests.ssh import LIST_TIME_S, NAME_MAX_BYTES, SshConnection, drain
 
-log = logging.getLogger("vmd.guests.linux")
+log = logging.getLogger("vmd.guests.linux.guest")
 
 # Characters of the guest's own words (an SFTP server's status text) in an error message.
 GUEST_TEXT_CHARS = 500
@@ -32,7 +32,7 @@ GUEST_TEXT_CHARS = 500
 
 class LinuxGuest(LinuxVerbs, Guest):
     """A Linux guest over SSH. Commands go through a runner kept in the guest
-    (vmd/guests/in_guest/runner.py, vmd/guests/runner_link.py): one `bash -c` per command. Where the runner
+    (vmd/guests/linux/in_guest/runner.py, vmd/guests/linux/runner_link.py): one `bash -c` per command. Where the runner
     cannot start (no python3, an upload refused), each command is its own SSH exec of
     `timeout … bash -c`, the path it replaced; `use_runner = False` forces that path."""
 

@@ -17,7 +17,7 @@ Keys are looked up by the WIM's exact EDITIONID, so evaluation media (EDITIONID
 
 from __future__ import annotations
 
-from vmd.windows_image.editions import Edition
+from vmd.images.windows.editions import Edition
 
 # Windows 10 and 11 share their generic keys (11 is 10.0 build 22000 and later).
 CLIENT_KEYS = {

@@ -22,8 +22,8 @@ from pathlib import Path
 import pycdlib
 from pycdlib.pycdlibexception import PyCdlibException
 
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.editions import Edition, MediaError
+from vmd.guests.windows import contract
+from vmd.images.windows.editions import Edition, MediaError
 
 FIRSTLOGON = Path(__file__).with_name("firstlogon.ps1")
 OEM_VMD = "$OEM$/$1/vmd"

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from vmd.images.windows.install import host_problems
 from vmd.machines.accel import kvm_works
 from vmd.machines.smbd_jail import missing_tools
-from vmd.windows_image.install import host_problems
 
 
 def windows_images(images_dir: Path) -> list[Path]:

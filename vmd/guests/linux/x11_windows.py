@@ -1,5 +1,5 @@
 """A Linux guest's window list, read from X11 on display :0 (xprop, xwininfo and xdotool over
-the guest's shell): `LinuxVerbs.list_windows` (vmd/guests/os_verbs.py) runs WINDOWS_COMMAND
+the guest's shell): `LinuxVerbs.list_windows` (vmd/guests/linux/verbs.py) runs WINDOWS_COMMAND
 and parses its answer here. The answer is the guest's text: every number in it is checked
 (vmd/guests/guest.py `screen_coordinate`), and an entry that does not parse costs that
 window, never the listing."""

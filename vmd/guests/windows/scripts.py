@@ -1,6 +1,6 @@
-"""The PowerShell a Windows guest runs for vmd (vmd/guests/windows.py, windows_verbs.py), as
+"""The PowerShell a Windows guest runs for vmd (guest.py, verbs.py beside it), as
 templates: `render` fills a `{{NAME}}` only with an integer, base64 or a single-quoted string
-(vmd/guests/powershell.py `quoted`), so nothing from the model or the guest can change a
+(vmd/guests/windows/powershell.py `quoted`), so nothing from the model or the guest can change a
 script's code. Every template here is parsed with a PowerShell grammar in the tests
 (tests/test_windows_scripts.py), rendered.
 
@@ -90,7 +90,7 @@ def type_loader(type_name: str, field: str, indent: str = "") -> str:
 NET_USE = """& net.exe use {{DRIVE}} /delete /y 2>&1 | Out-Null
 $vmdSaid = & net.exe use {{DRIVE}} {{SHARE_UNC}} {{SHARE_PASSWORD}} ('/user:' + {{SHARE_USER}}) /persistent:no 2>&1"""
 
-# What sshd's own PowerShell runs for one `run`, in itself (vmd/guests/powershell.py
+# What sshd's own PowerShell runs for one `run`, in itself (vmd/guests/windows/powershell.py
 # in_shell_command: no powershell.exe of its own, so a command costs two starts, the shell's and
 # the command's, not three): maps the project share in this logon session when it is not (each
 # SSH logon is a session of its own, where the desktop's Z: does not exist), starts the
@@ -150,7 +150,7 @@ if ($global:LASTEXITCODE) { exit $global:LASTEXITCODE }
 exit 1
 """
 
-# The facts, one `name=value` line each (vmd/guests/windows_verbs.py reads them).
+# The facts, one `name=value` line each (vmd/guests/windows/verbs.py reads them).
 FACTS = """$os = Get-CimInstance -ClassName Win32_OperatingSystem
 $cv = Get-ItemProperty -Path 'HKLM:\\SOFTWARE\\Microsoft\\Windows NT\\CurrentVersion'
 function Get-VmdVersion([string]$Name, [string[]]$Arguments) {
@@ -201,7 +201,7 @@ if ($opened -and $client.Connected) { 'reachable'; $client.Close(); exit 0 }
 exit 1
 """
 
-# The session task's program (the image's vmd-launch task, vmd/guests/windows_contract.py)
+# The session task's program (the image's vmd-launch task, vmd/guests/windows/contract.py)
 # starts what LAUNCH_REQUEST names; this asks it to.
 RUN_LAUNCH_TASK = """& schtasks.exe /Run /TN {{TASK}}
 if ($LASTEXITCODE -ne 0) { exit $LASTEXITCODE }
@@ -333,7 +333,7 @@ _SAFE = re.compile(r"^(-?\d+|\$true|\$false|'(?:[^'\u2018\u2019\u201a\u201b]|''|
 
 def render(template: str, **values: str | int | bool) -> str:
     """`template` with each `{{NAME}}` replaced; every value must be an int, a bool, a drive
-    (`Z:`) or a quoted string (vmd/guests/powershell.py `quoted`), else ValueError: a bug in
+    (`Z:`) or a quoted string (vmd/guests/windows/powershell.py `quoted`), else ValueError: a bug in
     vmd, never a way for text to become code. JOB_SOURCE is the one raw value (vmd's own)."""
     def fill(match: re.Match) -> str:
         name = match.group(1)

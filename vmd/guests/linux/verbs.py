@@ -1,9 +1,9 @@
 """The verbs of a Linux guest whose command differs by OS: start a program on the desktop
 (`launch_app`), probe the internet (`check_internet`), list the windows (`list_windows`,
-vmd/guests/x11_windows.py), and what the machine asks of its guest (facts, desktop, share,
-reboot, identity). `LinuxVerbs` is mixed into `LinuxGuest` (vmd/guests/linux.py) and built on
+vmd/guests/linux/x11_windows.py), and what the machine asks of its guest (facts, desktop, share,
+reboot, identity). `LinuxVerbs` is mixed into `LinuxGuest` (vmd/guests/linux/guest.py) and built on
 its `run` and `write_file`, so that no caller (the session, the verb handlers, the machine
-adapter) branches on the OS; Windows' are `WindowsVerbs` (vmd/guests/windows_verbs.py).
+adapter) branches on the OS; Windows' are `WindowsVerbs` (vmd/guests/windows/verbs.py).
 Failures are `GuestError`s: the verb's handler turns one into the verb's error with its words.
 """
 
@@ -13,9 +13,9 @@ import logging
 import shlex
 
 from vmd.guests.guest import CommandResult, GuestError, GuestFacts, ListedWindow, ShareLogin
-from vmd.guests.x11_windows import list_x11_windows
+from vmd.guests.linux.x11_windows import list_x11_windows
 
-log = logging.getLogger("vmd.guests.os_verbs")
+log = logging.getLogger("vmd.guests.linux.verbs")
 
 LAUNCH_TIMEOUT_S = 30  # starting a program returns at once; its window comes later
 PROBE_TIMEOUT_S = 20  # the probe itself gives up after 8 s

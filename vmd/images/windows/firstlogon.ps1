@@ -1,9 +1,9 @@
-# vmd's first logon script for a Windows guest image (vmd/windows_image/).
+# vmd's first logon script for a Windows guest image (vmd/images/windows/).
 #
 # Windows Setup runs it once, as the autologon user, from the answer file's one first logon
-# command, which copies it off the seed first (vmd/windows_image/answer_file.py passes every
-# argument, from windows_contract.py). It leaves the guest the way vmd's Windows backend
-# (vmd/guests/windows.py) expects it: OpenSSH Server with PowerShell as its shell and vmd's
+# command, which copies it off the seed first (vmd/images/windows/answer_file.py passes every
+# argument, from vmd/guests/windows/contract.py). It leaves the guest the way vmd's Windows backend
+# (vmd/guests/windows/guest.py) expects it: OpenSSH Server with PowerShell as its shell and vmd's
 # key, the desktop awake and unlocked, a task that starts programs in the logged-on session;
 # then it writes the ready marker on COM1, which the image build waits for on the serial log.
 # The project share is mapped by vmd per session, with that session's login.

@@ -1,4 +1,4 @@
-"""The host's end of the guest runner (vmd/guests/in_guest/runner.py, whose docstring has the protocol).
+"""The host's end of the guest runner (vmd/guests/linux/in_guest/runner.py, whose docstring has the protocol).
 
 A `RunnerLink` is one runner on one channel: it sends a command, reads the frames that
 come back and checks each of them, since the guest is an attacker and the runner runs in
