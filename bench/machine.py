@@ -9,7 +9,7 @@ vmd/machines/warm_pool.py) and a parked one resumed (the checks and renames that
 session's project, the resume, the clock set through the runner it kept:
 vmd/machines/parked_slot.py), each part of each; a question's resume to the first command
 answered; with their ratios to the cold boot; `run("true")` through vmd's runner in the guest
-(vmd/guests/in_guest/runner.py), through one exec channel per command on the persistent SSH
+(vmd/guests/linux/in_guest/runner.py), through one exec channel per command on the persistent SSH
 transport (the runner's fallback), and through a fresh `ssh` process per command (ms
 each, and the ratios); screenshot capture to a
 scaled PNG, every time (ms and bytes), and of an unchanged desktop, where the frame is
@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 from vmd.config import VmdConfig
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.linux.guest import LinuxGuest
 from vmd.machines.host import local_host
 from vmd.machines.images import find_image
 from vmd.machines.machine import Machine

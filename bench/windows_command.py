@@ -5,7 +5,7 @@
 Needs a built Windows image (`vmd images build windows --iso ...`) and KVM; without them it
 says so and exits 2. It boots one machine with a project share (Z: mapped with the share's
 login) and alternates, in one loop so the guest's noise hits both alike, `exit 0` sent as vmd
-sends it now (the wrapper run in sshd's own PowerShell: vmd/guests/powershell.py
+sends it now (the wrapper run in sshd's own PowerShell: vmd/guests/windows/powershell.py
 in_shell_command; two powershell.exe starts) and as it was sent before (sshd's PowerShell
 starting `powershell -EncodedCommand <the same wrapper>`: three starts). Prints the median
 milliseconds of each and their ratio. Not run on this project's machines: none boots Windows.
@@ -24,10 +24,10 @@ import time
 import uuid
 from pathlib import Path
 
-from vmd.guests.powershell import decode_in_shell
 from vmd.guests.ssh import drain
-from vmd.guests.windows import RUN_FOLDER
-from vmd.guests.windows_scripts import EXIT_TAIL
+from vmd.guests.windows.guest import RUN_FOLDER
+from vmd.guests.windows.powershell import decode_in_shell
+from vmd.guests.windows.scripts import EXIT_TAIL
 from vmd.machines.accel import kvm_works
 from vmd.machines.images import ImageMissing, find_image, images_dir
 from vmd.machines.machine import Machine

@@ -27,8 +27,7 @@ WORKDIR /app
 COPY pyproject.toml ./
 COPY vmd ./vmd
 COPY vmagent ./vmagent
-COPY images ./images
-# Editable: vmd finds its image recipes beside its sources (/app/images), as in a clone.
+# Editable: vmd finds its image recipes among its sources (/app/vmd/images), as in a clone.
 # pip upgraded first: Debian's (23.x) stops with "Candidate is not for this requirement
 # lxml[html-clean,html-clean]" on the web packages' two spellings of one extra.
 RUN python3 -m venv --system-site-packages /opt/venv && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \

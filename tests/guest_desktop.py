@@ -1,5 +1,5 @@
 """The debian guest's desktop, drawn on this host: Xvfb at the guest's 1280x800, and the guest
-recipe's own session files (images/debian/rootfs/home/agent: `.xinitrc` sets the desktop's
+recipe's own session files (vmd/images/debian/rootfs/home/agent: `.xinitrc` sets the desktop's
 colour and starts openbox, which starts the terminal as `.vmagent-terminal` says: xterm, font
 9x15, 110x36 at +30+30) run from a home folder of their own. The same Debian packages draw it
 (openbox, xterm, xfonts-base, python3-tk; scripts/setup.sh installs them), so the pixels are
@@ -29,7 +29,7 @@ from PIL import Image
 from vmd.machines.screen import Screen, Shot
 
 ROOT = Path(__file__).resolve().parent.parent
-GUEST_HOME = ROOT / "images" / "debian" / "rootfs" / "home" / "agent"
+GUEST_HOME = ROOT / "vmd" / "images" / "debian" / "rootfs" / "home" / "agent"
 SIZE = (1280, 800)
 PROMPT = "agent@vmagent-guest:~$"
 # Debian's python3 with Tk, as in the guest (not whatever python3 comes first on PATH).

@@ -122,7 +122,7 @@ def _image(tmp_path: Path, **manifest) -> Image:
 
 
 def test_todays_debian_manifest_means_its_kernel_and_9p(tmp_path):
-    # The manifest images/debian/build.sh writes names neither boot nor share.
+    # The manifest vmd/images/debian/build.sh writes names neither boot nor share.
     image = _image(tmp_path)
     boot = boot_for(image, tmp_path / "w")
     assert boot == DirectKernel(str(tmp_path / "vmlinuz"), str(tmp_path / "initrd.img"), "root=/dev/vda")

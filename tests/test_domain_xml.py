@@ -15,9 +15,9 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from vmd.machines import machine as machine_module
 from vmd.machines.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, NinePShare, SerialLog, UserNetwork, Video
 from vmd.machines.images import Image, ImageMissing, find_image
-from vmd.machines import machine as machine_module
 from vmd.machines.machine import Machine
 from vmd.machines.port import MachineError
 
@@ -220,7 +220,7 @@ def test_the_accel_in_vmds_config_file_is_what_its_machines_and_warm_pool_use(fa
 
 def test_the_image_manifest_picks_the_guest_and_session_open_can_say_its_family(fake_image, tmp_path):
     from vmd.config import VmdConfig
-    from vmd.guests.linux import LinuxGuest
+    from vmd.guests.linux.guest import LinuxGuest
     from vmd.machines.libvirt_machines import LibvirtMachines
     from vmd.machines.port import MachineError
 

@@ -22,7 +22,7 @@ from tests.service_harness import ALICE, BOB, REPO, ServiceProcess
 from tests.vmd_fakes import RpcClient, local_vmd, short_socket_dir
 from vmagent.fleet.hosts import RayHosts, local_hosts
 from vmagent.fleet.placement import keep_loopback
-from vmd import verbs as V
+from vmd.contract.results import result_problem
 
 # The driver in this process talks to a cluster on 127.0.0.1: Ray must not swap it for the
 # machine's public address (it reads this when it is first imported).
@@ -79,7 +79,7 @@ def test_host_info_tells_sessions_warm_guests_images_and_capacity_on_a_connectio
     with vmd_with_session(tmp_path) as config:
         with RpcClient(config.socket) as fresh:  # bound to no session
             info = fresh.call("host_info")
-            assert V.result_problem("host_info", info) is None
+            assert result_problem("host_info", info) is None
             assert info["sessions"] == 1 and sum(info["states"].values()) == 1
             assert set(info["states"]) <= {"booting", "ready"}
             assert info["warm_slots"] == 1  # the slot being made is not ready

@@ -17,14 +17,14 @@ from tests.llamacpp_server import LlamaCppServer, start_llamacpp
 from tests.ollama_server import Turn
 from tests.openai_server import start_openai
 from vmagent import tools
-from vmagent.loop.compact import COMPACTED_HEADER, Compactor, PinnedContext
 from vmagent.config import AgentConfig
+from vmagent.loop.compact import COMPACTED_HEADER, Compactor, PinnedContext
 from vmagent.models import ContextTooLong, open_model
 from vmagent.models.openai import OpenAICompatModel
 from vmagent.models.openai.stream import OpenAIEvents
 from vmagent.models.openai.wire import request_body
 from vmagent.models.stream import ReplyStream
-from vmd.verbs import Run
+from vmd.contract.params import Run
 
 CONTEXT = 2048
 # The run tool as vmd's contract has it, less the bounds: a schema's maxLength of 131072

@@ -16,8 +16,8 @@ from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
-from vmagent.loop.job import JobSpec
 from vmagent.loop import run_job
+from vmagent.loop.job import JobSpec
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 
@@ -45,7 +45,7 @@ root.mainloop()
 # The point of the word in the screen text: `"Approve" at (x, y)` as an item of its own,
 # or `Approve (x, y)` in an item's list of words.
 APPROVE_AT = re.compile(r'(?:"Approve" at|\bApprove) \((\d+), (\d+)\)')
-# What the guest's skeleton .bashrc prompts: user agent on host vmagent-guest (images/debian).
+# What the guest's skeleton .bashrc prompts: user agent on host vmagent-guest (vmd/images/debian).
 PROMPT = "agent@vmagent-guest:~$"
 
 

@@ -21,7 +21,7 @@ from vmd.machines.machine import Machine
 from vmd.machines.parked_slot import (PARKED_FILE, ParkedSlot, ParkFailed, move_project_into, parkable,
                                       parked_slots_in, untouched)
 from vmd.machines.warm_pool import WarmPool
-from vmd.verb_results import Facts
+from vmd.contract.results import Facts
 
 SESSION = "s-20260101-000000-abcdef"
 MAPPED = "user.virtfs.mode"

@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw, ImageFont, PcfFontFile
 
 from tests import guest_desktop
 from vmd.guests.guest import CommandResult
-from vmd.guests.x11_windows import WINDOWS_COMMAND, list_x11_windows
+from vmd.guests.linux.x11_windows import WINDOWS_COMMAND, list_x11_windows
 from vmd.machines import screen_text as st
 from vmd.machines import terminal_cells
 

@@ -419,7 +419,7 @@ def test_each_share_gets_a_uid_of_its_own_and_a_released_or_abandoned_one_is_tak
 
 def test_a_host_without_smbds_sandbox_is_told_what_to_install(monkeypatch, tmp_path):
     from vmd.machines import smbd_jail
-    from vmd.windows_image.readiness import windows_readiness
+    from vmd.images.windows.readiness import windows_readiness
     monkeypatch.setattr(smbd_jail, "BWRAP", str(tmp_path / "no-bwrap"))
     status, text = windows_readiness(tmp_path, lambda: True)
     assert status == "warn" and f"{tmp_path / 'no-bwrap'} missing): install Debian's bubblewrap" in text

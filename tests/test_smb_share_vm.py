@@ -25,7 +25,8 @@ import pytest
 from vmd.machines.machine import Machine
 from vmd.machines.smb_account import UID_COUNT, UID_MIN
 from vmd.machines.smb_share import share_account, smb_dir, smbd_dir
-from vmd.projects.publish import Remote, commit_project, prepare_project
+from vmd.projects.publish import commit_project, prepare_project
+from vmd.projects.remote import Remote
 from vmd.projects.tree import share_owner
 
 pytestmark = pytest.mark.vm

@@ -17,7 +17,7 @@ import paramiko
 import pytest
 
 from vmd.guests.guest import GuestError
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.linux.guest import LinuxGuest
 from vmd.guests.ssh import GuestNotAnswering, SshConnection
 
 

@@ -22,7 +22,7 @@ import libvirt
 import pytest
 
 from vmd.config import VmdConfig
-from vmd.guests.windows import WindowsGuest
+from vmd.guests.windows.guest import WindowsGuest
 from vmd.machines.boot_share import NVRAM_FILE
 from vmd.machines.domain_xml import OVMF_VARS
 from vmd.machines.host import local_host

@@ -1,4 +1,4 @@
-"""Autounattend.xml (vmd/windows_image/answer_file.py): a golden file per edition (Windows 11
+"""Autounattend.xml (vmd/images/windows/answer_file.py): a golden file per edition (Windows 11
 Home and Pro with and without the user's key, Server 2022 and 2025 Standard), and element by
 element the forms dockur/windows' answer files use, since those boot unattended every day.
 The dockur files cited are its assets/*.xml and src/answer.sh (github.com/dockur/windows)."""
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.answer_file import (COMMAND_LINE_MAX, UNATTEND_NS, WCM_NS, AdminAccount, AnswerFile,
-                                           FirstLogon, Language, UserData)
-from vmd.windows_image.build import KEY_FORMS
-from vmd.windows_image.editions import Edition
-from vmd.windows_image.product_keys import generic_key
+from vmd.guests.windows import contract
+from vmd.images.windows.answer_file import (COMMAND_LINE_MAX, UNATTEND_NS, WCM_NS, AdminAccount, AnswerFile,
+                                            FirstLogon, Language, UserData)
+from vmd.images.windows.build import KEY_FORMS
+from vmd.images.windows.editions import Edition
+from vmd.images.windows.product_keys import generic_key
 
 GOLDEN = Path(__file__).parent / "golden" / "autounattend"
-FIRSTLOGON = Path(__file__).resolve().parents[1] / "vmd" / "windows_image" / "firstlogon.ps1"
+FIRSTLOGON = Path(__file__).resolve().parents[1] / "vmd" / "images" / "windows" / "firstlogon.ps1"
 NS = {"u": UNATTEND_NS, "wcm": WCM_NS}
 PASSWORD = "Golden-Password-1"
 USER_KEY = "ABCDE-FGHJK-MNPQR-TVWXY-23467"  # the form of a key, no real one

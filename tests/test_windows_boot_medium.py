@@ -1,4 +1,4 @@
-"""The install CD boots Setup with no key to press (vmd/windows_image/boot_medium.py): a qcow2
+"""The install CD boots Setup with no key to press (vmd/images/windows/boot_medium.py): a qcow2
 layer over the user's ISO whose El Torito entry for EFI names efisys_noprompt.bin. What the
 firmware reads through the layer is read back here through QEMU's own block layer
 (qemu-img convert), on ISOs laid out like Microsoft's (UDF, a BIOS entry, an EFI section)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pycdlib
 
 from tests.windows_media import EFISYS, make_bootable_windows_iso, make_iso
-from vmd.windows_image.boot_medium import EFI_PLATFORM, SECTOR, boot_entries, no_prompt_medium
+from vmd.images.windows.boot_medium import EFI_PLATFORM, SECTOR, boot_entries, no_prompt_medium
 
 PROMPTING = b"PROMPT-LOADER" * 300  # efisys.bin: "Press any key to boot from CD or DVD"
 NO_PROMPT = b"NOPROMPT-LOADER" * 500  # efisys_noprompt.bin, of another size

@@ -1,4 +1,4 @@
-"""`vmd images build windows` (vmd/windows_image/build.py): refused before anything slow on
+"""`vmd images build windows` (vmd/images/windows/build.py): refused before anything slow on
 a host without KVM (this one), and the whole pipeline with only the install boot itself
 replaced: real editions, answer file, seed, qemu-img disk and compression, manifest."""
 
@@ -18,13 +18,13 @@ import pytest
 
 from tests.conftest import make_traversable
 from tests.windows_media import make_windows_iso
+from vmd.guests.windows import contract
+from vmd.images.windows.build import WindowsBuildOptions, build_windows
+from vmd.images.windows.install import InstallFailed, host_problems, serial_says
+from vmd.images.windows.readiness import windows_readiness
 from vmd.machines.accel import kvm_works
 from vmd.machines.images import find_image
 from vmd.server import cli
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.build import WindowsBuildOptions, build_windows
-from vmd.windows_image.install import InstallFailed, host_problems, serial_says
-from vmd.windows_image.readiness import windows_readiness
 
 
 def test_without_kvm_the_build_refuses_before_hashing_the_iso(tmp_path):
@@ -165,8 +165,8 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
 def test_the_recipe_hash_follows_the_iso_the_options_the_devices_and_the_guest_s_files(tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from vmd.windows_image import build
-    from vmd.windows_image.editions import Edition
+    from vmd.images.windows import build
+    from vmd.images.windows.editions import Edition
 
     pro = Edition(2, "Windows 11 Pro", "", "Professional", "x64", "Client", 10, 0, 22631, ("en-US",))
     options = WindowsBuildOptions(iso=tmp_path / "w.iso")
@@ -186,7 +186,7 @@ def test_the_recipe_hash_follows_the_iso_the_options_the_devices_and_the_guest_s
         (copy / name).write_bytes((build.VMD_DIR / name).read_bytes())
     monkeypatch.setattr(build, "VMD_DIR", copy)
     assert build.recipe_hash(options, "a" * 64, pro, "en-US") == first
-    script = copy / "windows_image" / "firstlogon.ps1"
+    script = copy / "images" / "windows" / "firstlogon.ps1"
     script.write_text(script.read_text() + "\n# changed\n")
     edited = build.recipe_hash(options, "a" * 64, pro, "en-US")
     assert edited != first

@@ -25,8 +25,8 @@ from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
+from vmd.images.windows.build import WindowsBuildOptions, build_windows
 from vmd.machines.accel import kvm_works
-from vmd.windows_image.build import WindowsBuildOptions, build_windows
 
 ISO = os.environ.get("VMD_WINDOWS_ISO", "")
 pytestmark = [

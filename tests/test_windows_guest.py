@@ -1,4 +1,4 @@
-"""The Windows guest (vmd/guests/windows.py, windows_verbs.py) against an SSH server on loopback
+"""The Windows guest (vmd/guests/windows/: guest.py, verbs.py) against an SSH server on loopback
 that answers like Windows' OpenSSH with PowerShell as its shell (tests/windows_ssh_server.py):
 the exact command lines vmd sends, decoded and parsed as PowerShell, and Windows' answers
 (CR LF, UTF-8, CLIXML) read back as the model must read them. No Windows runs here: no KVM,
@@ -17,12 +17,12 @@ import pytest
 
 from tests.test_windows_scripts import NOT_RECOGNIZED, PROGRESS, powershell_problems
 from tests.windows_ssh_server import Exec, Reply, WindowsSshServer
-from vmd.guests import windows as windows_module
 from vmd.guests.families import guest_class
 from vmd.guests.guest import GuestError, ShareLogin
 from vmd.guests.ssh import SshConnection
-from vmd.guests.windows import WindowsGuest
-from vmd.guests.windows_scripts import EXIT_TAIL, TIMEOUT_LINE
+from vmd.guests.windows import guest as windows_module
+from vmd.guests.windows.guest import WindowsGuest
+from vmd.guests.windows.scripts import EXIT_TAIL, TIMEOUT_LINE
 from vmd.machines import screen_text as st
 
 
@@ -255,7 +255,7 @@ def test_list_windows_says_what_went_wrong_in_the_session(win):
 
 
 def test_list_windows_says_when_the_session_wrote_nothing(win, monkeypatch):
-    monkeypatch.setattr("vmd.guests.windows_verbs.WINDOWS_WAIT_S", 0.5)
+    monkeypatch.setattr("vmd.guests.windows.verbs.WINDOWS_WAIT_S", 0.5)
     win.answers.append(lambda e: Reply(stdout="SUCCESS\r\n") if _task_runs(e) else None)
     with pytest.raises(GuestError, match="the desktop session wrote no window list within 0.5 s"):
         win.guest.list_windows()
@@ -372,7 +372,7 @@ def test_the_share_is_mapped_with_its_login_and_checked_in_sshd_and_the_desktop(
 
 
 def test_a_share_that_does_not_map_says_what_net_use_said(win, monkeypatch):
-    from vmd.guests import windows_verbs
+    from vmd.guests.windows import verbs as windows_verbs
     monkeypatch.setattr(windows_verbs, "REMAP_WAIT_S", 0.5)
     (win.server.root / "C" / "vmd" / "run").mkdir(parents=True)
     win.answers.append(lambda e: Reply(stderr="net use exited 2: System error 1326 has occurred. The user name or "

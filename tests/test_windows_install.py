@@ -1,4 +1,4 @@
-"""The install boot's wait (vmd/windows_image/install.py run_install) against libvirt's
+"""The install boot's wait (vmd/images/windows/install.py run_install) against libvirt's
 test:///default driver: the domain starts, the serial log is read until the ready marker
 or a failure line, and the domain is shut down and gone either way."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.install import InstallFailed, run_install
+from vmd.guests.windows import contract
+from vmd.images.windows.install import InstallFailed, run_install
+from vmd.images.windows.install_domain import InstallMedium, install_domain
 from vmd.machines.images import Image
-from vmd.windows_image.install_domain import InstallMedium, install_domain
 
 libvirt = pytest.importorskip("libvirt")
 # test:///default keeps one state per process for this URI (a fresh open sees earlier domains).
@@ -165,7 +165,7 @@ def test_a_timed_out_install_names_the_last_first_logon_step(tmp_path):
 
 def test_a_ready_guest_is_logged_into_over_ssh_before_the_build_keeps_it(tmp_path):
     from tests.windows_ssh_server import Reply, WindowsSshServer
-    from vmd.windows_image.install import sshd_takes_key
+    from vmd.images.windows.install import sshd_takes_key
 
     (tmp_path / "serial.log").write_text(f"vmd: done\r\n{contract.READY_MARKER}\r\n")
     with WindowsSshServer(tmp_path / "guest", lambda found: Reply(), lambda script: None) as server:
@@ -187,7 +187,7 @@ def test_a_ready_guest_is_logged_into_over_ssh_before_the_build_keeps_it(tmp_pat
 
 
 def test_a_guest_whose_sshd_does_not_listen_is_not_kept(tmp_path):
-    from vmd.windows_image.install import free_port, sshd_takes_key
+    from vmd.images.windows.install import free_port, sshd_takes_key
 
     (tmp_path / "serial.log").write_text(f"{contract.READY_MARKER}\r\n")
     key = tmp_path / "key"

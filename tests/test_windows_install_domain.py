@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.golden_files import GOLDEN_DIR, assert_golden
+from vmd.images.windows.install_domain import InstallMedium, device_set_xml, install_domain
 from vmd.machines.domain_xml import QEMU_NS
 from vmd.machines.images import Image
-from vmd.windows_image.install_domain import InstallMedium, device_set_xml, install_domain
 
 libvirt = pytest.importorskip("libvirt")
 TEST_URI = "test:///default"

@@ -20,11 +20,11 @@ import pytest
 from tests.conftest import make_traversable
 from tests.efi_loader import booting_loader, prompting_loader
 from tests.windows_media import make_bootable_windows_iso
-from vmd.guests import windows_contract as contract
+from vmd.guests.windows import contract
+from vmd.images.windows.boot_medium import no_prompt_medium
+from vmd.images.windows.install import InstallFailed, host_problems, run_install
+from vmd.images.windows.install_domain import install_domain
 from vmd.machines.images import Image
-from vmd.windows_image.boot_medium import no_prompt_medium
-from vmd.windows_image.install import InstallFailed, host_problems, run_install
-from vmd.windows_image.install_domain import install_domain
 
 pytestmark = pytest.mark.vm
 libvirt = pytest.importorskip("libvirt")

@@ -1,10 +1,10 @@
-"""What the install's serial log says (vmd/windows_image/install_watch.py), read from lines
+"""What the install's serial log says (vmd/images/windows/install_watch.py), read from lines
 OVMF 2022.11 (Debian 12) printed on COM1 here, booting media laid out like Microsoft's under
 QEMU 7.2 (tests/test_windows_install_vm.py boots them), and from firstlogon.ps1's form."""
 
 from __future__ import annotations
 
-from vmd.windows_image.install_watch import cd_started, firmware_problem, guest_steps, stopped_in
+from vmd.images.windows.install_watch import cd_started, firmware_problem, guest_steps, stopped_in
 
 CLEAR = "\x1b[2J\x1b[01;01H\x1b[=3h\x1b[2J\x1b[01;01H"
 DVD = '"UEFI QEMU DVD-ROM QM00003 " from PciRoot(0x0)/Pci(0x1F,0x2)/Sata(0x1,0xFFFF,0x0)'

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from vmd.guests import windows_contract as contract
-from vmd.windows_image.answer_file import FirstLogon
+from vmd.guests.windows import contract
+from vmd.images.windows.answer_file import FirstLogon
 
 tree_sitter = pytest.importorskip("tree_sitter")
 tsp = pytest.importorskip("tree_sitter_powershell")
-SCRIPT = Path(__file__).resolve().parents[1] / "vmd" / "windows_image" / "firstlogon.ps1"
+SCRIPT = Path(__file__).resolve().parents[1] / "vmd" / "images" / "windows" / "firstlogon.ps1"
 
 
 def parse_errors(source: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""Every PowerShell script the Windows guest backend ships or generates (vmd/guests/windows_scripts.py,
-rendered as vmd renders them, and the lines vmd/guests/windows.py sends) parses with a real
+"""Every PowerShell script the Windows guest backend ships or generates (vmd/guests/windows/scripts.py,
+rendered as vmd renders them, and the lines vmd/guests/windows/guest.py sends) parses with a real
 PowerShell grammar (tree-sitter-powershell) with no ERROR or MISSING node; the values filled
 into a template can never be code; CLIXML from Windows becomes plain text."""
 
@@ -15,8 +15,8 @@ import pytest
 import tree_sitter
 import tree_sitter_powershell
 
-from vmd.guests import windows_scripts as ws
-from vmd.guests.powershell import b64_utf8, decode_in_shell, in_shell_command, quoted, strip_clixml
+from vmd.guests.windows import scripts as ws
+from vmd.guests.windows.powershell import b64_utf8, decode_in_shell, in_shell_command, quoted, strip_clixml
 
 PARSER = tree_sitter.Parser(tree_sitter.Language(tree_sitter_powershell.language()))
 

@@ -3,7 +3,7 @@
 vmagent reads vmd through `vmagent.link.Vmd`, whose `call` answers the verb's result model.
 The tests of vmd itself assert on vmd's answer as it sent it (a key, a nested dict, a value
 vmd left out): `WireVmd.call` gives that dict back, after the client checked it against the
-verb's model (vmd/verb_results.py), so every such test also checks that vmd keeps its
+verb's model (vmd/contract/results.py), so every such test also checks that vmd keeps its
 contract. `model_dump(exclude_unset=True)` is the answer as sent: only the keys vmd wrote,
 extra keys kept, no defaults added.
 """

@@ -1,5 +1,5 @@
 """An SSH server on loopback that answers like Windows' OpenSSH with PowerShell as its
-DefaultShell, for vmd/guests/windows.py: it records every exec command line, decodes the
+DefaultShell, for vmd/guests/windows/guest.py: it records every exec command line, decodes the
 wrapper the line hands to sshd's own PowerShell (`in_shell_command`) and checks it (the wrapper, and the command's own script inside
 it, parse as PowerShell; it never runs them), and answers with what a test's `respond`
 says, as Windows would send it: CR LF line ends, UTF-8, CLIXML on stderr where PowerShell
@@ -24,7 +24,7 @@ from typing import Callable
 import paramiko
 from paramiko.sftp import SFTP_NO_SUCH_FILE, SFTP_OK
 
-from vmd.guests.powershell import decode_in_shell
+from vmd.guests.windows.powershell import decode_in_shell
 
 _QUOTED_B64 = r"'([A-Za-z0-9+/=]*)'"
 

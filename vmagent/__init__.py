@@ -10,7 +10,8 @@
 - eval/: `vmagent eval`; openwebui/: the Open WebUI tool file (one standalone file).
 
 On top: cli.py (the commands), config.py (the agent's settings), prompts.py, worker.py (one
-job's process) and job_file.py (what a worker is handed), terminal.py, atomic_file.py.
-Nothing here imports vmd/ but its contract (vmd/verbs.py), and no sub-package imports one
+job's process) and job_file.py (what a worker is handed), os_family.py (the guest's OS
+family, decided in one place), terminal.py, atomic_file.py.
+Nothing here imports vmd/ but its contract (vmd/contract/), and no sub-package imports one
 that imports it back (tests/test_layering.py).
 """

@@ -75,19 +75,20 @@ class TerminalView:
 
 def _run(args: argparse.Namespace) -> int:
     # Imported when the command runs (the module's docstring says why), as in each command below.
-    from vmagent import loop, tools
+    from vmagent import loop
     from vmagent.config import AgentConfig, ConfigError
     from vmagent.link import Vmd, VmdUnavailable, default_socket
     from vmagent.loop.guards import model_unfit
     from vmagent.models import open_model
+    from vmagent.os_family import os_family_of
     from vmagent.prompts import PromptMissing, load_prompts
-    from vmd.verbs import WAITING_STATES
+    from vmd.contract.policy import WAITING_STATES
 
     socket_path = default_socket()
     try:
         config = AgentConfig.load()
         guest_os = args.os or config.default_os
-        load_prompts(tools.os_family_of(guest_os), desktop=False, config=config)
+        load_prompts(os_family_of(guest_os), desktop=False, config=config)
         Vmd(socket_path, timeout=10).connect().close()
     except (ConfigError, PromptMissing, VmdUnavailable) as exc:
         show(f"vmagent run: {exc}", sys.stderr)

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from vmagent.atomic_file import replace_text
-from vmd.verbs import HiddenCheck
+from vmd.contract.params import HiddenCheck
 
 JOB_FILE = "job.json"
 

@@ -14,8 +14,8 @@ went wrong when it did not. Two listers, by the service's executor:
   together: a node whose vmd is slow, or whose task cannot start, is listed with its
   error, and never holds the listing up.
 
-vmd answers through its `host_info` verb (vmd/server/host_info.py), over vmagent/link/. The
-command `vmagent hosts` prints `render`'s table (vmagent/cli.py).
+vmd answers through its `host_info` verb (vmd/session/handlers/host_verbs.py), over
+vmagent/link/. The command `vmagent hosts` prints `render`'s table (vmagent/cli.py).
 Ray is imported only by the Ray lister.
 """
 
@@ -27,11 +27,11 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from vmagent.link import Vmd, VmdError, VmdUnavailable
 from vmagent.fleet.host_labels import HOST_LABEL, SLOT_RESOURCE, VMD_SOCKET_LABEL, HostLabels, MissingHostLabels
 from vmagent.fleet.on_host import pinned
 from vmagent.fleet.placement import RayMissing, connect
-from vmd.verbs import HostInfoResult
+from vmagent.link import Vmd, VmdError, VmdUnavailable
+from vmd.contract.results import HostInfoResult
 
 # How long a listing waits for the hosts' answers, all together. A node's first task starts
 # a Ray worker process there (about 2 s measured on a 2-core test cluster, more with several

@@ -39,7 +39,7 @@ class ResultLost(VmdUnavailable):
 
 
 class VmdError(RuntimeError):
-    """vmd answered the call with an error: `code` one of vmd/verbs.py's (REFUSED: a rule
+    """vmd answered the call with an error: `code` one of vmd/contract/errors.py's (REFUSED: a rule
     of the session says no, and `message` starts with "REFUSED:"), `data` what vmd added
     (a refused finish's check: {"attempt": {...}}), else None."""
 

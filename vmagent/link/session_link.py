@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from vmagent.link.errors import ResultLost, VmdError, VmdGone, VmdUnavailable
 from vmagent.link.unix_socket import Vmd
-from vmd.verbs import BUSY, Result
+from vmd.contract.errors import BUSY
+from vmd.contract.results import Result
 
 # The calls asked again on the re-attached connection after vmd came back: what the loop
 # asks vmd itself, each safe to repeat (reads, a wait, a note -- at worst one line twice in

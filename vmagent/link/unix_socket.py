@@ -6,7 +6,7 @@ vmagent holds no privileges; everything it does to a machine goes through vmd.
 a fresh connection is re-attached to that session before any other verb goes out on it:
 vmd would answer a session verb on an unbound connection with NO_SESSION at best.
 
-`Vmd.call` answers the verb's result model (vmd/verb_results.py `RESULTS`): vmagent reads
+`Vmd.call` answers the verb's result model (vmd/contract/results.py `RESULTS`): vmagent reads
 attributes, and an answer that does not fit its model is refused here as `ResultUnfit`,
 naming the fields, instead of failing later as a missing key somewhere in the loop.
 
@@ -29,7 +29,9 @@ from pydantic import BaseModel, ValidationError
 
 from vmagent.link.calls import CallAnswer, VmdCall
 from vmagent.link.errors import ResultUnfit, VmdError, VmdUnavailable
-from vmd.verbs import BUSY, FAILED, INTERNAL_ERROR, RESULTS, Result, bounded_json, result_problem
+from vmd.contract.errors import BUSY, FAILED, INTERNAL_ERROR
+from vmd.contract.json_depth import loads as bounded_json
+from vmd.contract.results import RESULTS, Result, result_problem
 
 DEFAULT_SOCKET = "/run/vmd/vmd.sock"
 # The verbs that bind a connection to a session; every other verb needs a bound one.

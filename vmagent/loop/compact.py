@@ -23,7 +23,7 @@ from vmagent.models import ContextTooLong, Model, ModelError, Reply, drop_old_im
 # The estimate and its calibration live in token_estimate.py; the tests and the
 # benchmarks have always imported them from here.
 from vmagent.loop.token_estimate import Calibration, estimate_tokens  # noqa: F401
-from vmd.verbs import bounded_json
+from vmd.contract.json_depth import loads as bounded_json
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from vmagent.link import Outage as VmdOutage
 from vmagent.link import SessionLink, Vmd, VmdError, VmdUnavailable
 from vmagent.loop.job import Ending, Job, Verification
 from vmagent.models import Outage as ModelOutage
-from vmd.verbs import fence, one_line
+from vmd.contract.shown_text import fence, one_line
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def vmd_report(vmd: Vmd | SessionLink) -> tuple[str | None, Verification]:
 
 
 def verification_of(outcome: dict) -> Verification:
-    """The verdict in vmd's report outcome (vmd/verdict.py Verdict.of_status)."""
+    """The verdict in vmd's report outcome (vmd/contract/verdict.py Verdict.of_status)."""
     return Verification.of_status(outcome)
 
 

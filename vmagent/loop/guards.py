@@ -15,7 +15,7 @@ from vmagent.config import AgentConfig
 from vmagent.loop.job import Ending, Job
 from vmagent.models import Model, ModelError, Reply
 from vmagent.tools import USE_THE_TOOL_INTERFACE, ToolOutcome, calls_in_text
-from vmd.verbs import SessionStatusResult
+from vmd.contract.results import SessionStatusResult
 
 
 def cancelled(cancel: threading.Event) -> Ending | None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import threading
 import time
 
-from vmd.verbs import NOT_READY
-from vmagent.link import SessionLink, VmdError
 from vmagent.config import AgentConfig
+from vmagent.link import SessionLink, VmdError
 from vmagent.loop.job import Ending, Events, Job
 from vmagent.loop.words import machine_facts, machine_up_message
 from vmagent.prompts import load_prompts
+from vmd.contract.errors import NOT_READY
 
 # session_ready is asked in slices so that a cancel is seen while the guest boots.
 READY_SLICE_S = 30.0

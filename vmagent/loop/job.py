@@ -13,10 +13,10 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from vmagent import tools
 from vmagent.atomic_file import replace_text
 from vmagent.job_file import JobSpec
-from vmd.verbs import Verdict
+from vmagent.os_family import os_family_of
+from vmd.contract.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Job:
 
     @property
     def os_family(self) -> str:
-        return tools.os_family_of(self.spec.os, self.answered_os_family)
+        return os_family_of(self.spec.os, self.answered_os_family)
 
     def active_seconds(self) -> float:
         return self.active_before_s + (time.monotonic() - self.run_started)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 
-from vmd.verbs import WAITING_STATES, Result
 from vmagent.link import SessionLink, VmdError, VmdUnavailable
 from vmagent.loop.fallback_report import local_report, loop_notes, outage_notes, vmd_report
 from vmagent.loop.job import Ending, Event, Events, Job, Outcome, Verification, save_quietly
 from vmagent.models import Model
+from vmd.contract.policy import WAITING_STATES
+from vmd.contract.results import Result
 
 log = logging.getLogger(__name__)
 

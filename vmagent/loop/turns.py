@@ -55,7 +55,8 @@ from vmagent.models import (Model, ModelCancelled, ModelError, drop_images_in_ba
                             open_model)
 from vmagent.prompts import PromptMissing, Prompts, load_prompts
 from vmagent.web.agent_tools import WebTools, record_source
-from vmd.verbs import WAITING_STATES, ResumeResult, SessionStatusResult
+from vmd.contract.policy import WAITING_STATES
+from vmd.contract.results import ResumeResult, SessionStatusResult
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from vmagent import tools
 from vmagent.link import VmdGone
 from vmagent.loop.job import Job, JobSpec
-from vmd.verbs import SessionOpenResult
+from vmagent.os_family import os_family_of
+from vmd.contract.results import SessionOpenResult
 
 # What the model reads for a tool call whose result vmd lost when it restarted. It is not
 # run again: a command may have run in part, in full or not at all, and only a look at
@@ -24,7 +25,7 @@ def result_lost(verb: str, seconds: float) -> str:
 
 def opening_message(spec: JobSpec, opened: SessionOpenResult,
                     web_tools: "list[str] | tuple[str, ...]" = ()) -> str:
-    where = tools.OS_WORDS[tools.os_family_of(spec.os, opened.os_family)]
+    where = tools.OS_WORDS[os_family_of(spec.os, opened.os_family)]
     storage = opened.storage
     # The tools that work now are named, not the many that wait: this message is in every
     # request of the job, so each word of it costs every turn.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from vmagent.models.reply import Reply, ToolCall
-from vmd.verbs import bounded_json
+from vmd.contract.json_depth import loads as bounded_json
 
 log = logging.getLogger(__name__)
 

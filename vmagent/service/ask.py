@@ -14,7 +14,9 @@ import re
 
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.link import VmdCall, VmdUnavailable
-from vmd.verbs import LOCAL_OWNER, HistoryResult, fence, name_problem
+from vmd.contract.bounds import LOCAL_OWNER, name_problem
+from vmd.contract.results import HistoryResult
+from vmd.contract.shown_text import fence
 
 from .config import ServiceConfig
 from .job_vmd import JobVmd, job_vmd, local_vmd

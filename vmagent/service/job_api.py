@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from vmd.verbs import NAME_CHARS, NAME_PATTERN
+from vmd.contract.bounds import NAME_CHARS, NAME_PATTERN
 
 # Field limits, in characters. A task is typed into a chat: 20,000 characters is about ten
 # pages, and longer material (logs, specifications) belongs in the project's files. An
@@ -17,7 +17,7 @@ from vmd.verbs import NAME_CHARS, NAME_PATTERN
 TASK_CHARS = ANSWER_CHARS = 20000
 # A question about a job, or the reason given with a decision: a paragraph or two.
 QUESTION_CHARS = REASON_CHARS = 4000
-# vmd's name rule (vmd/verbs.py) is the limit for a project.
+# vmd's name rule (vmd/contract/bounds.py) is the limit for a project.
 PROJECT_CHARS = NAME_CHARS
 # Guest image names are short words: debian, ubuntu-desktop, windows-11.
 OS_CHARS = 64

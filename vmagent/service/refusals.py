@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from vmd.verbs import name_problem
+from vmd.contract.bounds import name_problem
 
 from .job_api import PATTERN_HINTS, TOO_LONG_HINTS
 

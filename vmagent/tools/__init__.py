@@ -4,7 +4,7 @@ Three jobs, in the order a turn meets them, each in a module of its own:
 
 - `offered_schemas(os_family, web_tools, screen)` (schemas.py) — the function
   schemas offered to the model, decided when the job starts and the same in every phase (`schemas(os_family, phase, desktop)`: those a
-  phase allows): each verb's params model from vmd/verbs.py (the one contract)
+  phase allows): each verb's params model from vmd/contract/params.py (the one contract)
   with the tool table's descriptions (table.py), worded for the guest's
   shell (bash and /mnt/project, or PowerShell 5.1 and Z:\\).
 - `parse_arguments(name, raw)` (parsing.py) — tool arguments are untrusted
@@ -18,7 +18,8 @@ Three jobs, in the order a turn meets them, each in a module of its own:
   (vmagent/web/agent_tools.py), never by vmd or in the guest.
 
 And `calls_in_text(content)` (text_calls.py): tool calls a model wrote as text in its
-reply instead of through the tool-calling interface, recovered.
+reply instead of through the tool-calling interface, recovered. The guest's OS family the
+tools are worded for is decided in vmagent/os_family.py (`os_family_of`, handed on here).
 
 This package's face is the one door the loop, the CLI and the tests use; its modules
 import each other, never this face.
@@ -26,11 +27,12 @@ import each other, never this face.
 
 from __future__ import annotations
 
+from vmagent.os_family import OsFamily, os_family_of
 from vmagent.tools.parsing import ParsedArguments, parse_arguments, verb_of
 from vmagent.tools.results import SCREEN_UNSEEN, ToolOutcome, call
 from vmagent.tools.schemas import json_schema, offered_names, offered_schemas, schemas, shape
-from vmagent.tools.table import (OFFERED_TOOLS, OS_WORDS, PLANNING_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS, OsFamily,
-                                 Phase, Tool, os_family_of, tool_names)
+from vmagent.tools.table import (OFFERED_TOOLS, OS_WORDS, PLANNING_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS, Phase, Tool,
+                                 tool_names)
 from vmagent.tools.text_calls import USE_THE_TOOL_INTERFACE, calls_in_text
 
 __all__ = [

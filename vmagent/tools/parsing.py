@@ -1,7 +1,7 @@
 """Leniency: tool arguments are untrusted input. A JSON string, broken JSON, a bare value
 where an object belongs, a wrapper around the real arguments, aliased or unknown field
 names, and values in the shapes models use ("#3" for a task, 412.5 for a pixel) are all
-read as well as they can be; then the verb's own params model (vmd/verbs.py) validates.
+read as well as they can be; then the verb's own params model (vmd/contract/params.py) validates.
 What cannot be read becomes an error text that shows the expected shape, never an
 exception."""
 
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from vmagent.tools.schemas import json_schema, shape
 from vmagent.tools.table import TOOLS, Tool
-from vmd.verbs import TooDeep, bounded_json
+from vmd.contract.json_depth import TooDeep, loads as bounded_json
 
 
 # What a result text may show of a value the model sent, in error texts.
@@ -89,7 +89,7 @@ def _decode(raw: Any) -> Any:
 
 
 # --- what a model means, read before the verb's model validates --------------------------
-# vmd/verbs.py's models take each value in one shape (and forbid what they do not know);
+# vmd/contract/params.py's models take each value in one shape (and forbid what they do not know);
 # models send others. A normaliser gives the value the model meant, or the value as it
 # came for the verb's model to refuse. NORMALISERS holds them by tool and field; one more,
 # numbers read as text, holds for every text field of every tool.

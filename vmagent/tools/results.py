@@ -1,7 +1,7 @@
 """Calling vmd for one tool call and turning its answer into what the model reads next:
 `call(vmd, name, arguments)` raises nothing but `VmdUnavailable`.
 
-vmd words its results for the model (each carries a `text`, vmd/verbs.py): that text is
+vmd words its results for the model (each carries a `text`, vmd/contract/results.py): that text is
 what the model reads, so that each thing is said once. Only where vmd answers with more
 than words (a picture, a task list beside the sentence, a pause or the end of the
 session) is there a formatter here. A refusal is vmd's error with code REFUSED, and its
@@ -13,10 +13,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from vmd.verbs import REFUSED, WAITING_STATES, SessionStateName
 from vmagent.link import VmdError, VmdUnavailable
 from vmagent.tools.parsing import ParsedArguments, parse_arguments, unknown_tool_text, verb_of
 from vmagent.tools.table import PLANNING_TOOLS, SCREEN_TEXT_TOOLS, SCREEN_TOOLS, TOOLS, WEB_TOOLS
+from vmd.contract.errors import REFUSED
+from vmd.contract.policy import SessionStateName, WAITING_STATES
 
 # The first line a model that cannot see images reads of a screenshot.
 SCREEN_AS_TEXT = ("NOTE: the model you run on cannot see images, so this screenshot is not shown "

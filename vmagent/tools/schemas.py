@@ -1,4 +1,4 @@
-"""The function schemas offered to the model: each verb's params model (vmd/verbs.py) as
+"""The function schemas offered to the model: each verb's params model (vmd/contract/params.py) as
 JSON schema, with the tool table's descriptions of its fields; and `shape(name)`: a
 tool's fields in one line, for error texts."""
 
@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vmagent.tools.table import OFFERED_TOOLS, SCREEN_TOOLS, TOOLS, Phase, Tool, os_family_of, tool_names, worded
+from vmagent.os_family import os_family_of
+from vmagent.tools.table import OFFERED_TOOLS, SCREEN_TOOLS, TOOLS, Phase, Tool, tool_names, worded
 
 
 def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
@@ -59,7 +60,7 @@ def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
 
 # Bounds that guard vmd from a runaway value, not words a model needs: each costs prompt
 # tokens in every request, and llama.cpp turns a maxLength into a grammar rule it walks at
-# every token (tests/test_llamacpp_real.py). vmd validates them all the same (vmd/verbs.py).
+# every token (tests/test_llamacpp_real.py). vmd validates them all the same (vmd/contract/params.py).
 _GUARD_KEYS = ("maxLength", "minLength", "maxItems")
 _GUARD_LIMIT = 1_000  # a maximum or minimum this far out is a guard, not a range to use
 

@@ -2,7 +2,7 @@
 descriptions (worded for the guest's shell), the field a bare value is read as, the
 aliases it accepts, and which tools each phase allows.
 
-A tool's arguments are its verb's params model in vmd/verbs.py, the one contract: this
+A tool's arguments are its verb's params model in vmd/contract/params.py, the one contract: this
 table adds only what the model reads about them (vmagent/tools/schemas.py joins the two)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from vmd.verbs import POLICY, VERBS, Params
 from vmagent.web.agent_tools import WEB_TOOLS, ReadPageArgs, WebSearchArgs
+from vmd.contract.params import VERBS
+from vmd.contract.policy import POLICY
 
-OsFamily = Literal["linux", "windows"]
 Phase = Literal["planning", "working"]
 
 
@@ -32,19 +32,6 @@ OS_WORDS: dict[str, dict[str, str]] = {
         "example_file": "Z:\\app.py",
     },
 }
-
-
-def os_family_of(os_name: str, answered: str | None = None) -> OsFamily:
-    """The guest's family: the one vmd's `session_open` answered (`os_family`, from the
-    image's manifest) whenever it names one this table words; an image may be called
-    anything ("wintermute" can be Debian), so its name is no guide.
-
-    The name is read only where there is no answer: a vmd older than the `os_family`
-    answer, or before the session is open (the CLI's check that the prompts load). Then
-    'windows', 'win11', 'Windows Server' -> windows; anything else (debian, ubuntu) -> linux."""
-    if answered in OS_WORDS:
-        return answered  # type: ignore[return-value]  # a key of OS_WORDS is an OsFamily
-    return "windows" if str(os_name).strip().lower().startswith("win") else "linux"
 
 
 # Each text says only what a model needs to call the tool well: the rules of the job are
@@ -215,7 +202,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          host_params=ReadPageArgs),
 ]}
 
-# Which tools each phase allows comes from vmd's per-verb policy (vmd/verbs.py POLICY,
+# Which tools each phase allows comes from vmd's per-verb policy (vmd/contract/policy.py POLICY,
 # `agent_phase`): planning tools from the start, working tools once the machine is up,
 # desktop tools only with a desktop. What is *offered* is every one of them, in every
 # phase (OFFERED_TOOLS): the tool list sits before the messages in the prompt, so a list

@@ -49,7 +49,7 @@ class ReadPageArgs(BaseModel):
 class WebAnswer:
     text: str
     ok: bool
-    # For vmd's record (vmd/verbs.py WebSource): kind, target, title, detail, ok.
+    # For vmd's record (vmd/contract/params.py WebSource): kind, target, title, detail, ok.
     source: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,9 +1,9 @@
 """A guest that runs commands and moves files: one small interface, one class per OS.
 
 Callers (the session, the tests, the benchmark) use `Guest` and never learn whether it
-is Linux over SSH (vmd/guests/linux.py) or Windows over SSH with PowerShell
-(vmd/guests/windows.py). The verbs whose command differs by OS (launch_app, check_internet,
-list_windows, ...) are in vmd/guests/os_verbs.py and windows_verbs.py, one class
+is Linux over SSH (vmd/guests/linux/guest.py) or Windows over SSH with PowerShell
+(vmd/guests/windows/guest.py). The verbs whose command differs by OS (launch_app, check_internet,
+list_windows, ...) are in vmd/guests/linux/verbs.py and vmd/guests/windows/verbs.py, one class
 per OS mixed into that OS's guest. Every error a person or the model will read is a
 `GuestError` with a sentence that says what to do; a guest raises nothing else on purpose.
 """
@@ -172,7 +172,7 @@ class Guest(ABC):
         self.write_file(path, text.replace(old, new, 1))
 
     # Every command that differs by OS is a method here, written per OS in
-    # vmd/guests/os_verbs.py: the verbs, and what the machine asks of its guest.
+    # vmd/guests/linux/verbs.py: the verbs, and what the machine asks of its guest.
 
     @abstractmethod
     def facts(self) -> GuestFacts: ...

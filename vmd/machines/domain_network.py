@@ -10,7 +10,7 @@ EGRESS_NET = "10.0.3.0/24"
 
 
 # The guest tells its SSH NIC by its fixed PCI slot (UserNetwork.pci_addr;
-# images/debian/rootfs/etc/systemd/network/10-vmd-ssh.network), not by its address: every
+# vmd/images/debian/rootfs/etc/systemd/network/10-vmd-ssh.network), not by its address: every
 # machine has addresses of its own, and no default that machines could end up sharing.
 def nic_macs(name: str) -> tuple[str, str]:
     """(SSH NIC, egress NIC) MAC addresses of the machine named `name`: its own, so no two

@@ -23,6 +23,7 @@ import libvirt_qemu
 import paramiko
 
 from vmd.config import VmdConfig
+from vmd.contract.shown_text import one_line
 from vmd.guests.families import guest_class
 from vmd.guests.guest import Guest, GuestError, GuestFacts, ShareLogin
 from vmd.guests.output import OutputBounds
@@ -42,7 +43,6 @@ from vmd.machines.screen import Screen
 from vmd.machines.smb_share import relay_for, release_share, share_account
 from vmd.private_fs import open_private, passable_dir, private_file, write_private
 from vmd.projects.tree import share_owner
-from vmd.shown_text import one_line
 
 
 log = logging.getLogger("vmd.machines.machine")

@@ -58,7 +58,7 @@ from pathlib import Path
 import libvirt
 from pydantic import BaseModel
 
-from vmd.guests.runner_link import START_TIMEOUT
+from vmd.guests.linux.runner_link import START_TIMEOUT
 from vmd.machines.domain_xml import VMD_NS, set_session
 from vmd.machines.images import Image
 from vmd.machines.machine import Machine

@@ -3,7 +3,7 @@
 Two sources, both already in vmd's hands: the screenshot's PNG, read on the host by
 tesseract (OCR), with the terminal's bitmap-font text read exactly from its cells
 (vmd/machines/terminal_cells.py), and the guest's own list of its windows (`Guest.list_windows`: X11 on Linux,
-vmd/guests/x11_windows.py; user32 on Windows, vmd/guests/windows_verbs.py). Every point given is in screenshot space, the pixels of the image the
+vmd/guests/linux/x11_windows.py; user32 on Windows, vmd/guests/windows/verbs.py). Every point given is in screenshot space, the pixels of the image the
 agent was shown (vmd/machines/screen.py): the point of a word is the centre of its box there, so
 `click` at it lands on the word.
 

@@ -6,7 +6,7 @@ Why an account and not guest access: Windows 11 24H2 and Server 2025 refuse gues
 default, and a guest logon cannot be signed, since it makes no session key. A logon with a
 password does, so every connection is signed; vmd's smbd requires it (`server signing =
 mandatory`), and the guest's image needs neither exception. The password is the guest's only
-to map its own share (the run wrapper, vmd/guests/windows_scripts.py; the cifs mount of a Linux
+to map its own share (the run wrapper, vmd/guests/windows/scripts.py; the cifs mount of a Linux
 guest), which it reaches anyway: it opens nothing else.
 
 Why a uid per share: smbd parses what the guest sends, so a bug in it is the guest's way onto

@@ -1,7 +1,7 @@
 """The terminal's text read exactly, cell by cell, from its bitmap font.
 
-The Linux guests' terminal is an xterm drawing X's misc-fixed 9x15 font (images/debian,
-images/ubuntu: `xterm -fn 9x15`): every character is a 9x15 cell of two colours, pixel for
+The Linux guests' terminal is an xterm drawing X's misc-fixed 9x15 font (vmd/images/debian,
+vmd/images/ubuntu: `xterm -fn 9x15`): every character is a 9x15 cell of two colours, pixel for
 pixel the font's bitmap, on a fixed grid. tesseract (trained on print) misreads that font:
 on the debian desktop it read the prompt `agent@vmagent-guest:~$` as `agent@vmagent-guest:"$`,
 `agent@vmagent-suest:~$` or `agent@vmagent—guest` and `:°$`, and left the idle prompt out as

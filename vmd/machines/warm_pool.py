@@ -61,7 +61,7 @@ log = logging.getLogger("vmd.machines.warm_pool")
 SLOT_PREFIX = "vmagent-w-"
 # A slot's bounds (its boot to a ready desktop, its whole making) are VmdConfig.slot_ready_s
 # and slot_make_s, with their reasons.
-# What makes a booted guest a slot is `Guest.forget_identity` (vmd/guests/os_verbs.py): its
+# What makes a booted guest a slot is `Guest.forget_identity` (vmd/guests/linux/verbs.py): its
 # own SSH host keys and machine-id (every guest of an image would share the image's),
 # nothing of the placeholder share mounted, and no process of ours left in the guest.
 # A slot's folder on disk and its restore XML: vmd/machines/warm_slot.py.
@@ -550,7 +550,7 @@ def unpoolable(image) -> str | None:
     """Why slots of `image` cannot be made, or None. A slot is saved and restored into a
     session's folder with a new identity in place: a Linux guest that boots the host's
     kernel and gets its folder over 9p or SMB, or a Windows guest (disk boot, UEFI store
-    and TPM, the folder over SMB: vmd/guests/windows_verbs.py `forget_identity`). Any other
+    and TPM, the folder over SMB: vmd/guests/windows/verbs.py `forget_identity`). Any other
     kind would have its slots made and thrown away for ever, so the pool makes none."""
     linux = image.boot == "kernel" and image.share in ("9p", "smb")
     windows = image.os_family == "windows" and image.boot == "disk" and image.share == "smb"

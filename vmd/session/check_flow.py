@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmd import verbs as V
+from vmd.contract.check import Verification
 from vmd.errors import sentence
+from vmd.projects.store import Publication
 from vmd.session import verification as check
 from vmd.session.clean_room import CleanRoom, RoomRun, RoomUnavailable
 from vmd.session.handlers.output import streamed
@@ -43,7 +44,7 @@ class Checked:
     rooms: list[dict] = field(default_factory=list)  # each room: how its machine came, its cost
 
 
-def verify(session: Session, v: V.Verification, notify) -> Checked:
+def verify(session: Session, v: Verification, notify) -> Checked:
     """Raises RoomUnavailable when a fresh machine cannot be had (the finish refuses; it
     never falls back to the session's guest)."""
     tail = session.config.output_tail_chars
@@ -58,8 +59,9 @@ def verify(session: Session, v: V.Verification, notify) -> Checked:
             run = check.run_check(machine.guest, v.command, v.expect_exit, cwd, timeout, sink, tail)
         return Checked(where="session", run=run, cwd=cwd, setup=setup)
     session.ready_machine()  # the work is done in the session's machine: its boot is over
-    candidate, left_out = candidate_commit(session)
-    repo = session.store.remote(session.s.owner, session.s.project or "").repository()
+    publication = session.publication()
+    candidate, left_out = candidate_commit(session, publication)
+    repo = publication.repository()
     # The baseline's project is known once the candidate is: its room boots while the
     # candidate's check runs (two restores side by side instead of one after the other), and
     # is torn down unused when the check fails.
@@ -86,15 +88,14 @@ def verify(session: Session, v: V.Verification, notify) -> Checked:
     return checked
 
 
-def candidate_commit(session: Session) -> tuple[str | None, list[str]]:
+def candidate_commit(session: Session, publication: Publication) -> tuple[str | None, list[str]]:
     """The project folder's bytes committed while the guest is paused: the candidate."""
     attempt = len(session.s.verifications) + 1
     message = (f"The work as finish {attempt} checks it\n\nvmagent session {session.s.id}\n\n"
                "Candidate: vmd checks this commit on a fresh machine.")
     try:
         with session.frozen():
-            committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
-                                             message, allow_empty=False)
+            committed = publication.commit(Path(session.s.project_dir), message, allow_empty=False)
     except Exception as exc:
         raise RoomUnavailable(sentence(exc, "the project folder could not be committed for the check")) from None
     return committed["sha"], list(committed.get("left_out") or [])

@@ -4,7 +4,7 @@ The official `ollama` client parses each line of Ollama's stream (and each whole
 with json.loads inside its own code, where vmagent cannot measure the depth first. A
 server (a broken one, or one that is not Ollama) that sent 10,000 '[' would raise a
 RecursionError in the worker, and on CPython 3.11.2 that can corrupt the interpreter
-(vmd/json_depth.py). This transport sits under the client: every line of the body is
+(vmd/contract/json_depth.py). This transport sits under the client: every line of the body is
 measured as it arrives, before the client's parser sees it, and a line too deep ends the
 reply with TooDeep, which failures.py says in a sentence.
 """
@@ -15,7 +15,7 @@ from typing import Iterator
 
 import httpx
 
-from vmd.verbs import JSON_MAX_DEPTH, TooDeep, json_depth_check
+from vmd.contract.json_depth import MAX_DEPTH as JSON_MAX_DEPTH, TooDeep, check as json_depth_check
 
 
 class DepthBoundTransport(httpx.BaseTransport):

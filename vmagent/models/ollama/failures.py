@@ -14,7 +14,7 @@ import ollama
 from pydantic import ValidationError
 
 from vmagent.models.failures import Failures, ModelCancelled, ModelError, Retryable, first_line
-from vmd.verbs import TooDeep
+from vmd.contract.json_depth import TooDeep
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 import ollama
 
 from vmagent.models.history import drop_old_images, only_latest_thinking
-from vmd.verbs import bounded_json
+from vmd.contract.json_depth import loads as bounded_json
 
 
 def wire_tools(tools: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from vmagent.models.failures import ContextTooLong, Failures, ModelCancelled, ModelError, Retryable, first_line
-from vmd.verbs import bounded_json
+from vmd.contract.json_depth import loads as bounded_json
 
 # How much of a server's error message a sentence quotes.
 MESSAGE_CHARS = 300

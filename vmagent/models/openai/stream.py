@@ -18,7 +18,7 @@ from typing import Any
 
 from vmagent.models.openai.failures import StreamError
 from vmagent.models.stream import ReplyStream
-from vmd.verbs import bounded_json
+from vmd.contract.json_depth import loads as bounded_json
 
 
 class OpenAIEvents:
