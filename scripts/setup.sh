@@ -74,8 +74,23 @@ say "libvirt"
 # project share is mapped, not passthrough: a guest's root cannot make root-owned or
 # setuid files on the host. Earlier versions of this script made QEMU run as root: undo.
 conf=/etc/libvirt/qemu.conf
+restart=0
 if grep -qE '^(user|group) = "root"' "$conf"; then
     sed -i -E '/^(user|group) = "root"$/d' "$conf"
+    restart=1
+fi
+# Every guest reads the image's shared kernel and initrd. libvirt counts the guests using a
+# file in trusted.* xattrs ("remember_owner"); a QEMU that dies outside libvirt, or a libvirtd
+# killed with guests running, leaves the count up until the host reboots, and from then on
+# every guest's start fails ("Setting different DAC user or group on .../vmlinuz which is
+# already in use": a CI run lost 30 tests to it). The files are world-readable, so nothing
+# is gained by remembering their owner: libvirt labels and restores them plainly.
+if ! grep -qE '^remember_owner = 0$' "$conf"; then
+    sed -i -E '/^remember_owner *=/d' "$conf"
+    echo 'remember_owner = 0' >>"$conf"
+    restart=1
+fi
+if [ "$restart" = 1 ]; then
     if pgrep -x libvirtd >/dev/null; then
         pkill -x libvirtd
         for _ in $(seq 50); do pgrep -x libvirtd >/dev/null || break; sleep 0.2; done
