@@ -34,9 +34,10 @@ import uuid
 from pathlib import Path
 
 from vmd.config import VmdConfig
+from vmd.machines.domain_life import connect
 from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
-from vmd.machines.machine import accel, connect, timeout_scale
+from vmd.machines.machine import accel, timeout_scale
 from vmd.machines.parked_slot import PARKED_SUFFIX, ParkedSlot, ParkFailed, discard, hand_out_parked, park, parkable
 from vmd.machines.warm_leftovers import remove_pool_dir, remove_stale_slots
 from vmd.machines.warm_slot import (SLOT_PREFIX, WarmFailed, boot_factor, give_to_qemu, make_slot_in, ready_slots_in,

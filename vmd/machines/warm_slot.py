@@ -30,10 +30,11 @@ from pydantic import BaseModel
 from vmd.config import VmdConfig
 from vmd.guests.guest import GuestError
 from vmd.machines.boot_share import NVRAM_FILE, share_for
+from vmd.machines.domain_life import connect
 from vmd.machines.domain_xml import VmdOwner, set_session, smb_socket_of
 from vmd.machines.host import Host
 from vmd.machines.images import Image
-from vmd.machines.machine import Machine, connect, timeout_scale
+from vmd.machines.machine import Machine, timeout_scale
 from vmd.machines.parked_slot import unlabelled
 from vmd.machines.port import MachineError
 from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
