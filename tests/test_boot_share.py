@@ -211,7 +211,7 @@ def test_a_uefi_guest_is_undefined_with_its_variable_store_on_libvirts_qemu_driv
     import shutil
     import uuid
 
-    from vmd.machines.machine import undefine
+    from vmd.machines.domain_life import undefine
 
     try:
         conn = libvirt.open("qemu:///system")

@@ -15,10 +15,10 @@ from tests.vmd_wire import WireVmd
 from vmd.machines.domain_xml import QEMU_NS, SMB_CHARDEV, SmbShare, smb_socket_of
 from vmd.machines.host import local_host
 from vmd.machines.images import Image
-from vmd.machines.warm_pool import WarmPool, unpoolable
+from vmd.machines.warm_pool import WarmPool
 from vmd.machines.boot_share import NVRAM_FILE
 from vmd.machines.domain_xml import DiskBoot
-from vmd.machines.warm_slot import SLOT_FILES, SlotInfo, restore_xml
+from vmd.machines.warm_slot import SLOT_FILES, SlotInfo, restore_xml, unpoolable
 
 SAVED_XML = """<domain type='qemu'>
   <name>vmagent-w-0123456789ab</name>

@@ -5,7 +5,7 @@ records (every command and its output), the guests' disks and memory images, vmd
 repositories. A mode given to mkdir or open is masked by the umask, and `mkdir(parents=True)`
 gives the folders above the last one the default mode, so the modes are set here
 explicitly, once the entry exists. Folders that QEMU (an unprivileged user) must pass
-through or write into get their own modes where they are made (vmd/machines/machine.py).
+through or write into get their own modes where they are made (vmd/machines/domain_life.py).
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ class VmdConfig(BaseModel):
     room_templates: int = Field(default=2, ge=0, le=8)
     room_templates_dir: Path | None = None
 
-    # A guest's memory and vCPUs (vmd/machines/machine.py). 2 GiB runs the Debian desktop, a
+    # A guest's memory and vCPUs (vmd/machines/domain_life.py). 2 GiB runs the Debian desktop, a
     # browser and a test suite without swapping; the warm pool sizes itself by the memory
     # (vmd/machines/host_room.py: a quarter of the host's memory in guests being made). Two
     # vCPUs let a build and the desktop run side by side; under TCG each vCPU is a host

@@ -5,7 +5,7 @@ its SATA port): a machine with another NIC slot, display adapter, USB controller
 Hyper-V enlightenments than the one Windows was installed on is new hardware to it, found
 and set up again at each cold boot of the read-only base. So the machine that installs a
 Windows image (vmd/images/windows/install_domain.py) and each session's machine
-(vmd/machines/machine.py) take their devices from here, from the image's manifest, in the
+(vmd/machines/domain_life.py) take their devices from here, from the image's manifest, in the
 same order (libvirt gives PCI addresses in the order of the devices), and differ only in
 what is not a device Windows keeps: the install's two CDs, the firmware's boot order,
 memory and CPU count, the user network's options (a forward, a share's guestfwd) and MACs.

@@ -17,11 +17,12 @@ import libvirt
 from vmd.config import VmdConfig
 from vmd.contract.params import SESSION_ID
 from vmd.guests.guest import Guest
+from vmd.machines.domain_life import undefine
 from vmd.machines.domain_xml import VmdOwner, vmd_owner
 from vmd.machines.egress_guard import EgressGuard, EgressGuardError
 from vmd.machines.host import Host, local_host
 from vmd.machines.images import ImageMissing, find_image
-from vmd.machines.machine import Machine, accel, timeout_scale, undefine
+from vmd.machines.machine import Machine, accel, timeout_scale
 from vmd.machines.port import DesktopMissing, MachineError, MachineSpec, SessionMachine
 from vmd.machines.room_templates import RoomTemplates
 from vmd.machines.screen import Screen

@@ -1,4 +1,5 @@
-"""A machine: one libvirt domain on a qcow2 overlay of a read-only image.
+"""A machine: one libvirt domain on a qcow2 overlay of a read-only image (the domain's
+making and removal: vmd/machines/domain_life.py), and the guest in it.
 
 Create returns as soon as the domain is started so that the agent can plan while the
 guest boots; `ready()` waits for SSH. Destroy leaves nothing behind: no domain, no
@@ -11,9 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import socket
-import subprocess
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -28,22 +26,18 @@ from vmd.guests.families import guest_class
 from vmd.guests.guest import Guest, GuestError, GuestFacts, ShareLogin
 from vmd.guests.output import OutputBounds
 from vmd.guests.ssh import SshConnection
-from vmd.host_env import clean_env
 from vmd.machines.accel import config_accel
 from vmd.machines.accel import timeout_scale as scale_for
-from vmd.machines.boot_share import nic_driver, share_for
-from vmd.machines.device_set import device_set
-from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, RunAs, SerialLog,
-                                     VmdOwner, nic_macs, ssh_port_of)
+from vmd.machines.boot_share import nic_driver
+from vmd.machines.domain_life import connect, remove_domain, start_domain
+from vmd.machines.domain_xml import EGRESS_NET, HOTPLUG_PORT, VmdOwner, nic_macs, ssh_port_of
 from vmd.machines.host import DEFAULT_URI, Host, local_host
 from vmd.machines.images import Image
 from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
-from vmd.machines.qemu_access import check_reachable, make_screen_dir
+from vmd.machines.qemu_access import make_screen_dir
 from vmd.machines.screen import Screen
-from vmd.machines.smb_share import relay_for, release_share, share_account
-from vmd.private_fs import open_private, passable_dir, private_file, write_private
+from vmd.machines.smb_share import relay_for, share_account
 from vmd.projects.tree import share_owner
-
 
 log = logging.getLogger("vmd.machines.machine")
 
@@ -60,16 +54,6 @@ def timeout_scale(acc: str | None = None) -> float:
     return scale_for(acc or accel())
 
 
-def connect(uri: str = DEFAULT_URI) -> libvirt.virConnect:
-    try:
-        return libvirt.open(uri)
-    except libvirt.libvirtError as exc:
-        raise MachineError(
-            f"cannot reach libvirt at {uri} ({exc.get_error_message()}). Start it with "
-            "`virtlogd -d; libvirtd -d` (or `systemctl start libvirtd`), or set VMD_LIBVIRT_URI."
-        ) from None
-
-
 @contextlib.contextmanager
 def _quiet_logger(name: str):
     logger = logging.getLogger(name)
@@ -79,12 +63,6 @@ def _quiet_logger(name: str):
         yield
     finally:
         logger.setLevel(level)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Machine:
@@ -129,7 +107,6 @@ class Machine:
         `owner`: the vmd and session the domain belongs to, kept in its <metadata>, by which
         vmd's sweep tells its own guests (vmd/machines/libvirt_machines.py `sweep`)."""
         host = host or local_host(uri)
-        uri = host.libvirt_uri
         config = config if config is not None else VmdConfig.load()
         try:
             guest_class(image.os_family)
@@ -139,55 +116,13 @@ class Machine:
             if not image.path(part).is_file():
                 raise MachineError(f"the image '{image.name}' has no {what} at {image.path(part)}; rebuild it "
                                    f"with `vmd images build {image.name}`.")
-        base = image.path("disk")
-        conn = connect(uri)
-        run_as = share_owner(qemu_user)
-        # QEMU passes through to the overlay and console log (which libvirt's DAC relabelling
-        # hands to its user while the guest runs); domain.xml and the rest stay vmd's.
-        passable_dir(workdir, run_as[1] if run_as else None)
-        if run_as is not None and uri.startswith("qemu"):  # the test driver runs no QEMU
-            for place in (workdir, project_dir, base):
-                if place is not None:
-                    check_reachable(Path(place), *run_as, qemu_user)
-        make_screen_dir(host, workdir, run_as)
-        overlay = workdir / "overlay.qcow2"
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
-                        str(overlay)], check=True, capture_output=True, env=clean_env())
-        private_file(overlay)  # qemu-img follows the umask; the guest's disk is nobody else's
-        os.close(open_private(workdir / "console.log"))  # QEMU appends; libvirt gives it the file
-        acc = accel(config)
-        port = free_port()
-        ssh_mac, egress_mac = nic_macs(name)
-        # The boot and the share from the image's manifest (`share`: a test's choice over it).
-        shared = share_for(image, project_dir, workdir, run_as, share)
-        # The image's devices, the same as the Windows install's (device_set.py says why).
-        devices = device_set(image, overlay, workdir)
-        spec = devices.domain(
-            name=name, memory_mib=config.guest_memory_mib, vcpus=config.guest_vcpus, accel=acc,
-            network=devices.network(port, ssh_mac, egress_mac, egress=egress),
-            shared=shared,
-            serial=SerialLog(str(workdir / "console.log")),
-            description=f"vmagent guest from image {image.dir.name}",
-            run_as=RunAs(*run_as) if run_as else None,
-            owner=owner,
-        )
-        write_private(workdir / "domain.xml", spec.to_xml())
-        try:
-            domain = conn.defineXML(spec.to_xml())
-            domain.create()
-        except libvirt.libvirtError as exc:
-            try:
-                undefine(conn.lookupByName(name))
-            except libvirt.libvirtError:
-                pass
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise MachineError(f"libvirt could not start the guest '{name}': "
-                               f"{exc.get_error_message()}") from None
+        domain, port, acc = start_domain(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
+                                         egress=egress, qemu_user=qemu_user, config=config, owner=owner, share=share)
         try:
             return cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
                        domain=domain, ssh_port=port, accel=acc, config=config)
         except Exception as exc:  # the guest runs already: it must not outlive the failure
-            _remove(domain, workdir, host)
+            remove_domain(domain, workdir, host)
             raise MachineError(f"the guest '{name}' started but vmd could not take it over "
                                f"({type(exc).__name__}: {exc}); it was destroyed.") from None
 
@@ -437,7 +372,7 @@ class Machine:
         # guest still booting (up to its connect timeout), and the guest's end is what
         # frees it. A close during boot must not wait for that.
         back = self._disk_back_for_libvirt()
-        _remove(self.domain, self.workdir, self.host)
+        remove_domain(self.domain, self.workdir, self.host)
         if back is not None:
             back.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
@@ -473,39 +408,7 @@ class Machine:
                 domain = conn.lookupByName(name)
             except libvirt.libvirtError:
                 return False
-            _remove(domain, workdir, host)
+            remove_domain(domain, workdir, host)
             return True
         finally:
             conn.close()
-
-
-def undefine(domain: libvirt.virDomain) -> None:
-    """Undefines `domain` with a UEFI guest's variable store and a TPM's state (a plain
-    undefine refuses a domain with an nvram file); libvirt's test driver knows neither flag."""
-    try:
-        domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_TPM)
-    except libvirt.libvirtError:
-        domain.undefine()
-
-
-def _remove(domain: libvirt.virDomain, workdir: Path, host: Host) -> None:
-    """All vmd made for one guest: its domain destroyed and undefined (a warm machine's
-    restored domain is transient, gone once destroyed), its overlay and its screen folder
-    (the last frame is the guest's)."""
-    persistent = True
-    try:
-        persistent = domain.isPersistent() == 1  # asked first: a transient one is gone after destroy
-        if domain.isActive():
-            domain.destroy()
-    except libvirt.libvirtError:
-        pass
-    if persistent:
-        try:
-            undefine(domain)
-        except libvirt.libvirtError:
-            pass
-    (workdir / "overlay.qcow2").unlink(missing_ok=True)
-    release_share(workdir)  # its uid free again, its password gone
-    screen_dir = host.screen_dir(workdir)
-    if screen_dir is not None:
-        shutil.rmtree(screen_dir, ignore_errors=True)

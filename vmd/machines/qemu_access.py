@@ -1,4 +1,4 @@
-"""What QEMU's unprivileged user must reach of a machine's folders (vmd/machines/machine.py):
+"""What QEMU's unprivileged user must reach of a machine's folders (vmd/machines/domain_life.py):
 every folder above what it opens passable, and the one folder it writes screen dumps to."""
 
 from __future__ import annotations

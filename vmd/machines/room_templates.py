@@ -45,13 +45,14 @@ import libvirt
 
 from vmd.config import VmdConfig
 from vmd.machines.boot_share import NVRAM_FILE, share_for
+from vmd.machines.domain_life import connect, free_port
 from vmd.machines.domain_xml import smb_socket_of
 from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
-from vmd.machines.machine import Machine, accel, connect, free_port, timeout_scale
+from vmd.machines.machine import Machine, accel, timeout_scale
 from vmd.machines.port import MachineError
-from vmd.machines.warm_pool import WarmPool, boot_factor, give_to_qemu, unpoolable
-from vmd.machines.warm_slot import SlotInfo, restore_xml
+from vmd.machines.warm_pool import WarmPool
+from vmd.machines.warm_slot import SlotInfo, boot_factor, give_to_qemu, restore_xml, unpoolable
 from vmd.private_fs import passable_dir, qemu_gid, write_private
 from vmd.projects.tree import share_owner
 

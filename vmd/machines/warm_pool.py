@@ -1,28 +1,21 @@
 """Warm machines: guests booted ahead, saved to disk, handed out by restore.
 
 A cold boot to a ready desktop takes 30-45 s under TCG (~10 s on KVM; Windows 1-2 min on
-KVM); a restore of a saved guest takes about 1.5 s. A slot is one guest booted to the point a session needs
-(desktop up, SSH answering), given its own identity (SSH host keys, machine-id or Windows'
-MachineGuid: the image bakes one of each), with the project share present but unmounted (QEMU refuses to save a
-guest with a mounted 9p share), then saved with `virDomainSave` into its own folder:
+KVM); a restore of a saved guest takes about 1.5 s. A slot is one guest booted to the point a
+session needs, given its own identity and saved into its own folder, and restored into a
+session's folder at its hand-out (its making, files and restore: vmd/machines/warm_slot.py):
 
     <state>/warm/<image dir>/<slot id>/   slot.json, saved.img, overlay.qcow2, console.log
-                                          (and a UEFI guest's variable store: warm_slot.py)
 
-A hand-out claims a slot by renaming its folder (atomic: no slot serves two sessions),
-moves its overlay and console log into the session's folder, and restores it with the
-saved XML edited to point at them and at the session's project folder (libvirt accepts
-other file paths; the domain's name and devices must stay those saved). The slot's name
-stays the domain's name; the session learns it from the machine (`name`). The session's
-`ready` then mounts the share, sets the guest's clock and reads the same facts a boot does.
+A hand-out claims a slot by renaming its folder (atomic: no slot serves two sessions).
 
 Up to `warm_parked` of the slots wait restored, woken and paused (vmd/machines/parked_slot.py):
 a hand-out takes one of those first (a resume and a few renames, well under a second), then a
 saved one (the restore above), then the slot being made or parked, else the session boots cold.
 
 A restore that fails discards the slot, and the session boots cold instead, with a note
-in the record. Slots of an older build of the image are discarded (the image folder's
-name carries its recipe's hash). The refill runs in the background at low priority
+in the record. Slots of an older build of the image, and what an earlier vmd left, are
+discarded (vmd/machines/warm_leftovers.py). The refill runs in the background at low priority
 (`nice`) and only while the host has room (its `Room.no_room`: load, memory, disk); it
 waits out the cold boots of sessions that found the pool empty. `VMD_WARM_POOL_SIZE=auto`
 sizes the pool for the host (its `Room.pool_size`; vmd/machines/host_room.py for this
@@ -40,43 +33,22 @@ import time
 import uuid
 from pathlib import Path
 
-import libvirt
-
 from vmd.config import VmdConfig
-from vmd.guests.guest import GuestError
-from vmd.machines.boot_share import share_for
-from vmd.machines.domain_xml import VmdOwner, smb_socket_of
+from vmd.machines.domain_life import connect
 from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
-from vmd.machines.machine import Machine, accel, connect, timeout_scale
-from vmd.machines.parked_slot import (PARKED_SUFFIX, ParkedSlot, ParkFailed, discard, hand_out_parked, park,
-                                      parkable, unlabelled)
-from vmd.machines.port import MachineError
-from vmd.machines.warm_slot import SLOT_FILES, SlotInfo, ready_slots_in, restore_xml, undefine_saved
-from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
-from vmd.projects.tree import share_owner
+from vmd.machines.machine import accel, timeout_scale
+from vmd.machines.parked_slot import PARKED_SUFFIX, ParkedSlot, ParkFailed, discard, hand_out_parked, park, parkable
+from vmd.machines.warm_leftovers import remove_pool_dir, remove_stale_slots
+from vmd.machines.warm_slot import (SLOT_PREFIX, WarmFailed, boot_factor, give_to_qemu, make_slot_in, ready_slots_in,
+                                    renice_qemu, restore_slot, unpoolable)
+from vmd.private_fs import passable_dir, qemu_gid
 
 log = logging.getLogger("vmd.machines.warm_pool")
-
-SLOT_PREFIX = "vmagent-w-"
-# A slot's bounds (its boot to a ready desktop, its whole making) are VmdConfig.slot_ready_s
-# and slot_make_s, with their reasons.
-# What makes a booted guest a slot is `Guest.forget_identity` (vmd/guests/linux/verbs.py): its
-# own SSH host keys and machine-id (every guest of an image would share the image's),
-# nothing of the placeholder share mounted, and no process of ours left in the guest.
-# A slot's folder on disk and its restore XML: vmd/machines/warm_slot.py.
 
 # After a slot could not be parked, the pool parks none for this long (its slots are handed out
 # by a restore meanwhile): a fault that stays would otherwise cost a slot's boot each time.
 PARK_OFF_S = 600.0
-
-# Windows to a ready desktop with sshd: 1-2 minutes with KVM, against the 75 s slot_ready_s
-# allows a Linux desktop (boot_factor).
-WINDOWS_BOOT_FACTOR = 3.0
-
-
-class WarmFailed(RuntimeError):
-    """A slot could not be handed out; it was discarded."""
 
 
 class WarmPool:
@@ -132,57 +104,28 @@ class WarmPool:
         slot_id = uuid.uuid4().hex[:12]
         parent = into.parent if into is not None else self._image_dir(image)
         folder = parent / f".{slot_id}.making"  # not a slot until renamed
-        share = folder / "share"
         # Private folders QEMU may pass through (vmd/private_fs.py); the placeholder share
         # is QEMU's own, as a session's project folder is.
         gid = qemu_gid(self.qemu_user)
         for place in (self.dir, parent) if into is None else (parent,):
             passable_dir(place, gid)
         passable_dir(folder, gid)
-        give_to_qemu(share, self.qemu_user)
+        give_to_qemu(folder / "share", self.qemu_user)
         name = name or SLOT_PREFIX + slot_id
-        started = time.monotonic()
         if into is None:
             with self._changed:
-                self._making, self._making_since = name, started
-        machine = None
+                self._making, self._making_since = name, time.monotonic()
         try:
-            machine = Machine.create(image, name=name, workdir=folder, project_dir=share, host=self.host,
-                                     qemu_user=self.qemu_user, config=self.config,
-                                     owner=VmdOwner(state_dir=str(self.dir.parent), session=None))
             # A slot a session waits for boots at the sessions' priority, and so does a template
             # (a room's check waits for it).
-            if into is None and self._waited_for != name:
-                _renice(name)
-            machine.ready(self.config.slot_ready_s * timeout_scale(machine.accel) * boot_factor(image), desktop=True)
-            try:
-                machine.guest.forget_identity()  # each session restored from it gets its own
-            except GuestError as exc:
-                raise WarmFailed(f"the slot could not be prepared: {exc}") from None
-            boot_seconds = round(time.monotonic() - started, 1)
-            machine.ssh.close()
-            machine.domain.save(str(folder / "saved.img"))
-            if machine.smb_relay is not None:  # its guest is on disk now; a hand-out relays anew
-                machine.smb_relay.stop()
-            undefine_saved(machine.domain)
-            info = SlotInfo(name=name, folder=str(folder), share=str(share),
-                            ssh_port=machine.ssh_port, accel=machine.accel, boot_seconds=boot_seconds,
-                            made_at=time.time())
-            write_private(folder / "slot.json", info.model_dump_json())
-            private_file(folder / "saved.img")  # the guest's memory: vmd's alone
+            make_slot_in(folder, image, name, host=self.host, config=self.config, state_dir=self.dir.parent,
+                         yields=lambda: into is None and self._waited_for != name)
             final = into if into is not None else parent / slot_id
             # The saved XML names the folder it was made in; a hand-out edits those paths.
             os.rename(folder, final)
             self.made += 1
             return final
         except BaseException:
-            if machine is not None:
-                try:
-                    machine.destroy()
-                except Exception:
-                    pass
-            else:
-                Machine.discard(name, folder, self.host)
             shutil.rmtree(folder, ignore_errors=True)
             raise
         finally:
@@ -204,54 +147,10 @@ class WarmPool:
 
     def hand_out(self, claimed: Path, image: Image, *, workdir: Path, project_dir: Path | None,
                  session_id: str | None = None, own_disk: bool = False):
-        """Restores the claimed slot as a session's machine (vmd.machines.machine.Machine). The slot
-        is gone afterwards, handed out or discarded (WarmFailed). `own_disk`: its disk is given
-        to QEMU's user by vmd, not relabelled by libvirt (a parking: parked_slot.py `unlabelled`)."""
-
-        try:
-            info = SlotInfo.model_validate_json((claimed / "slot.json").read_text())
-            saved = claimed / "saved.img"
-            conn = connect(self.uri)
-            xml = conn.saveImageGetXMLDesc(str(saved), 0)
-            passable_dir(workdir, qemu_gid(self.qemu_user))
-            share = project_dir
-            if share is None:  # a session without a project folder: an empty share of its own
-                share = workdir / "share"
-                give_to_qemu(share, self.qemu_user)
-            for part in SLOT_FILES:
-                if (claimed / part).exists():
-                    shutil.move(str(claimed / part), str(workdir / part))
-            if smb_socket_of(xml) is not None:
-                # smbd's configuration for the session's project, in its workdir, where the
-                # restored QEMU listens (_restore_xml) and the relay finds it (relay_for).
-                try:
-                    share_for(image, share, workdir, share_owner(self.qemu_user), "smb")
-                except MachineError as exc:
-                    raise WarmFailed(str(exc)) from None
-            xml = restore_xml(xml, info, workdir, share, session_id)
-            owner = share_owner(self.qemu_user)
-            if own_disk and owner is not None:
-                xml = unlabelled(xml)
-                os.chown(workdir / "overlay.qcow2", *owner)
-            write_private(workdir / "domain.xml", xml)
-            try:
-                conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
-                domain = conn.lookupByName(info.name)
-            except libvirt.libvirtError as exc:
-                Machine.discard(info.name, workdir, self.host)
-                raise WarmFailed(f"libvirt could not restore it: {exc.get_error_message()}") from None
-            machine = Machine.adopt_restored(image, name=info.name, workdir=workdir, project_dir=project_dir,
-                                             host=self.host, domain=domain, ssh_port=info.ssh_port,
-                                             accel=info.accel, config=self.config, qemu_user=self.qemu_user)
-        except WarmFailed:
-            (workdir / "overlay.qcow2").unlink(missing_ok=True)
-            raise
-        except Exception as exc:
-            (workdir / "overlay.qcow2").unlink(missing_ok=True)
-            raise WarmFailed(f"{type(exc).__name__}: {exc}") from None
-        finally:
-            shutil.rmtree(claimed, ignore_errors=True)
-        return machine
+        """Restores the claimed slot as a session's machine (warm_slot.py `restore_slot`); the slot
+        is gone afterwards, handed out or discarded (WarmFailed)."""
+        return restore_slot(claimed, image, workdir=workdir, project_dir=project_dir, host=self.host,
+                            config=self.config, session_id=session_id, own_disk=own_disk)
 
     def machine_for(self, image: Image, *, workdir: Path, project_dir: Path | None,
                     session_id: str | None = None):
@@ -309,7 +208,7 @@ class WarmPool:
         parked_by = None  # set when the wait for a parking begins: a restore and a wake, within slot_ready_s
         try:
             if name is not None:
-                _renice(name, 0)
+                renice_qemu(name, 0)
             while True:
                 with self._changed:
                     while not self._stop.is_set():
@@ -415,17 +314,9 @@ class WarmPool:
         for parked in gone:
             self._drop(parked)
 
-    def _discard_parked_folder(self, folder: Path) -> None:
-        """A `<id>.parked` folder no parked slot of this pool owns: an earlier vmd's, whose guest
-        (paused, its SSH connection gone with that vmd) can serve no one."""
+    def _parked_here(self, folder: Path) -> bool:
         with self._changed:
-            if any(p.folder == folder for p in self._parked):
-                return
-        try:
-            Machine.discard(SLOT_PREFIX + folder.name.removesuffix(PARKED_SUFFIX), folder, self.host)
-        except Exception as exc:
-            log.warning("could not destroy the parked guest of %s: %s", folder.name, exc)
-        shutil.rmtree(folder, ignore_errors=True)
+            return any(p.folder == folder for p in self._parked)
 
     def handing_out(self, name: str, window_s: float = 300) -> bool:
         """Whether `name` is a slot handed to a session in the last `window_s` seconds."""
@@ -441,13 +332,7 @@ class WarmPool:
         if not self.dir.is_dir():
             return
         self._drop_parked()
-        for image_dir in self.dir.iterdir():
-            for slot in image_dir.iterdir() if image_dir.is_dir() else ():
-                if slot.name.endswith(".making"):
-                    self._discard_half_made(slot)
-                elif slot.name.endswith(PARKED_SUFFIX):
-                    self._discard_parked_folder(slot)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_pool_dir(self.dir, self.host, self._parked_here)
 
     # --- the refill ------------------------------------------------------------------------
 
@@ -461,28 +346,7 @@ class WarmPool:
         if not self.dir.is_dir():
             return
         self._drop_parked(keep_image_dir=image.dir.name)  # parked guests of an older build
-        for folder in self.dir.iterdir():
-            if folder.name != image.dir.name and folder.name.startswith(image.name + "-"):
-                for slot in folder.iterdir() if folder.is_dir() else ():
-                    if slot.name.endswith(PARKED_SUFFIX):
-                        self._discard_parked_folder(slot)
-                shutil.rmtree(folder, ignore_errors=True)
-        mine = self._image_dir(image)
-        if mine.is_dir():
-            for slot in mine.iterdir():
-                if slot.name.endswith(".making"):  # an earlier vmd died while it booted: its guest goes too
-                    self._discard_half_made(slot)
-                if slot.name.endswith(PARKED_SUFFIX):
-                    self._discard_parked_folder(slot)
-                if slot.name.endswith(".taken") or slot.name.endswith(".making"):
-                    shutil.rmtree(slot, ignore_errors=True)
-
-    def _discard_half_made(self, slot: Path) -> None:
-        """The guest of `.<id>.making`, a slot an earlier vmd was booting when it stopped."""
-        try:
-            Machine.discard(SLOT_PREFIX + slot.name.strip(".").removesuffix(".making"), slot, self.host)
-        except Exception as exc:
-            log.warning("could not destroy the half-made slot %s: %s", slot.name, exc)
+        remove_stale_slots(self.dir, image, self.host, self._parked_here)
 
     def start(self, find_image) -> "WarmPool":
         if self.size <= 0:
@@ -544,44 +408,3 @@ class WarmPool:
                 self._stop.wait(30)
                 continue
             self._stop.wait(2)
-
-
-def unpoolable(image) -> str | None:
-    """Why slots of `image` cannot be made, or None. A slot is saved and restored into a
-    session's folder with a new identity in place: a Linux guest that boots the host's
-    kernel and gets its folder over 9p or SMB, or a Windows guest (disk boot, UEFI store
-    and TPM, the folder over SMB: vmd/guests/windows/verbs.py `forget_identity`). Any other
-    kind would have its slots made and thrown away for ever, so the pool makes none."""
-    linux = image.boot == "kernel" and image.share in ("9p", "smb")
-    windows = image.os_family == "windows" and image.boot == "disk" and image.share == "smb"
-    if not (linux or windows):
-        return (f"the warm pool serves no '{image.name}' guests yet (a {image.boot} boot with a {image.share} "
-                f"share); its sessions boot cold. Set VMD_WARM_POOL_SIZE=0 to say so, or make a Linux "
-                f"image the default.")
-    return None
-
-
-def boot_factor(image) -> float:
-    """How much longer than the Linux desktop the slot bounds are set for (VmdConfig.slot_ready_s)
-    a guest of `image` takes to a ready desktop: Windows takes 1-2 minutes with KVM (the
-    issue's figure; no Windows boots on vmd's build machines)."""
-    return WINDOWS_BOOT_FACTOR if image.os_family == "windows" else 1.0
-
-
-def _renice(name: str, niceness: int = 10) -> None:
-    """Every thread of a slot's QEMU (started by libvirtd, at its priority) yields to the
-    sessions' guests while it boots; a hand-out's restore is a new QEMU, at the usual one."""
-    try:
-        pid = int(Path(f"/run/libvirt/qemu/{name}.pid").read_text().strip())
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
-    except (OSError, ValueError):
-        pass  # not QEMU here (the test driver), or it went meanwhile
-
-
-def give_to_qemu(share: Path, qemu_user: str) -> None:
-    """An empty share folder of QEMU's user, 0700, as the project folders are."""
-    private_dir(share)
-    owner = share_owner(qemu_user)
-    if owner is not None:
-        os.chown(share, *owner)
