@@ -272,3 +272,15 @@ def test_a_machine_whose_project_share_does_not_map_is_not_ready_and_says_why(tm
             machine.ready(timeout=30)
     finally:
         machine.destroy()
+
+
+def test_a_start_refused_over_libvirts_stale_owner_count_says_what_to_do():
+    """libvirt 9's words when its xattr count of a shared kernel's users is stale (seen on
+    a CI host after a QEMU ended outside libvirt): the error names the setting that ends it."""
+    from vmd.machines.domain_life import owner_count_hint
+
+    words = ("Requested operation is not valid: Setting different DAC user or group on "
+             "/var/lib/vmagent/images/debian-x/vmlinuz which is already in use")
+    hint = owner_count_hint(words)
+    assert "remember_owner = 0" in hint and "restart libvirtd" in hint
+    assert owner_count_hint("Requested operation is not valid: domain is already running") == ""

@@ -95,8 +95,19 @@ def start_domain(image: Image, *, name: str, workdir: Path, project_dir: Path | 
             pass
         shutil.rmtree(workdir, ignore_errors=True)
         raise MachineError(f"libvirt could not start the guest '{name}': "
-                           f"{exc.get_error_message()}") from None
+                           f"{exc.get_error_message()}{owner_count_hint(exc.get_error_message())}") from None
     return domain, port, acc
+
+
+def owner_count_hint(message: str) -> str:
+    """What to do about libvirt's stale count of a shared file's users: it is kept in
+    xattrs until the host reboots, so a QEMU that died outside libvirt fails every later
+    start that shares the image's kernel (measured on a CI host: 30 tests lost)."""
+    if "which is already in use" not in message:
+        return ""
+    return (". libvirt remembers the owners of shared files and its count is stale (a guest "
+            "ended outside libvirt): set remember_owner = 0 in /etc/libvirt/qemu.conf and "
+            "restart libvirtd, as scripts/setup.sh does")
 
 
 def undefine(domain: libvirt.virDomain) -> None:
