@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from .host_labels import HostLabels, MissingHostLabels
+from .host_labels import HostLabels, MissingHostLabels, vmagent_version
 
 # Transcript snapshots go back at most this often while the job runs (and always at its end):
 # the loop saves after every step, and a transcript grows to megabytes.
@@ -76,9 +76,15 @@ class JobHost:
     # --- called by the shim ----------------------------------------------------------
 
     def where(self) -> dict:
+        """Where the actor runs and whether a job can run there: the shim compares the
+        version with its own, and takes any problem as "this host is unusable" (its labels,
+        or its vmd not answering at the labelled socket)."""
+        problem = self.label_problem
+        if problem is None and self.labels is not None:
+            problem = _vmd_problem(self.labels.vmd_socket)
         return {"node_id": self.node_id, "host": self.labels.host if self.labels else None,
                 "vmd_socket": self.labels.vmd_socket if self.labels else None,
-                "problem": self.label_problem}
+                "vmagent_version": vmagent_version(), "problem": problem}
 
     def start(self, job: dict, transcript_text: str | None, worker_command: list[str] | None,
               env: dict[str, str]) -> dict:
@@ -201,6 +207,18 @@ class JobHost:
         except OSError:
             return ""
         return text[-LOG_TAIL_CHARS:]
+
+
+def _vmd_problem(vmd_socket: str) -> str | None:
+    """Why this host's vmd cannot take a job (no socket there, or no answer to host_info
+    within VMD_WAIT_S); None when it answered."""
+    from .hosts import VMD_WAIT_S, host_info
+
+    try:
+        host_info(vmd_socket, VMD_WAIT_S)
+    except Exception as exc:  # VmdUnavailable, VmdError, OSError: said, not raised
+        return f"its vmd did not answer host_info at {vmd_socket}: {' '.join(str(exc).split())[:300]}"
+    return None
 
 
 def _mtime(path: Path) -> float | None:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from vmagent.fleet import placement
+from vmagent.fleet import cluster_auth, placement
+from vmagent.fleet.host_labels import vmagent_version
 from vmagent.worker import FrameWriter, failed_outcome
 
 from .config import ServiceConfig
@@ -46,6 +47,13 @@ READ_GRACE_S = 30.0
 WAITING_AFTER_S = 1.0
 # An actor can die before it ever ran (its queue was on a node that died): placed again.
 MAX_PLACEMENT_TRIES = 5
+# How long the shim waits for Ray to say whether the node of an actor that died lives. Ray
+# marks a node dead after its health checks fail (about 15-30 s with Ray's defaults); an
+# actor that died on a node still alive after this died alone (its process was killed).
+NODE_VERDICT_S = 60.0
+# An actor Ray calls unavailable (ActorUnavailableError: its process restarting, or the
+# network to its node) on a node that lives is waited for this long before it counts as dead.
+UNAVAILABLE_GRACE_S = 60.0
 
 
 class HostRun(BaseModel):
@@ -74,12 +82,20 @@ class HostRecord(BaseModel):
 
 
 class Lost(Exception):
-    """The job's host went away while the job was on it."""
+    """The job's machine went away with its host (kind "host": Ray lost the host's node), or
+    with the job's actor alone (kind "actor": its process died while the host lives)."""
 
-    def __init__(self, host: str | None, why: str):
-        super().__init__(f"host {host} lost: {why}")
+    def __init__(self, host: str | None, why: str, kind: str = "host"):
+        self.kind = kind
+        super().__init__(f"host {host} lost: {why}" if kind == "host" else
+                         f"the job's process on host {host} died while the host lives: {why}")
         # What the re-run tells the model (loop_words.host_lost puts it in brackets).
         self.sentence = f"{why} on host {host}"
+
+
+class Unusable(Exception):
+    """The node Ray chose cannot take the job (another vmagent version, its vmd not
+    answering, no labels): avoided, and the job placed again."""
 
 
 class Unplaced(Exception):
@@ -100,10 +116,14 @@ def shipped_environment() -> dict[str, str]:
 
 class Shim:
     def __init__(self, job_dir: Path, job: dict, frames: FrameWriter, cancel: threading.Event,
-                 worker_command: list[str] | None, ray_address: str | None):
+                 worker_command: list[str] | None, ray_address: str | None, allow_open: bool = False):
         self.job_dir, self.job, self.frames, self.cancel = job_dir, job, frames, cancel
         self.worker_command = worker_command
         self.ray_address = ray_address
+        self.allow_open = allow_open
+        # Nodes found unusable for this job: node id -> "host X: why".
+        self.avoid: dict[str, str] = {}
+        self.last_place_error = ""
         self.record = HostRecord.load(job_dir)
         self.os_name = str((job.get("spec") or {}).get("os") or "debian")
         self.ray = None
@@ -115,6 +135,11 @@ class Shim:
 
     def run(self) -> dict:
         """Runs the job to its end on the hosts Ray gives it; the outcome of the done frame."""
+        address = self.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            cluster_auth.require_token_cluster(address, self.allow_open)
+        except cluster_auth.OpenCluster as exc:
+            return failed_outcome(f"# Job failed\n\n{exc}.")
         self.ray = placement.connect(self.ray_address)
         # ray.init puts its own SIGTERM handler in (sys.exit): SIGTERM is the job's cancel.
         _cancel_on_signals(self.cancel)
@@ -173,11 +198,18 @@ class Shim:
         return {**job, "mode": "rerun", "lost": lost}
 
     def _one_run(self, job: dict, affinity: str | None) -> dict:
-        for _ in range(MAX_PLACEMENT_TRIES):
+        tries = 0
+        while tries < MAX_PLACEMENT_TRIES:
+            if not affinity and not placement.offered_by_any(placement.job_resources(self.os_name),
+                                                             list(self.avoid)):
+                return self._no_usable_host()
             try:
                 actor, where = self._place(affinity)
                 break
+            except Unusable:
+                continue  # that node is avoided now: the loop ends when none is left
             except Unplaced:
+                tries += 1
                 if affinity and not placement.node_alive(affinity):
                     # The node was still alive when the resume looked (_resume_target): Ray
                     # had not yet noticed its death, seen when the answer came at once.
@@ -187,7 +219,8 @@ class Shim:
                 continue
         else:
             return failed_outcome("# Job failed\n\nRay could not place the job on any host "
-                                  f"({MAX_PLACEMENT_TRIES} tries); see the job's worker.log.")
+                                  f"({MAX_PLACEMENT_TRIES} tries; the last: {self.last_place_error or 'no error'}); "
+                                  "see the job's worker.log.")
         if actor is None:
             return where  # cancelled while waiting, or a host without labels
         try:
@@ -200,8 +233,11 @@ class Shim:
             self.ray.kill(actor, no_restart=True)
 
     def _place(self, affinity: str | None):
-        """(actor, where) once Ray placed it; (None, outcome) when the job ended meanwhile."""
-        actor = placement.job_host_class().options(**placement.actor_options(self.os_name, affinity)).remote()
+        """(actor, where) once Ray placed it; (None, outcome) when the job ended meanwhile.
+        Unusable when the node cannot take the job (it is avoided from then on)."""
+        avoid = [] if affinity else list(self.avoid)
+        actor = placement.job_host_class().options(
+            **placement.actor_options(self.os_name, affinity, avoid)).remote()
         ref = actor.where.remote()
         began, said_waiting, checked = time.monotonic(), False, time.monotonic()
         while True:
@@ -223,13 +259,35 @@ class Shim:
                     raise Unplaced()
         try:
             where = self.ray.get(ref)
-        except placement.lost_errors():
+        except placement.lost_errors() as exc:
+            self.last_place_error = placement.why_lost(exc)
             raise Unplaced() from None
-        if where.get("problem"):
+        problem = unusable_because(where)
+        if problem:
             self.ray.kill(actor, no_restart=True)
-            return None, failed_outcome(f"# Job failed\n\nThe Ray node chosen for the job is no "
-                                        f"vmd host vmagent knows: {where['problem']}")
+            host = where.get("host") or where["node_id"][:12]
+            if affinity:
+                # The guest that waits is there, and that host cannot run its job now.
+                lost = Lost(self.record.host, f"it is unusable now: {problem}")
+                self._waiting_run_lost(str(lost))
+                raise lost
+            self.avoid[where["node_id"]] = f"host {host}: {problem}"
+            self.emit_status(f"host {host} is unusable: {problem}; the job goes to another host")
+            raise Unusable()
         return actor, where
+
+    def _no_usable_host(self) -> dict:
+        resources = placement.job_resources(self.os_name)
+        lines = "\n".join(f"- {why}" for why in self.avoid.values())
+        if not lines:
+            return failed_outcome(
+                f"# Job failed\n\nNo host in the Ray cluster offers {', '.join(resources)} (a "
+                f"guest slot for {self.os_name!r}), so the job could never start. Start a vmd host "
+                "with those resources (docs/scale-out.md) and run the job again.")
+        return failed_outcome(
+            f"# Job failed\n\nNo usable host offers {', '.join(resources)} (a guest slot for "
+            f"{self.os_name!r}). The hosts that do cannot take a job:\n\n{lines}\n\n"
+            "`vmagent hosts` lists every host and why it is unusable; fix one and run the job again.")
 
     def _follow(self, actor, where: dict, job: dict) -> dict:
         host, node_id = where["host"], where["node_id"]
@@ -243,14 +301,14 @@ class Shim:
             started = self.ray.get(actor.start.remote(job, transcript, self.worker_command,
                                                       shipped_environment()), timeout=120)
         except lost as exc:
-            self._end_run(why=f"lost: {placement.why_lost(exc)}")
-            raise Lost(host, placement.why_lost(exc)) from None
+            raise self._lost(host, node_id, exc) from None
         if started.get("problem"):
             self._end_run(why="the worker did not start")
             return failed_outcome(f"# Job failed\n\nOn host {host}, {started['problem']}.")
         # A job sent with cancel set (to close its waiting guest) is cancelled by its job.json;
         # a SIGTERM could reach its worker before the worker's handler is in and kill it.
         cursor, done, cancel_sent = 0, None, bool(job.get("cancel"))
+        unavailable_since: float | None = None
         while True:
             if self.cancel.is_set() and not cancel_sent:
                 actor.cancel.remote()
@@ -265,8 +323,14 @@ class Shim:
                 self._end_run(why=f"lost: {why}")
                 raise Lost(host, why) from None
             except lost as exc:
-                self._end_run(why=f"lost: {placement.why_lost(exc)}")
-                raise Lost(host, placement.why_lost(exc)) from None
+                if placement.is_unavailable(exc) and placement.node_alive(node_id):
+                    # Not a verdict: the actor may answer again (a network hiccup, a restart).
+                    unavailable_since = unavailable_since or time.monotonic()
+                    if time.monotonic() - unavailable_since < UNAVAILABLE_GRACE_S:
+                        time.sleep(1.0)
+                        continue
+                raise self._lost(host, node_id, exc) from None
+            unavailable_since = None
             for line in answer["frames"]:
                 if _is_done(line):
                     done = line  # written last, after the final transcript
@@ -286,6 +350,20 @@ class Shim:
             outcome = json.loads(done).get("outcome") or {}
         self._end_run(why=str(outcome.get("state") or "ended"))
         return outcome
+
+    def _lost(self, host: str, node_id: str, exc: BaseException) -> Lost:
+        """Host lost or actor died: Ray's verdict on the node decides, waited for up to
+        NODE_VERDICT_S (an actor's death is often told before its node's)."""
+        why = placement.why_lost(exc)
+        deadline = time.monotonic() + NODE_VERDICT_S
+        while time.monotonic() < deadline:
+            if not placement.node_alive(node_id):
+                why = why if "node" in why else "its Ray node died"
+                self._end_run(why=f"lost: {why}")
+                return Lost(host, why)
+            time.sleep(1.0)
+        self._end_run(why=f"actor died, host alive: {why}")
+        return Lost(host, f"its actor died ({why})", kind="actor")
 
     # --- records and outcomes --------------------------------------------------------
 
@@ -312,6 +390,19 @@ class Shim:
             f"(at most {MAX_RERUNS} re-runs):\n\n{lines}\n\nWhat it did before is in the "
             "project's pushed checkpoints and in its transcript; start it again when the hosts "
             "are steady.")
+
+
+def unusable_because(where: dict) -> str | None:
+    """Why the node a JobHost actor landed on cannot run a job: no vmagent labels, another
+    vmagent version (the worker, its loop and verbs are the host's code), or its vmd not
+    answering at the labelled socket. None: usable."""
+    if where.get("problem"):
+        return str(where["problem"])
+    theirs, ours = where.get("vmagent_version"), vmagent_version()
+    if theirs != ours:
+        return (f"it runs vmagent {theirs or 'of an unknown, older version'} and the job service {ours}: "
+                "install the job service's version on the host and restart its Ray node")
+    return None
 
 
 def _is_done(line: str) -> bool:
@@ -347,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None)
     parser.add_argument("--worker-command", default=None,
                         help="the job's worker command on the host, a JSON list")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="use a Ray cluster that lets a driver in without a token (the service's "
+                             "ray_allow_unauthenticated)")
     args = parser.parse_args(argv)
     frames = LineFrameWriter()
     cancel = threading.Event()
@@ -361,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     if job.get("cancel"):
         cancel.set()
     try:
-        shim = Shim(args.job_dir, job, frames, cancel, worker_command, args.ray_address)
+        shim = Shim(args.job_dir, job, frames, cancel, worker_command, args.ray_address,
+                    allow_open=args.allow_unauthenticated)
         outcome = shim.run()
     except placement.RayMissing as exc:
         outcome = failed_outcome(f"# Job failed\n\n{exc}.")
