@@ -8,10 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import httpx
 import pytest
 
 from tests.service_harness import ALICE, BOB, REPO, ServiceProcess
-from tests.vmd_fakes import RpcClient, local_vmd, short_socket_dir
+from tests.vmd_fakes import RpcClient, SilentVmd, local_vmd, short_socket_dir
 from vmagent.fleet.host_labels import vmagent_version
 from vmagent.fleet.hosts import RayHosts, local_hosts, render
 from vmagent.fleet.placement import keep_loopback
@@ -166,27 +164,6 @@ def _env_without_settings() -> dict[str, str]:
 
 
 # --- the Ray executor: a head and two vmd hosts ----------------------------------------------
-
-class SilentVmd:
-    """A socket that takes connections and never answers: a stuck vmd."""
-
-    def __init__(self):
-        self.path = short_socket_dir() / "stuck.sock"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(self.path))
-        self.sock.listen(8)
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        with contextlib.suppress(OSError):
-            while True:
-                self.held.append(self.sock.accept()[0])
-
-    def close(self):
-        for s in [self.sock, *self.held]:
-            s.close()
-
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):

@@ -63,6 +63,11 @@ class ServiceConfig(BaseModel):
     # reaches its port runs code on every host, every tenant's projects and keys within reach
     # (CVE-2023-48022). Only for a cluster on a network no one else reaches.
     ray_allow_unauthenticated: bool = False
+    # When a job's actor dies, how long its shim waits for Ray's word on the actor's node
+    # before it calls the loss the actor's alone (its process killed on a host that lives)
+    # rather than the host's. Ray marks a node dead once its health checks fail (Ray's
+    # defaults: about 15-30 s); a cluster with other health checks sets this to match.
+    ray_node_verdict_s: float = Field(default=60.0, gt=0)
     # A worker gets this long after SIGTERM to write its report before SIGKILL.
     cancel_grace_s: float = 3.0
     # Preview links live this long: a job runs up to two hours and people look later.
@@ -131,6 +136,8 @@ class ServiceConfig(BaseModel):
                 command += ["--worker-command", json.dumps(self.worker_command)]
             if self.ray_allow_unauthenticated:
                 command.append("--allow-unauthenticated")
+            if "ray_node_verdict_s" in self.model_fields_set:
+                command += ["--node-verdict-s", f"{self.ray_node_verdict_s:g}"]
             return command
         return list(self.worker_command or [sys.executable, "-m", "vmagent.worker"])
 

@@ -47,9 +47,9 @@ READ_GRACE_S = 30.0
 WAITING_AFTER_S = 1.0
 # An actor can die before it ever ran (its queue was on a node that died): placed again.
 MAX_PLACEMENT_TRIES = 5
-# How long the shim waits for Ray to say whether the node of an actor that died lives. Ray
-# marks a node dead after its health checks fail (about 15-30 s with Ray's defaults); an
-# actor that died on a node still alive after this died alone (its process was killed).
+# How long the shim waits for Ray to say whether the node of an actor that died lives (the
+# service's ray_node_verdict_s): Ray marks a node dead after its health checks fail (about
+# 15-30 s with Ray's defaults); an actor whose node still lives after this died alone.
 NODE_VERDICT_S = 60.0
 # An actor Ray calls unavailable (ActorUnavailableError: its process restarting, or the
 # network to its node) on a node that lives is waited for this long before it counts as dead.
@@ -116,14 +116,17 @@ def shipped_environment() -> dict[str, str]:
 
 class Shim:
     def __init__(self, job_dir: Path, job: dict, frames: FrameWriter, cancel: threading.Event,
-                 worker_command: list[str] | None, ray_address: str | None, allow_open: bool = False):
+                 worker_command: list[str] | None, ray_address: str | None, allow_open: bool = False,
+                 node_verdict_s: float = NODE_VERDICT_S):
         self.job_dir, self.job, self.frames, self.cancel = job_dir, job, frames, cancel
         self.worker_command = worker_command
         self.ray_address = ray_address
         self.allow_open = allow_open
+        self.node_verdict_s = node_verdict_s
         # Nodes found unusable for this job: node id -> "host X: why".
         self.avoid: dict[str, str] = {}
         self.last_place_error = ""
+        self.session_id: str | None = None  # the vmd session of the run being followed
         self.record = HostRecord.load(job_dir)
         self.os_name = str((job.get("spec") or {}).get("os") or "debian")
         self.ray = None
@@ -335,6 +338,7 @@ class Shim:
                 if _is_done(line):
                     done = line  # written last, after the final transcript
                 else:
+                    self.session_id = _session_of(line) or self.session_id
                     self.frames.write_line(line)
             if answer.get("transcript") is not None:
                 write_private(self.job_dir / "transcript.json", answer["transcript"].encode("utf-8"))
@@ -355,7 +359,7 @@ class Shim:
         """Host lost or actor died: Ray's verdict on the node decides, waited for up to
         NODE_VERDICT_S (an actor's death is often told before its node's)."""
         why = placement.why_lost(exc)
-        deadline = time.monotonic() + NODE_VERDICT_S
+        deadline = time.monotonic() + self.node_verdict_s
         while time.monotonic() < deadline:
             if not placement.node_alive(node_id):
                 why = why if "node" in why else "its Ray node died"
@@ -363,7 +367,27 @@ class Shim:
                 return Lost(host, why)
             time.sleep(1.0)
         self._end_run(why=f"actor died, host alive: {why}")
+        self._close_left_session(host, node_id)
         return Lost(host, f"its actor died ({why})", kind="actor")
+
+    def _close_left_session(self, host: str, node_id: str) -> None:
+        """The host lives, and so does the guest the dead worker drove: closed now (commit,
+        push, destroy), before the re-run takes a slot, so the host never runs both."""
+        if not self.session_id:
+            return
+        from vmagent.fleet.on_host import HostUnreachable, VmdCall, call_on_host
+
+        calls = [VmdCall(verb="session_attach", params={"session_id": self.session_id}),
+                 VmdCall(verb="session_close")]
+        try:
+            answers = call_on_host(node_id, calls, 300, host=host, ray_address=self.ray_address,
+                                   stop_at_error=True)
+            problem = next((a.error for a in answers if a.error), None)
+        except HostUnreachable as exc:
+            problem = str(exc)
+        self.emit_status(f"closed the job's session on host {host}" if problem is None else
+                         f"the job's session on host {host} could not be closed ({problem}); its vmd "
+                         "closes it once it has had no client for its orphan_grace_s")
 
     # --- records and outcomes --------------------------------------------------------
 
@@ -405,6 +429,19 @@ def unusable_because(where: dict) -> str | None:
     return None
 
 
+def _session_of(line: str) -> str | None:
+    """The session id of a worker's `session` frame (the service reads the same)."""
+    if '"session"' not in line:
+        return None
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(frame, dict) and frame.get("type") == "session" and frame.get("session_id"):
+        return str(frame["session_id"])
+    return None
+
+
 def _is_done(line: str) -> bool:
     if '"done"' not in line:
         return False
@@ -438,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None)
     parser.add_argument("--worker-command", default=None,
                         help="the job's worker command on the host, a JSON list")
+    parser.add_argument("--node-verdict-s", type=float, default=NODE_VERDICT_S,
+                        help="how long to wait for Ray's word on the node of an actor that died")
     parser.add_argument("--allow-unauthenticated", action="store_true",
                         help="use a Ray cluster that lets a driver in without a token (the service's "
                              "ray_allow_unauthenticated)")
@@ -456,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         cancel.set()
     try:
         shim = Shim(args.job_dir, job, frames, cancel, worker_command, args.ray_address,
-                    allow_open=args.allow_unauthenticated)
+                    allow_open=args.allow_unauthenticated, node_verdict_s=args.node_verdict_s)
         outcome = shim.run()
     except placement.RayMissing as exc:
         outcome = failed_outcome(f"# Job failed\n\n{exc}.")
