@@ -2,9 +2,11 @@
 real Ray heads on 127.0.0.1 (tests/ray_heads.py), started as a person starts them.
 
 - `vmagent ray-node head` makes the token at its first start (0600, its folder 0700), never
-  prints or logs it, and its cluster turns away a driver without the token or with another
-  one while it takes a driver with it;
-- a bare `ray start --head` (Ray 2.60's default: no auth) lets a driver in without a token,
+  prints or logs it, and its cluster turns away a client without the token or with another
+  one (Ray's own `ray status`, as cluster_auth.probe asks) while it takes one with it; a
+  real driver and a real node turned away are in the compose fleet's test, where they come
+  from another machine (tests/test_fleet_stack.py);
+- a bare `ray start --head` (Ray 2.60's default: no auth) lets a client in without a token,
   and a job of the job service refuses that cluster with the reason, unless the operator
   set the override;
 - `vmagent ray-node host` says in a sentence, within its wait, that the head does not
@@ -63,7 +65,7 @@ def test_the_head_makes_its_token_once_private_and_never_shows_it(token_head, tm
         cluster_auth.make_token(loose)
 
 
-def test_a_driver_without_the_token_or_with_another_is_turned_away(token_head, tmp_path):
+def test_a_client_without_the_token_or_with_another_is_turned_away(token_head, tmp_path):
     head, token = token_head
     bare = cluster_auth.probe(head.address)
     assert bare.outcome == "refused", bare

@@ -12,10 +12,12 @@ asked, so vmagent asks, everywhere:
   command line (Ray reads it from RAY_AUTH_TOKEN_PATH);
 - `auth_environment`: what a Ray process of vmagent's (the job service's driver, each
   job's shim, `ray_node`'s `ray start`) runs with;
-- `probe`: what the cluster does with a driver that has no token (refused: the cluster
+- `probe`: what the cluster does with a client that has no token (refused: the cluster
   demands it) or with this host's token (accepted, or refused: a wrong token). Ray has no
-  public call that says a cluster's auth mode, so the probe is a real driver in a child
-  process, told apart by what Ray answers: a connection, or gRPC's `Unauthenticated`;
+  public call that says a cluster's auth mode, so the probe asks the cluster for real: Ray's
+  own `ray status --address`, in a child process (a GCS client: it needs no Ray node where
+  it runs, so a host asks before it joins), told apart by what Ray answers: the status, or
+  its AuthenticationError;
 - `require_token_cluster`: the job service refuses an open cluster (each job's shim asks
   before it places the job) unless the operator set `ray_allow_unauthenticated`.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,22 +44,13 @@ TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 # Ray's own default (ray/_private/authentication/authentication_token_setup.py): a token
 # there is found by every Ray command of that user without a setting.
 DEFAULT_TOKEN_PATH = Path("~/.ray/auth_token")
-# What Ray's C++ client logs when the GCS turns a request away for its token (the gRPC
-# status UNAUTHENTICATED, as ray/src/ray/rpc/ logs it): "... Unauthenticated: RPC error:
-# InvalidAuthToken ...". A probe ends at the first such line (Ray itself retries for 20 s).
-REFUSED_WORD = "Unauthenticated"
-# A probe's wait for Ray to answer: Python and Ray's import take 1-2 s on an idle 2-core
-# machine, a connection under a second more; a loaded CI machine several times that.
-PROBE_WAIT_S = 30.0
-# The probe's driver: connects, says so, leaves. Nothing of the caller's is sent.
-PROBE_SCRIPT = """
-import logging, sys
-import ray
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level=logging.ERROR,
-         configure_logging=False, include_dashboard=False)
-print("CONNECTED", flush=True)
-ray.shutdown()
-"""
+# How Ray 2.60 says the GCS turned a client away for its token: `ray status` ends on
+# ray.exceptions.AuthenticationError ("RPC error: InvalidAuthToken: ..."); Ray's C++ client
+# logs gRPC's status name, "Unauthenticated". tests/test_ray_auth.py fails when Ray rewords.
+REFUSED_WORDS = ("AuthenticationError", "InvalidAuthToken", "Unauthenticated")
+# A probe's wait for Ray to answer: `ray status` took 2-4 s on an idle 2-core machine (its
+# import is most of it); a loaded CI machine several times that.
+PROBE_WAIT_S = 45.0
 LOOPBACK_SETTING = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # as placement.keep_loopback
 TOKEN_BYTES = 32
 
@@ -157,9 +151,14 @@ def use_auth(allow_open: bool = False) -> None:
     os.environ.update(env)
 
 
-def probe(address: str, token: dict[str, str] | None = None, wait_s: float = PROBE_WAIT_S,
-          python: str | None = None) -> ProbeAnswer:
-    """A driver in a child process tries the cluster at `address`: with no token at all
+def ray_command() -> str:
+    """Ray's CLI beside this Python (a venv's bin), else the first on PATH."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def probe(address: str, token: dict[str, str] | None = None, wait_s: float = PROBE_WAIT_S) -> ProbeAnswer:
+    """`ray status` in a child process asks the cluster at `address`: with no token at all
     (token None), or with `token` (auth_environment's settings). How Ray answered."""
     env = {k: v for k, v in os.environ.items()
            if k in ("PATH", "LANG", "TZ", "PYTHONPATH", "RAY_TMPDIR") or k.startswith("LC_")}
@@ -169,7 +168,7 @@ def probe(address: str, token: dict[str, str] | None = None, wait_s: float = PRO
         env.update(token or {MODE_ENV: "disabled"})
         if address.rpartition(":")[0] in ("127.0.0.1", "localhost"):
             env[LOOPBACK_SETTING] = "0"  # a head on loopback stays there (placement.keep_loopback)
-        child = subprocess.Popen([python or sys.executable, "-c", PROBE_SCRIPT, address],
+        child = subprocess.Popen([ray_command(), "status", f"--address={address}"],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env=env, cwd=home, start_new_session=True)
         try:
@@ -180,7 +179,8 @@ def probe(address: str, token: dict[str, str] | None = None, wait_s: float = PRO
 
 
 def _watch(child: subprocess.Popen, deadline: float) -> tuple[str, str]:
-    """Reads the child's output until it connects, is refused, ends or the deadline passes."""
+    """Reads the child's output until it is refused, ends or the deadline passes: an end
+    with exit 0 is the cluster's status, given without a word about the token."""
     assert child.stdout is not None and child.stderr is not None
     streams = {child.stdout.fileno(): b"", child.stderr.fileno(): b""}
     open_fds = set(streams)
@@ -195,10 +195,10 @@ def _watch(child: subprocess.Popen, deadline: float) -> tuple[str, str]:
                 open_fds.discard(fd)
                 continue
             streams[fd] = (streams[fd] + chunk)[-20000:]
-        if b"CONNECTED" in streams[child.stdout.fileno()]:
-            return "connected", ""
-        if REFUSED_WORD.encode() in streams[child.stderr.fileno()]:
+        if any(word.encode() in streams[child.stderr.fileno()] for word in REFUSED_WORDS):
             return "refused", ""
+    if not open_fds and child.wait() == 0:
+        return "connected", ""
     text = streams[child.stderr.fileno()].decode("utf-8", "replace")
     return "silent", " ".join(text.split())[-300:]
 
