@@ -43,6 +43,12 @@ def _ray_token_for_the_session() -> None:
 
 
 _ray_token_for_the_session()
+# Every test cluster is on 127.0.0.1: Ray, when first imported, must not swap it for the
+# machine's public address (vmagent/fleet/placement.py keep_loopback). Here, before any test
+# module imports Ray: a module that set it itself came too late when another module, collected
+# before it, had imported Ray first (tests/test_hosts.py after tests/test_ray_executor.py hung
+# on a driver connecting to the swapped address).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def _unavailable(reason: str):

@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from vmagent.client import Vmd
+
 from .host_labels import HostLabels, MissingHostLabels, vmagent_version
 
 # Transcript snapshots go back at most this often while the job runs (and always at its end):
@@ -37,6 +39,9 @@ READ_BYTES = 8 * 1024 * 1024
 # What a failed worker's report quotes from its stderr.
 LOG_TAIL_CHARS = 3000
 PR_SET_PDEATHSIG = 1
+# vmd answers host_info from its own state in milliseconds (as hosts.VMD_WAIT_S): a vmd that
+# takes longer is stuck, and the host unusable for a job now.
+VMD_WAIT_S = 3.0
 
 
 def _die_with_parent() -> None:
@@ -212,10 +217,9 @@ class JobHost:
 def _vmd_problem(vmd_socket: str) -> str | None:
     """Why this host's vmd cannot take a job (no socket there, or no answer to host_info
     within VMD_WAIT_S); None when it answered."""
-    from .hosts import VMD_WAIT_S, host_info
-
     try:
-        host_info(vmd_socket, VMD_WAIT_S)
+        with Vmd(vmd_socket, timeout=VMD_WAIT_S) as vmd:
+            vmd.call("host_info")
     except Exception as exc:  # VmdUnavailable, VmdError, OSError: said, not raised
         return f"its vmd did not answer host_info at {vmd_socket}: {' '.join(str(exc).split())[:300]}"
     return None

@@ -19,6 +19,7 @@ from vmagent.client import VmdUnavailable
 from vmagent.fleet.on_host import CallAnswer, HostUnreachable, VmdCall, run_calls
 
 from .config import ServiceConfig
+from .host_record import HostRecord  # the shim's own reader of host.json
 
 # (calls, timeout, stop_at_error) -> one answer per call made; VmdUnavailable when the
 # job's vmd cannot be asked at all.
@@ -39,7 +40,6 @@ def job_vmd(config: ServiceConfig, job_dir: Path) -> JobVmd:
     def call(calls: list[VmdCall], timeout: float, stop_at_error: bool = False) -> list[CallAnswer]:
         from vmagent.fleet.on_host import call_on_host
 
-        from .ray_worker import HostRecord  # the shim's own reader of host.json
 
         record = HostRecord.load(Path(job_dir))
         if not record.node_id:

@@ -25,16 +25,14 @@ import sys
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
-from vmagent.fleet import cluster_auth, placement
-from vmagent.fleet.host_labels import vmagent_version
+from vmagent.fleet import cluster_auth, host_loss, placement
+from vmagent.fleet.host_loss import NODE_VERDICT_S, UNAVAILABLE_GRACE_S, Lost, Unusable, unusable_because
 from vmagent.worker import FrameWriter, failed_outcome
 
 from .config import ServiceConfig
+from .host_record import HostRecord, HostRun, now
 from .private_files import write_private
 from .worker_process import worker_environment
 
@@ -47,63 +45,10 @@ READ_GRACE_S = 30.0
 WAITING_AFTER_S = 1.0
 # An actor can die before it ever ran (its queue was on a node that died): placed again.
 MAX_PLACEMENT_TRIES = 5
-# How long the shim waits for Ray to say whether the node of an actor that died lives (the
-# service's ray_node_verdict_s): Ray marks a node dead after its health checks fail (about
-# 15-30 s with Ray's defaults); an actor whose node still lives after this died alone.
-NODE_VERDICT_S = 60.0
-# An actor Ray calls unavailable (ActorUnavailableError: its process restarting, or the
-# network to its node) on a node that lives is waited for this long before it counts as dead.
-UNAVAILABLE_GRACE_S = 60.0
-
-
-class HostRun(BaseModel):
-    host: str | None = None
-    node_id: str | None = None
-    started: str = ""
-    ended: str = ""
-    why: str = ""
-
-
-class HostRecord(BaseModel):
-    """DIR/host.json: where the job runs (or last ran) and each run before."""
-    node_id: str | None = None
-    host: str | None = None
-    runs: list[HostRun] = Field(default_factory=list)
-
-    @classmethod
-    def load(cls, job_dir: Path) -> "HostRecord":
-        try:
-            return cls.model_validate_json((job_dir / "host.json").read_text())
-        except (OSError, ValueError):
-            return cls()
-
-    def save(self, job_dir: Path) -> None:
-        write_private(job_dir / "host.json", self.model_dump_json(indent=2).encode())
-
-
-class Lost(Exception):
-    """The job's machine went away with its host (kind "host": Ray lost the host's node), or
-    with the job's actor alone (kind "actor": its process died while the host lives)."""
-
-    def __init__(self, host: str | None, why: str, kind: str = "host"):
-        self.kind = kind
-        super().__init__(f"host {host} lost: {why}" if kind == "host" else
-                         f"the job's process on host {host} died while the host lives: {why}")
-        # What the re-run tells the model (loop_words.host_lost puts it in brackets).
-        self.sentence = f"{why} on host {host}"
-
-
-class Unusable(Exception):
-    """The node Ray chose cannot take the job (another vmagent version, its vmd not
-    answering, no labels): avoided, and the job placed again."""
 
 
 class Unplaced(Exception):
     """The actor died before it was placed: nothing ran, place it again."""
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def shipped_environment() -> dict[str, str]:
@@ -295,9 +240,11 @@ class Shim:
     def _follow(self, actor, where: dict, job: dict) -> dict:
         host, node_id = where["host"], where["node_id"]
         self.record.node_id, self.record.host = node_id, host
-        self.record.runs.append(HostRun(host=host, node_id=node_id, started=_now()))
+        self.record.runs.append(HostRun(host=host, node_id=node_id, started=now()))
         self.record.save(self.job_dir)
         self.emit_status(f"running on host {host}")
+        if job.get("mode") != "resume":
+            self.session_id = None  # a new session comes (its frame names it); a resume keeps its own
         transcript = self._local_transcript() if job.get("mode") != "run" else None
         lost = (placement.lost_errors())
         try:
@@ -356,44 +303,22 @@ class Shim:
         return outcome
 
     def _lost(self, host: str, node_id: str, exc: BaseException) -> Lost:
-        """Host lost or actor died: Ray's verdict on the node decides, waited for up to
-        NODE_VERDICT_S (an actor's death is often told before its node's)."""
-        why = placement.why_lost(exc)
-        deadline = time.monotonic() + self.node_verdict_s
-        while time.monotonic() < deadline:
-            if not placement.node_alive(node_id):
-                why = why if "node" in why else "its Ray node died"
-                self._end_run(why=f"lost: {why}")
-                return Lost(host, why)
-            time.sleep(1.0)
-        self._end_run(why=f"actor died, host alive: {why}")
-        self._close_left_session(host, node_id)
-        return Lost(host, f"its actor died ({why})", kind="actor")
-
-    def _close_left_session(self, host: str, node_id: str) -> None:
-        """The host lives, and so does the guest the dead worker drove: closed now (commit,
-        push, destroy), before the re-run takes a slot, so the host never runs both."""
-        if not self.session_id:
-            return
-        from vmagent.fleet.on_host import HostUnreachable, VmdCall, call_on_host
-
-        calls = [VmdCall(verb="session_attach", params={"session_id": self.session_id}),
-                 VmdCall(verb="session_close")]
-        try:
-            answers = call_on_host(node_id, calls, 300, host=host, ray_address=self.ray_address,
-                                   stop_at_error=True)
-            problem = next((a.error for a in answers if a.error), None)
-        except HostUnreachable as exc:
-            problem = str(exc)
-        self.emit_status(f"closed the job's session on host {host}" if problem is None else
-                         f"the job's session on host {host} could not be closed ({problem}); its vmd "
-                         "closes it once it has had no client for its orphan_grace_s")
+        """Host lost or actor died (host_loss.verdict); for the actor alone, the session it
+        left on the live host is closed before the re-run."""
+        lost = host_loss.verdict(host, node_id, exc, self.node_verdict_s)
+        self._end_run(why=lost.record_why)
+        if lost.kind == "actor" and self.session_id:
+            problem = host_loss.close_left_session(node_id, host, self.session_id, self.ray_address)
+            self.emit_status(f"closed the job's session on host {host}" if problem is None else
+                             f"the job's session on host {host} could not be closed ({problem}); its vmd "
+                             "closes it once it has had no client for its orphan_grace_s")
+        return lost
 
     # --- records and outcomes --------------------------------------------------------
 
     def _end_run(self, why: str) -> None:
         if self.record.runs and not self.record.runs[-1].ended:
-            self.record.runs[-1].ended, self.record.runs[-1].why = _now(), why
+            self.record.runs[-1].ended, self.record.runs[-1].why = now(), why
             self.record.save(self.job_dir)
 
     def _local_transcript(self) -> str | None:
@@ -414,19 +339,6 @@ class Shim:
             f"(at most {MAX_RERUNS} re-runs):\n\n{lines}\n\nWhat it did before is in the "
             "project's pushed checkpoints and in its transcript; start it again when the hosts "
             "are steady.")
-
-
-def unusable_because(where: dict) -> str | None:
-    """Why the node a JobHost actor landed on cannot run a job: no vmagent labels, another
-    vmagent version (the worker, its loop and verbs are the host's code), or its vmd not
-    answering at the labelled socket. None: usable."""
-    if where.get("problem"):
-        return str(where["problem"])
-    theirs, ours = where.get("vmagent_version"), vmagent_version()
-    if theirs != ours:
-        return (f"it runs vmagent {theirs or 'of an unknown, older version'} and the job service {ours}: "
-                "install the job service's version on the host and restart its Ray node")
-    return None
 
 
 def _session_of(line: str) -> str | None:
