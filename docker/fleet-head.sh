@@ -27,7 +27,7 @@ for _ in $(seq 120); do
     fi
     sleep 1
 done
-export RAY_ADDRESS="$addr:$port"
+export RAY_ADDRESS="${RAY_ADDRESS:-$addr:$port}"
 
 while true; do
     python -m vmagent.service --host 0.0.0.0 --port 8700 &
