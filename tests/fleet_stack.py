@@ -134,7 +134,9 @@ class Fleet:
             time.sleep(5)
 
     def gitea_repo(self, project: str) -> str:
-        found = self.run("gitea", "sh", "-c", f"ls -d /srv/gitea/*/{project}.git 2>/dev/null || true").stdout.split()
+        """The stand-in's repository of `project` (vmd names it <owner's digest>-<project> in
+        the service's organisation)."""
+        found = self.run("gitea", "sh", "-c", f"ls -d /srv/gitea/*/*-{project}.git 2>/dev/null || true").stdout.split()
         return found[0] if found else ""
 
     def git(self, repo: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
