@@ -200,7 +200,7 @@ def test_the_job_service_killed_mid_job_carries_on_when_it_returns(fleet):
     fleet.wait_event(job_id, lambda e: STAY_MARK in str(e.get("line", "")), 600, "the command to outlive")
     top = subprocess.run([DOCKER, "top", fleet.container("head"), "-eo", "pid,args"], capture_output=True,
                          text=True, check=True).stdout.splitlines()[1:]
-    pids = [int(line.split()[0]) for line in top if "-m vmagent.service" in line]
+    pids = [int(line.split()[0]) for line in top if "-m vmagent.service --host" in line]  # not the shims
     assert len(pids) == 1, top
     os.kill(pids[0], signal.SIGKILL)  # the service only: the job's shim is a process of its own
     deadline = time.monotonic() + 120
