@@ -187,8 +187,8 @@ def test_a_host_killed_mid_command_costs_the_job_nothing(fleet):
     # The events say where it ran and why it moved, in that order; so does host.json.
     texts = [str(e.get("text", "")) for e in fleet.events(job_id)]
     marks = [next(i for i, t in enumerate(texts) if t.startswith(prefix)) for prefix in
-             (f"running on host {first}", f"host {first} lost", "the job runs again on a new machine: from the "
-              "checkpoint", f"running on host {other}")]
+             (f"running on host {first}", f"host {first} lost", f"running on host {other}",
+              "the job runs again on a new machine: from the checkpoint")]
     assert marks == sorted(marks), texts
     runs = fleet.host_record(job_id)["runs"]
     assert [r["host"] for r in runs] == [first, other] and runs[0]["why"].startswith("lost: "), runs
