@@ -4,7 +4,7 @@
 
 Model servers (Ollama, llama.cpp) keep the KV of the previous request and evaluate only
 what follows the longest prefix the new request shares with it; a turn costs that part.
-This replays one long scripted session through the real loop (vmagent/loop.py) against a
+This replays one long scripted session through the real loop (vmagent/loop/turns.py) against a
 real vmd on a socket with stand-in machines (tests/vmd_fakes.py LocalMachines, their
 guest reporting a desktop) and the scripted Ollama server (tests/ollama_server.py):
 --turns model turns and more (planning, runs whose output is cut to the result cap, file

@@ -2,10 +2,14 @@
 
     .venv/bin/python bench/machine.py [--runs 30]
 
-Prints: cold boot to ready (s), a warm hand-out from vmd's pool to ready (restore, share
-mounted, clock set, desktop checked: vmd/machines/warm_pool.py) and a question's resume to the
-first command answered, with their ratios to the cold boot; `run("true")` through vmd's runner in the guest
-(vmd/guests/in_guest/runner.py), through one exec channel per command on the persistent SSH
+Prints: cold boot to ready (s); a warm hand-out from vmd's pool, the request to the first
+command answered, both ways side by side: a saved slot restored (restore, SSH handshake, the
+waking command that mounts the share and sets the clock, a runner's start:
+vmd/machines/warm_pool.py) and a parked one resumed (the checks and renames that give it the
+session's project, the resume, the clock set through the runner it kept:
+vmd/machines/parked_slot.py), each part of each; a question's resume to the first command
+answered; with their ratios to the cold boot; `run("true")` through vmd's runner in the guest
+(vmd/guests/linux/in_guest/runner.py), through one exec channel per command on the persistent SSH
 transport (the runner's fallback), and through a fresh `ssh` process per command (ms
 each, and the ratios); screenshot capture to a
 scaled PNG, every time (ms and bytes), and of an unchanged desktop, where the frame is
@@ -25,12 +29,13 @@ import uuid
 from pathlib import Path
 
 from vmd.config import VmdConfig
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.linux.guest import LinuxGuest
 from vmd.machines.host import local_host
 from vmd.machines.images import find_image
 from vmd.machines.machine import Machine
 from vmd.machines.warm_pool import WarmPool
 from vmd.private_fs import state_root
+from vmd.projects.tree import present_to_guest, share_owner
 
 
 def median_ms(samples: list[float]) -> float:
@@ -92,28 +97,72 @@ def main() -> None:
         # The state dir as vmd makes it (0711): QEMU's user passes through it to the slot's
         # folder; a plain 0700 temp folder stopped the slot at create.
         # vmd's settings in effect (VMD_ACCEL, …) over this run's state dir, on the local host.
-        settings = VmdConfig.load(state_dir=str(state_root(Path(tmp) / "state")))
-        pool = WarmPool(settings, local_host(settings.libvirt_uri), size=1)
+        settings = VmdConfig.load(state_dir=str(state_root(Path(tmp) / "state")), warm_parked=1)
+        pool = WarmPool(settings, local_host(settings.libvirt_uri), size=2)
         slot_boot = time.monotonic()
         pool.make_slot(image)
         slot_s = time.monotonic() - slot_boot
+        pool.make_slot(image)  # the one parked below
         claimed = pool.take(image)
         assert claimed is not None
+        # Where a hand-out's time goes, from the request to the first command answered:
+        # the restore (libvirt reads the saved memory), the SSH handshake with the woken
+        # guest, the one waking command (clock, share, facts: LinuxGuest.restored), the
+        # first `run` a session makes.
         t = time.monotonic()
         warm = pool.hand_out(claimed, image, workdir=Path(tmp) / "warm", project_dir=project)
         try:
+            restore_s = time.monotonic() - t
+            warm.ssh.transport()
+            ssh_s = time.monotonic() - t - restore_s
             warm_facts = warm.ready(timeout=600, desktop=True)
             handout_s = time.monotonic() - t
+            wake_s = handout_s - restore_s - ssh_s
             assert warm_facts.project_mounted and warm_facts.desktop, warm_facts
+            assert warm.guest.run("true").exit_code == 0
+            first_run_s = time.monotonic() - t
+        finally:
+            warm.destroy()
+
+        # The other slot parked (restored, woken, paused) as the pool's refill parks one, then
+        # handed to a session whose project folder vmd has just checked out (a file in it).
+        checkout = Path(tmp) / "checkout"
+        checkout.mkdir()
+        (checkout / "hello.txt").write_text("from the project\n")
+        present_to_guest(checkout, share_owner(settings.share_user))
+        t = time.monotonic()
+        parked = pool.park_one(image)
+        park_s = time.monotonic() - t
+        assert parked is not None
+        time.sleep(2)  # paused, as it waits for a session
+        t = time.monotonic()
+        warm, note = pool.machine_for(image, workdir=Path(tmp) / "parked", project_dir=checkout)
+        try:
+            assert warm is not None, note
+            parked_handout_s = time.monotonic() - t
+            parked_facts = warm.ready(timeout=600, desktop=True)
+            parked_ready_s = time.monotonic() - t
+            assert parked_facts.project_mounted and parked_facts.desktop, parked_facts
+            first = warm.guest.run("cat hello.txt")
+            assert first.stdout == "from the project\n", first
+            parked_first_s = time.monotonic() - t
         finally:
             warm.destroy()
 
     r, p, f = median_ms(runner), median_ms(persistent), median_ms(fresh)
     print(f"accelerator                        {facts.accel}")
     print(f"cold boot to ready (desktop up)    {boot_s:8.1f} s")
-    print(f"warm hand-out to ready             {handout_s:8.1f} s  (restore + share + clock + ready; "
+    print(f"warm, restored: hand-out to ready  {handout_s:8.2f} s  (restore + share + clock + ready; "
           f"the slot took {slot_s:.1f} s to make)")
-    print(f"cold boot / warm hand-out          {boot_s / handout_s:8.1f} x")
+    print(f"  of it: restore {restore_s:.2f} s, SSH handshake {ssh_s:.2f} s, waking command {wake_s:.2f} s")
+    print(f"warm, restored: request to first run answered {first_run_s:8.2f} s  "
+          f"(first run {first_run_s - handout_s:.2f} s: the runner's start)")
+    print(f"warm, parked: request to first run answered   {parked_first_s:8.2f} s  (parking it took {park_s:.1f} s "
+          f"ahead of the request)")
+    print(f"  of it: hand-out (checks, renames, resume) {parked_handout_s:.3f} s, clock + share "
+          f"{parked_ready_s - parked_handout_s:.3f} s, first run {parked_first_s - parked_ready_s:.3f} s")
+    print(f"restored / parked, to first run    {first_run_s / parked_first_s:8.1f} x")
+    print(f"cold boot / warm hand-out (parked) {boot_s / parked_first_s:8.1f} x")
     print(f"resumed question to first command  {resume_s:8.1f} s")
     print(f"cold boot / resumed question       {boot_s / resume_s:8.1f} x")
     print(f"run('true'), runner in the guest   {r:8.1f} ms  (median of {args.runs}; "

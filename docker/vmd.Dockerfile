@@ -5,12 +5,13 @@ ARG BASE=debian:12-slim
 FROM ${BASE}
 # python3-libvirt from Debian (the venv sees it): no compiler or libvirt headers in the image.
 # debootstrap, e2fsprogs, qemu-utils and openssh-client build the guest image on first
-# start; tesseract reads the screen as text for models without vision.
+# start; tesseract reads the screen as text for models without vision, and xfonts-base
+# holds the guests' terminal font, whose text vmd reads cell by cell (vmd/machines/terminal_cells.py).
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils \
         python3 python3-venv python3-libvirt \
         git openssh-client genisoimage debootstrap e2fsprogs ca-certificates \
-        tesseract-ocr tesseract-ocr-eng nftables \
+        tesseract-ocr tesseract-ocr-eng xfonts-base nftables \
     && rm -rf /var/lib/apt/lists/*
 # libvirtd in a container, with the capabilities the compose file grants and no more:
 # - namespaces: a private mount namespace per guest needs CAP_SYS_ADMIN; the container
@@ -26,8 +27,7 @@ WORKDIR /app
 COPY pyproject.toml ./
 COPY vmd ./vmd
 COPY vmagent ./vmagent
-COPY images ./images
-# Editable: vmd finds its image recipes beside its sources (/app/images), as in a clone.
+# Editable: vmd finds its image recipes among its sources (/app/vmd/images), as in a clone.
 # pip upgraded first: Debian's (23.x) stops with "Candidate is not for this requirement
 # lxml[html-clean,html-clean]" on the web packages' two spellings of one extra.
 RUN python3 -m venv --system-site-packages /opt/venv && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \

@@ -49,18 +49,25 @@ fi
 say "system packages"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
-# tesseract: vmd reads the screen as text for a model that cannot see images (vmd/machines/screen_text.py).
+# tesseract: vmd reads the screen as text for a model that cannot see images (vmd/machines/screen_text.py);
+# xfonts-base: the guests' terminal font, which vmd reads cell by cell (vmd/machines/terminal_cells.py).
+# openbox, xterm, x11-xserver-utils, x11-utils: the debian guest's desktop drawn on Xvfb here, for the
+# tests and bench/ocr.py of that reading (tests/guest_desktop.py).
 # python3-tk: the eval's GUI check on the host (tests/test_eval.py), as in the guest.
 # searx: the real search engine web_search's tests run on loopback (tests/searx_server.py).
 # Windows guests (docs/windows.md): wimtools reads the editions of the user's ISO, ovmf and
 # swtpm boot Windows 11 (UEFI, TPM 2.0); samba and cifs-utils serve and test the project
-# share over SMB, since 9p has no Windows driver; mono-mcs compiles the C# the Windows guest's
-# scripts hand to Add-Type (tests/test_windows_scripts.py), as no Windows runs here.
+# share over SMB, since 9p has no Windows driver; bubblewrap is the sandbox each smbd runs in
+# (vmd/machines/smbd_jail.py) and smbclient the SMB client its tests log on with; mono-mcs
+# compiles the C# the Windows guest's scripts hand to Add-Type (tests/test_windows_scripts.py),
+# as no Windows runs here; mtools writes the FAT boot images of the test install media that
+# OVMF boots (tests/efi_loader.py).
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
     chromium xvfb xdotool python3-tk ca-certificates tesseract-ocr tesseract-ocr-eng nftables searx \
-    wimtools ovmf swtpm swtpm-tools samba cifs-utils mono-mcs >/dev/null
+    xfonts-base openbox xterm x11-xserver-utils x11-utils \
+    wimtools ovmf swtpm swtpm-tools samba cifs-utils bubblewrap smbclient mono-mcs mtools >/dev/null
 
 say "libvirt"
 # QEMU runs as libvirt's unprivileged user (vmd puts a DAC label on every guest) and the

@@ -94,7 +94,8 @@ class HostileSshd:
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(4)
         self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
 
     @staticmethod
     def exit_zero(command: str, channel: paramiko.Channel) -> None:
@@ -146,6 +147,14 @@ class HostileSshd:
 
     def close(self) -> None:
         self.stop.set()
+        # shutdown wakes the accept() under way; close alone does not, and the thread's next
+        # accept() could then take the fd number a later socket got (vmd's own listener in
+        # test_history_verb, whose client then met this server's SSH banner).
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._accepting.join(5)
         self.listener.close()
         for transport in self.transports:
             transport.close()

@@ -24,6 +24,8 @@ import uuid
 import zlib
 from pathlib import Path
 
+from vmagent.job_file import JobFile
+
 
 def tiny_png(width: int = 320, height: int = 200, rgb=(40, 90, 160)) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
@@ -41,15 +43,15 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--job-dir", required=True, type=Path)
     args = parser.parse_args()
-    job = json.loads((args.job_dir / "job.json").read_text())
-    task = job["spec"]["task"]
+    job = JobFile.read(args.job_dir)  # the worker's own reader (vmagent/job_file.py)
+    task = job.spec.task
     transcript_path = args.job_dir / "transcript.json"
     cancel = threading.Event()
     if "stubborn" in task:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, lambda *_: cancel.set())
-    if job.get("cancel"):
+    if job.cancel:
         cancel.set()
 
     def emit(event: dict) -> None:
@@ -67,17 +69,17 @@ def main() -> int:
                                            "verification": verification,
                                            "steps": extra.get("steps", 3)}})
 
-    if job.get("mode") == "resume":
+    if job.mode == "resume":
         saved = json.loads(transcript_path.read_text())
         if cancel.is_set():
             outcome("cancelled", f"# Job cancelled\n\nCancelled while waiting. boot_id={saved['boot_id']}")
             return 0
         emit({"type": "status", "text": "resumed"})
-        emit({"type": "speech", "text": f"Carrying on with answer={job.get('answer')!r} "
-                                        f"approved={job.get('approved')!r}"})
+        emit({"type": "speech", "text": f"Carrying on with answer={job.answer!r} "
+                                        f"approved={job.approved!r}"})
         emit({"type": "command", "command": "cat /proc/sys/kernel/random/boot_id"})
         emit({"type": "output", "stream": "stdout", "line": saved["boot_id"]})
-        outcome("done", f"# Job done\n\nanswer={job.get('answer')!r} approved={job.get('approved')!r} "
+        outcome("done", f"# Job done\n\nanswer={job.answer!r} approved={job.approved!r} "
                         f"boot_id={saved['boot_id']}", verified=True, steps=7)
         return 0
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 
 from vmd.projects import publish
-from vmd.projects.publish import Remote, prepare_project
+from vmd.projects.publish import prepare_project
+from vmd.projects.remote import Remote
 
 
 def test_three_opens_of_a_project_in_one_second_keep_both_earlier_folders(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from vmd.machines.domain_xml import (OVMF_CODE, OVMF_VARS, QEMU_NS, SMB_SERVER, 
                                      NinePShare, SerialLog, SmbShare, UserNetwork, Video, smb_socket_of)
 from vmd.machines.images import Image
 from vmd.machines.port import MachineError
+from vmd.machines.smb_share import release_share
 
 GOLDEN = Path(__file__).parent / "golden" / "boot_share"
 MACS = {"ssh_mac": "52:54:00:a9:00:01", "egress_mac": "52:54:00:e9:00:01"}
@@ -121,12 +122,12 @@ def _image(tmp_path: Path, **manifest) -> Image:
 
 
 def test_todays_debian_manifest_means_its_kernel_and_9p(tmp_path):
-    # The manifest images/debian/build.sh writes names neither boot nor share.
+    # The manifest vmd/images/debian/build.sh writes names neither boot nor share.
     image = _image(tmp_path)
     boot = boot_for(image, tmp_path / "w")
     assert boot == DirectKernel(str(tmp_path / "vmlinuz"), str(tmp_path / "initrd.img"), "root=/dev/vda")
-    assert share_for(image, tmp_path / "p", tmp_path / "w", None, "nobody") == NinePShare(str(tmp_path / "p"))
-    assert share_for(image, None, tmp_path / "w", None, "nobody") is None
+    assert share_for(image, tmp_path / "p", tmp_path / "w", None) == NinePShare(str(tmp_path / "p"))
+    assert share_for(image, None, tmp_path / "w", None) is None
 
 
 def test_a_windows_manifest_means_ovmf_a_tpm_and_smb(tmp_path):
@@ -134,21 +135,28 @@ def test_a_windows_manifest_means_ovmf_a_tpm_and_smb(tmp_path):
                    kernel=None, initrd=None)
     workdir = tmp_path / "w"
     assert boot_for(image, workdir) == DiskBoot(uefi=True, tpm=True, nvram=str(workdir / NVRAM_FILE))
-    share = share_for(image, tmp_path / "p", workdir, None, "nobody")
+    (tmp_path / "p").mkdir()
+    share = share_for(image, tmp_path / "p", workdir, None)
     assert isinstance(share, SmbShare) and share.source == str(tmp_path / "p")
     assert Path(share.socket).parent == workdir / "smb"
-    # vmd's own smbd configuration, private like every file of vmd's.
-    conf = workdir / "smb" / "smb.conf"
-    assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+    # vmd's own smbd folder: its configuration and the share's account, private to vmd; the
+    # project folder given to the share's own uid.
     assert stat.S_IMODE((workdir / "smb").stat().st_mode) == 0o700
-    assert f"path = {tmp_path / 'p'}" in conf.read_text()
+    assert stat.S_IMODE((workdir / "smbd").stat().st_mode) == 0o700
+    assert stat.S_IMODE((workdir / "smbd" / "account.json").stat().st_mode) == 0o600
+    account = json.loads((workdir / "smbd" / "account.json").read_text())
+    assert (tmp_path / "p").stat().st_uid == account["uid"] != 0
+    assert f"valid users = {account['user']}" in (workdir / "smbd" / "smb.conf").read_text()
+    release_share(workdir)
 
 
 def test_a_test_may_boot_the_debian_guest_with_smb_and_bad_choices_get_a_sentence(tmp_path):
     image = _image(tmp_path)
-    assert isinstance(share_for(image, tmp_path / "p", tmp_path / "w", None, "nobody", kind="smb"), SmbShare)
+    (tmp_path / "p").mkdir()
+    assert isinstance(share_for(image, tmp_path / "p", tmp_path / "w", None, kind="smb"), SmbShare)
+    release_share(tmp_path / "w")
     with pytest.raises(MachineError, match="vmd shares over 9p or smb"):
-        share_for(image, tmp_path / "p", tmp_path / "w", None, "nobody", kind="nfs")
+        share_for(image, tmp_path / "p", tmp_path / "w", None, kind="nfs")
     with pytest.raises(Exception, match="boot"):
         _image(tmp_path, boot="pxe")
     with pytest.raises(MachineError, match="no kernel or initrd; rebuild it"):
@@ -181,6 +189,12 @@ def test_a_machine_of_a_windows_manifest_gets_ovmf_a_tpm_and_the_smb_forward(tmp
         assert root.find("devices/filesystem") is None
         assert any("guestfwd=tcp:10.0.2.4:445-chardev:vmdsmb" in arg for arg in _args(root))
         assert machine.guest.share == "smb"
+        # The guest maps the share with the share's own login, which the record never sees.
+        account = json.loads((tmp_path / "w" / "smbd" / "account.json").read_text())
+        assert machine.guest.share_login.user == account["user"]
+        assert machine.guest.share_login.password == account["password"]
+        assert account["password"] not in repr(machine.guest.share_login)
+        assert account["password"] not in (tmp_path / "w" / "domain.xml").read_text()
         target = root.find("devices/disk[@device='disk']/target")
         assert (target.get("bus"), target.get("dev")) == ("sata", "sda")
         nics = [a for a in _args(root) if "netdev=vmdnet0" in a]
@@ -188,6 +202,7 @@ def test_a_machine_of_a_windows_manifest_gets_ovmf_a_tpm_and_the_smb_forward(tmp
     finally:
         machine.destroy()
     assert "win-wiring" not in [d.name() for d in libvirt.open("test:///default").listAllDomains()]
+    assert not (tmp_path / "w" / "smbd" / "account.json").exists()  # its uid free, its password gone
 
 
 def test_a_uefi_guest_is_undefined_with_its_variable_store_on_libvirts_qemu_driver(tmp_path):
@@ -218,3 +233,42 @@ def test_a_uefi_guest_is_undefined_with_its_variable_store_on_libvirts_qemu_driv
         if name in [d.name() for d in conn.listAllDomains()]:
             dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
         conn.close()
+
+
+def test_a_machine_whose_project_share_does_not_map_is_not_ready_and_says_why(tmp_path):
+    # Before, ready() mapped Z: and never looked: every command lost its Z:\ folder. Now a
+    # share the guest could not map stops the machine's ready with the guest's own words.
+    import subprocess
+
+    from vmd.guests.guest import GuestFacts
+    from vmd.machines.machine import Machine
+
+    folder = tmp_path / "windows-test"
+    folder.mkdir()
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(folder / "disk.qcow2"), "64M"], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "id_ed25519")], check=True)
+    image = _image(folder, os_family="windows", user="agent", project_path="Z:\\", desktop=False, boot="disk",
+                   uefi=True, tpm=True, share="smb", kernel=None, initrd=None, disk_bus="sata", nic="e1000e")
+    project = tmp_path / "project"
+    project.mkdir()
+    machine = Machine.create(image, name="win-unmapped", workdir=tmp_path / "w", project_dir=project,
+                             uri="test:///default")
+
+    class Unmapped:  # what WindowsGuest answers when net use fails
+        share_login = machine.guest.share_login
+
+        def mount_share(self):
+            return "net use exited 2: System error 1326 has occurred. The user name or password is incorrect."
+
+        def facts(self):
+            return GuestFacts(os="Windows 11 Pro", kernel="", python="none", git="none", desktop=True,
+                              project_mounted=False, boot_id="b", hostname="W")
+
+    try:
+        machine.guest = Unmapped()
+        machine.ssh.transport = lambda: None  # sshd answers
+        with pytest.raises(MachineError, match=r"its project share is not mounted at Z:\\ \(net use exited 2: System "
+                                               r"error 1326 .*\); nothing it wrote would be kept"):
+            machine.ready(timeout=30)
+    finally:
+        machine.destroy()

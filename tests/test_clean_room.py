@@ -149,3 +149,57 @@ def test_an_unchanged_folder_pushes_the_verified_tree_as_verified(vmd):
     assert tree(closed["commit"]) == tree(finished["outcome"]["candidate"])
     message = subprocess.run([*git, "log", "-1", "--format=%B", "main"], capture_output=True, text=True).stdout
     assert "on a fresh machine holding" in message and "verified and proven" in message
+
+
+def _slow_rooms(vmd, seconds: dict[str, float]) -> list[tuple[str, str, float]]:
+    """Rooms whose boot takes `seconds[role]` ("check", "base"); each boot's start and end
+    noted as (role, "start"|"end", monotonic time)."""
+    import time
+
+    noted: list[tuple[str, str, float]] = []
+    create = vmd.machines.create
+
+    def made(spec):
+        machine = create(spec)
+        role = next((r for r in seconds if f"-{r}-" in spec.name), None)
+        if role is not None:
+            def ready(timeout, desktop=False, _ready=machine.ready):
+                noted.append((role, "start", time.monotonic()))
+                time.sleep(seconds[role])
+                facts = _ready(timeout, desktop)
+                noted.append((role, "end", time.monotonic()))
+                return facts
+            machine.ready = ready
+        return machine
+
+    vmd.machines.create = made
+    return noted
+
+
+def test_the_baseline_room_boots_while_the_candidates_check_runs(vmd):
+    noted = _slow_rooms(vmd, {"check": 1.0, "base": 1.0})
+    outcome = vmd.call("finish", summary="hi", verification="bash check.sh")["outcome"]
+    assert outcome["passed"] is True and outcome["proven"] is True
+    when = {(role, edge): t for role, edge, t in noted}
+    # Side by side: the baseline's boot began before the candidate's had ended.
+    assert when[("base", "start")] < when[("check", "end")], noted
+
+
+def test_a_failed_check_is_refused_without_waiting_for_the_baselines_boot_and_its_room_goes(vmd):
+    import time
+
+    noted = _slow_rooms(vmd, {"base": 3.0})
+    vmd.call("run", command="echo 'echo bye' > app.sh")  # the work is wrong now
+    refused = _refused(vmd, summary="hi", verification="bash check.sh")
+    assert refused.message.startswith("REFUSED: your verification failed")
+    base_ended = [t for role, edge, t in noted if (role, edge) == ("base", "end")]
+    assert not base_ended, "the refusal waited for the baseline's boot, which it does not use"
+    base = [name for name in vmd.machines.machines if "-base-" in name]
+    assert len(base) == 1
+    deadline = time.monotonic() + 30
+    while base[0] not in vmd.machines.destroyed and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert base[0] in vmd.machines.destroyed, "the unused baseline room was left running"
+    rooms = vmd.config.sessions_dir / vmd.session_id / "rooms"
+    assert not list(rooms.iterdir()), "the unused baseline room's folder was left behind"
+    assert vmd.call("session_status")["state"] == "ready"

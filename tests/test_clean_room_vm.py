@@ -12,7 +12,7 @@ import pytest
 
 from tests.vmd_fakes import make_config
 from tests.vmd_wire import WireVmd
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 

@@ -1,4 +1,4 @@
-"""vmagent/client.py `Vmd` against a server on a real Unix socket that speaks vmd's wire
+"""vmagent/link/unix_socket.py `Vmd` against a server on a real Unix socket that speaks vmd's wire
 protocol and does what each test tells it: a result (answered as the verb's result model,
 or refused when it does not fit it), an error with data, output lines while a call runs,
 BUSY, or vanishing mid-call. Every wait is short: a client that
@@ -16,9 +16,10 @@ from typing import Callable
 import pytest
 
 from tests.vmd_fakes import short_socket_dir
-from vmagent import client
-from vmagent.client import ResultUnfit, SessionLink, Vmd, VmdError, VmdUnavailable
-from vmd.verbs import BUSY, FAILED, INTERNAL_ERROR, REFUSED, PeekResult, RunResult, SessionStatusResult
+from vmagent.link import ResultUnfit, SessionLink, Vmd, VmdError, VmdUnavailable
+from vmagent.link import session_link as client
+from vmd.contract.errors import BUSY, FAILED, INTERNAL_ERROR, REFUSED
+from vmd.contract.results import PeekResult, RunResult, SessionStatusResult
 
 # A reply the client has not got by then is a hang.
 WAIT_S = 5.0
@@ -126,7 +127,7 @@ def vanish(wire: Wire, request: dict) -> bool:
     return False
 
 
-# Whole answers, as vmd gives them (vmd/verb_results.py): the client checks each against its model.
+# Whole answers, as vmd gives them (vmd/contract/results.py): the client checks each against its model.
 OPENED = {"session_id": "s1", "text": "opened", "os": "debian", "os_family": "linux", "project": None,
           "project_share": False, "storage": "nothing is kept", "state": "booting"}
 STATUS = {"session_id": "s1", "state": "ready", "planned": True, "tasks": "1. [ ] it", "status_line": "ready",

@@ -7,7 +7,7 @@ import json
 import math
 
 from tests.ollama_server import Turn, honest_prompt_tokens, start_ollama
-from vmagent.compact import (
+from vmagent.loop.compact import (
     COMPACTED_HEADER,
     Calibration,
     Compactor,
@@ -16,7 +16,7 @@ from vmagent.compact import (
     estimate_tokens,
 )
 from vmagent.config import AgentConfig
-from vmagent.llm import LLM
+from vmagent.models.ollama import OllamaModel as LLM
 
 RUN_TOOL = {
     "type": "function",
@@ -130,11 +130,12 @@ def test_tools_are_counted_as_ollamas_client_sends_them():
 
     schemas = tools.schemas("linux", "working", True)
     with start_ollama(["fine"]) as server:
-        _, llm, _ = make(server.url)
+        _, llm, compactor = make(server.url)
         llm.chat([TASK], tools=schemas)
     sent = json.dumps(server.chat_requests[-1]["tools"], ensure_ascii=False)
     assert len(sent) < len(json.dumps(schemas, ensure_ascii=False))  # the client dropped fields
-    assert estimate_tokens([], schemas) == math.ceil(len(sent) / 4)
+    assert compactor.estimate([], schemas) == estimate_tokens([], llm.tools_as_sent(schemas)) == \
+        math.ceil(len(sent) / 4)
 
 
 # --- compaction -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Every size in the verb contract (vmd/verbs.py) has an upper bound: vmd is root and
+"""Every size in the verb contract (vmd/contract/bounds.py) has an upper bound: vmd is root and
 shared by every session, and a number or text it takes from a request is memory or time
 it spends (`read_file` with limit=10**12 asked the guest for a terabyte, held in vmd)."""
 
@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from vmd import verbs as V
+from vmd.contract.bounds import COMMAND_CHARS, PATH_CHARS, TASKS, TITLE_CHARS, TYPE_CHARS
+from vmd.contract.check import Verification
+from vmd.contract.params import ReadFile, VERBS
 
 # Fields that size nothing, with the reason; everything else must be bounded.
 UNBOUNDED: dict[str, str] = {}
@@ -31,9 +33,9 @@ def _problems(node: dict, where: str) -> list[str]:
 
 def _models():
     seen = {}
-    for verb, model in V.VERBS.items():
+    for verb, model in VERBS.items():
         seen.setdefault(model, verb)
-    seen.setdefault(V.Verification, "finish.verification")
+    seen.setdefault(Verification, "finish.verification")
     return seen.items()
 
 
@@ -49,23 +51,23 @@ def test_every_size_in_the_contract_has_an_upper_bound(model, verb):
 
 
 def test_read_file_limit_is_the_read_paths_own_cap():
-    from vmd.guests.linux import READ_LIMIT
+    from vmd.guests.linux.guest import READ_LIMIT
 
-    assert V.ReadFile(path="a", limit=READ_LIMIT).limit == READ_LIMIT
+    assert ReadFile(path="a", limit=READ_LIMIT).limit == READ_LIMIT
     with pytest.raises(ValidationError, match="less than or equal to 200000"):
-        V.ReadFile(path="a", limit=10**12)
+        ReadFile(path="a", limit=10**12)
 
 
 @pytest.mark.parametrize("verb, params", [
-    ("run", {"command": "x" * (V.COMMAND_CHARS + 1)}),
-    ("plan_tasks", {"tasks": ["t"] * (V.TASKS + 1)}),
-    ("plan_tasks", {"tasks": ["t" * (V.TITLE_CHARS + 1)]}),
-    ("launch_app", {"path": "/bin/true", "args": ["a" * (V.PATH_CHARS + 1)]}),
+    ("run", {"command": "x" * (COMMAND_CHARS + 1)}),
+    ("plan_tasks", {"tasks": ["t"] * (TASKS + 1)}),
+    ("plan_tasks", {"tasks": ["t" * (TITLE_CHARS + 1)]}),
+    ("launch_app", {"path": "/bin/true", "args": ["a" * (PATH_CHARS + 1)]}),
     ("scroll", {"x": 1, "y": 1, "amount": 10**9}),
-    ("type", {"text": "a" * (V.TYPE_CHARS + 1)}),
+    ("type", {"text": "a" * (TYPE_CHARS + 1)}),
     ("session_ready", {"timeout": 1e12}),
     ("note", {"turn": 10**30, "text": "x"}),
 ])
 def test_a_size_past_its_bound_is_refused_at_the_edge(verb, params):
     with pytest.raises(ValidationError):
-        V.VERBS[verb].model_validate(params)
+        VERBS[verb].model_validate(params)

@@ -32,7 +32,7 @@ import pytest
 
 from tests.guests import clean_up_domains, domains_of, wait_for
 from tests.test_vmd_faults_vm import libvirt_conn, vmd_process  # noqa: F401 (fixtures)
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from tests.vmd_wire import WireVmd
 
 pytestmark = pytest.mark.vm

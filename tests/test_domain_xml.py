@@ -15,9 +15,9 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from vmd.machines import machine as machine_module
 from vmd.machines.domain_xml import QEMU_NS, DirectKernel, Disk, Domain, NinePShare, SerialLog, UserNetwork, Video
 from vmd.machines.images import Image, ImageMissing, find_image
-from vmd.machines import machine as machine_module
 from vmd.machines.machine import Machine
 from vmd.machines.port import MachineError
 
@@ -146,7 +146,7 @@ def test_an_image_without_its_key_is_refused_before_a_guest_starts(fake_image, t
 def test_a_guest_vmd_cannot_take_over_once_started_is_destroyed(fake_image, tmp_path, monkeypatch):
     # The domain runs before vmd builds its Machine (SSH, guest, screen, SMB relay): a failure
     # there must not leave a guest running that no session owns.
-    def broken(domain, workdir):
+    def broken(domain, workdir, max_starts):
         raise OSError("the relay's socket folder is gone")
     monkeypatch.setattr(machine_module, "relay_for", broken)
     with pytest.raises(MachineError, match=r"the guest 'orphan' started but vmd could not take it over "
@@ -220,7 +220,7 @@ def test_the_accel_in_vmds_config_file_is_what_its_machines_and_warm_pool_use(fa
 
 def test_the_image_manifest_picks_the_guest_and_session_open_can_say_its_family(fake_image, tmp_path):
     from vmd.config import VmdConfig
-    from vmd.guests.linux import LinuxGuest
+    from vmd.guests.linux.guest import LinuxGuest
     from vmd.machines.libvirt_machines import LibvirtMachines
     from vmd.machines.port import MachineError
 

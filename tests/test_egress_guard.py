@@ -14,7 +14,8 @@ import pytest
 from tests.vmd_fakes import LocalMachines, local_vmd
 from tests.vmd_wire import WireVmd
 from vmd.config import VmdConfig, VmdConfigError
-from vmd.machines.egress_guard import TABLE, Allowed, EgressGuard, EgressGuardError, Ruleset, host_dns_servers
+from vmd.config.egress_allow import Allowed
+from vmd.machines.egress_guard import TABLE, EgressGuard, EgressGuardError, Ruleset, host_dns_servers
 
 
 def test_an_allow_list_entry_needs_a_reason_and_a_real_range():

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from vmd import verbs as V
-from vmd.errors import REFUSED
+from vmd.contract.check import CheckAttempt, FinishRefusalData
+from vmd.contract.errors import REFUSED_PREFIX
+from vmd.contract.errors import REFUSED
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.projects.repository import repository_path
-from vmd.session.record import read_record
 from vmd.server.rpc import VmdServer
+from vmd.session.record import read_record
 from tests.vmd_fakes import LocalMachines, RpcClient, RpcError, make_config
 
 
@@ -30,14 +31,14 @@ def refusal(c: RpcClient, **params) -> RpcError:
     """finish's refusal: an error with code REFUSED whose message starts with REFUSED:."""
     with pytest.raises(RpcError) as err:
         c.call("finish", **params)
-    assert err.value.code == REFUSED and err.value.message.startswith(V.REFUSED_PREFIX), err.value.message
+    assert err.value.code == REFUSED and err.value.message.startswith(REFUSED_PREFIX), err.value.message
     return err.value
 
 
-def attempt_of(refused: RpcError) -> V.CheckAttempt:
+def attempt_of(refused: RpcError) -> CheckAttempt:
     """The attempt a refusal after vmd's run of the check carries as its data."""
     assert refused.data is not None, refused.message
-    return V.FinishRefusalData.model_validate(refused.data).attempt
+    return FinishRefusalData.model_validate(refused.data).attempt
 
 
 def _gate_sequence(c: RpcClient) -> None:

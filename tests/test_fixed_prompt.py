@@ -3,7 +3,7 @@ job. It is decided when the job starts, from what the image is (session_open's `
 `os_family`), and stays the same all job long; it is small enough that a model with 8k
 tokens of context keeps 5k of them for its work. Counted with a real model's tokenizer
 (SmolLM2's, in a real llama.cpp server: tests/llamacpp_server.py) on the two wire forms the
-backends send (Ollama's client's, vmagent/wire.py; OpenAI's, vmagent/openai_wire.py)."""
+backends send (Ollama's client's, vmagent/models/ollama/wire.py; OpenAI's, vmagent/models/openai/wire.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from tests.ollama_server import start_ollama
 from tests.test_loop import finish_script, run
 from vmagent.config import AgentConfig
 from vmagent.loop import JobSpec, run_job
-from vmagent.openai_wire import request_body
+from vmagent.models.openai.wire import request_body
 from vmagent.prompts import load_prompts
 from vmagent.tools import SCREEN_TOOLS, offered_names, offered_schemas
-from vmagent.wire import wire_tools
+from vmagent.models.ollama.wire import wire_tools
 
 # What the fixed prompt may cost at most, and what a job on an 8k model must keep for its work.
 FIXED_TOKENS = 3000

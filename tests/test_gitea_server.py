@@ -18,7 +18,8 @@ from tests.gitea_spec import (error_problems, operation, request_problems, respo
                               shape_problems, spec)
 from vmd.projects.gitea import GiteaClient, GiteaError
 from vmd.projects.owners import OwnerPolicy
-from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
+from vmd.projects.publish import commit_project, prepare_project, push_project
+from vmd.projects.remote import Remote
 
 TOKEN = "spec-check-token-9c1d"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -17,8 +17,8 @@ import pytest
 
 from tests.hostile_sshd import (CLOSE, EOF, HANDLE, LSTAT, NO_SUCH_FILE, OPEN, OPENDIR, READDIR, STAT, HostileSshd,
                                 file_attrs, names, packet, status, string, u32)
-from vmd.guests.linux import LinuxGuest
-from vmd.guests.runner_link import RUNNER_SOURCE, RunnerPool, SshRunnerLauncher
+from vmd.guests.linux.guest import LinuxGuest
+from vmd.guests.linux.runner_link import RUNNER_SOURCE, RunnerPool, SshRunnerLauncher
 from vmd.guests.ssh import LIST_MAX_ENTRIES, SshConnection
 
 
@@ -97,7 +97,8 @@ def test_a_listing_of_a_million_entries_is_capped_in_memory_with_a_sentence(sshd
 
 def test_the_list_dir_verb_says_the_listing_was_cut(sshd):
     from vmd.session.handlers.shell_verbs import list_dir
-    from vmd import verbs as V
+    from vmd.contract.params import ListDir
+    from vmd.contract.results import result_problem
 
     sshd.sftp_handler, _ = listing_server(LIST_MAX_ENTRIES + 500)
     guest = LinuxGuest(connect(sshd), use_runner=False)
@@ -106,17 +107,17 @@ def test_the_list_dir_verb_says_the_listing_was_cut(sshd):
         def ready_machine(self):
             return type("M", (), {"guest": guest})()
 
-    result = list_dir(_Session(), V.ListDir(path="big"), None)
+    result = list_dir(_Session(), ListDir(path="big"), None)
     assert len(result["entries"]) == LIST_MAX_ENTRIES
     assert result["text"].endswith("list a narrower folder or use run('ls | head').]")
-    assert V.result_problem("list_dir", result) is None
+    assert result_problem("list_dir", result) is None
     guest.close()
 
 
 def test_a_listing_dribbled_forever_is_stopped_by_the_total_time_bound(sshd, monkeypatch):
     """One entry a reply, each reply quick enough for the per-reply bound, without end."""
     monkeypatch.setattr("vmd.guests.ssh.LIST_TIME_S", 2.0)
-    monkeypatch.setattr("vmd.guests.linux.LIST_TIME_S", 2.0)
+    monkeypatch.setattr("vmd.guests.linux.guest.LIST_TIME_S", 2.0)
     sshd.sftp_handler, sent = listing_server(None, per_reply=1, delay=0.05)
     guest = LinuxGuest(connect(sshd), use_runner=False)
     guest.ssh.sftp_reply_timeout = 10

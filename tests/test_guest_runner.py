@@ -1,4 +1,4 @@
-"""The guest runner (vmd/guests/in_guest/runner.py) and its host end (vmd/guests/runner_link.py), without a
+"""The guest runner (vmd/guests/linux/in_guest/runner.py) and its host end (vmd/guests/linux/runner_link.py), without a
 guest: the runner runs here as a local process and `LinuxGuest` drives it through a
 stand-in channel over the process's pipes. A fake runner plays the attacker: malformed
 frames and a runner that dies must end the command with a clear error, never hang it,
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from vmd.guests.guest import GuestError
-from vmd.guests.linux import LinuxGuest
-from vmd.guests.runner_link import (RUNNER_PATH, RUNNER_SHA256, RUNNER_SOURCE, RunnerDeadline, RunnerLink,
-                             RunnerLost, RunnerPool, RunnerUnavailable, SshRunnerLauncher)
+from vmd.guests.linux.guest import LinuxGuest
+from vmd.guests.linux.runner_link import (RUNNER_PATH, RUNNER_SHA256, RUNNER_SOURCE, RunnerDeadline, RunnerLink,
+                                          RunnerLost, RunnerPool, RunnerUnavailable, SshRunnerLauncher)
 
-RUNNER = Path(__file__).resolve().parent.parent / "vmd" / "guests" / "in_guest" / "runner.py"
+RUNNER = Path(__file__).resolve().parent.parent / "vmd" / "guests" / "linux" / "in_guest" / "runner.py"
 
 
 class PipeTransport:
@@ -468,7 +468,7 @@ def test_without_python3_the_guest_falls_back_to_exec_and_says_so_once(tmp_path,
     with pytest.raises(RunnerUnavailable, match="exit status 127.*command not found"):
         launcher()
     guest = LinuxGuest(ssh, str(tmp_path), runners=RunnerPool(launcher))
-    with caplog.at_level(logging.WARNING, logger="vmd.guests.linux"):
+    with caplog.at_level(logging.WARNING, logger="vmd.guests.linux.guest"):
         assert guest.run("echo one").exit_code == 0
         assert guest.run("echo two").exit_code == 0
     assert guest.exec_runs == 2 and guest.runner_runs == 0 and "command not found" in guest.runner_off

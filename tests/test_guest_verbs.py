@@ -1,4 +1,4 @@
-"""The Linux verbs whose command differs by OS (vmd/guests/os_verbs.py): the command the
+"""The Linux verbs whose command differs by OS (vmd/guests/linux/verbs.py): the command the
 guest sends, and what comes back of it, on a guest that only records its commands. Windows'
 are in tests/test_windows_guest.py, against an SSH server that answers like Windows'."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vmd.guests.guest import CommandResult, GuestError
-from vmd.guests.os_verbs import LinuxVerbs
+from vmd.guests.linux.verbs import LinuxVerbs
 
 
 class _Recording:

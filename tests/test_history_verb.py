@@ -1,4 +1,4 @@
-"""The `history` verb (vmd/server/history.py): vmd's own repository of one owner's project,
+"""The `history` verb (vmd/session/handlers/history_verbs.py): vmd's own repository of one owner's project,
 read without a session, bounded, as data. A real vmd on its socket (stand-in machines),
 real git repositories in its state folder, and the verb spoken as the contract says."""
 
@@ -9,10 +9,11 @@ import subprocess
 
 import pytest
 
-from vmd import verbs as V
-from vmd.errors import INVALID_PARAMS
+from vmd.contract.bounds import HISTORY_COMMITS, name_problem
+from vmd.contract.errors import INVALID_PARAMS
+from vmd.contract.results import result_problem
 from vmd.projects.repository import repository_path
-from vmd.server import history as history_module
+from vmd.session.handlers import history_verbs as history_module
 from tests.service_harness import vmd_project_repo
 from tests.vmd_fakes import RpcClient, RpcError, local_vmd
 
@@ -37,7 +38,7 @@ def git(repo, *args: str) -> str:
 def history(config, **params) -> dict:
     with RpcClient(config.socket) as c:  # a fresh connection: no session bound
         answer = c.call("history", **params)
-    assert V.result_problem("history", answer) is None
+    assert result_problem("history", answer) is None
     return answer
 
 
@@ -74,7 +75,7 @@ def test_bounds_cut_the_answer_and_say_so(vmd):
     body = short["text"].rsplit("\n(cut at max_bytes=120", 1)
     assert len(body) == 2 and len(body[0].encode()) <= 120 and whole["text"].startswith(body[0])
     with pytest.raises(RpcError) as err:
-        history(vmd, owner="alice", project="demo", max_commits=V.HISTORY_COMMITS + 1)
+        history(vmd, owner="alice", project="demo", max_commits=HISTORY_COMMITS + 1)
     assert err.value.code == INVALID_PARAMS
 
 
@@ -160,6 +161,6 @@ def test_a_sessions_commit_is_in_the_history_it_leaves(vmd):
 def test_a_name_with_a_final_newline_is_refused_by_vmd_itself():
     """`re.match` lets `$` match before a final newline: vmd's own rule is a full match, so a
     folder or repository named "p\\n" is never made (the job service refused it already)."""
-    assert V.name_problem("project", "p") is None
-    assert "not a usable name" in V.name_problem("project", "p\n")
-    assert "not a usable name" in V.name_problem("owner", "alice\n")
+    assert name_problem("project", "p") is None
+    assert "not a usable name" in name_problem("project", "p\n")
+    assert "not a usable name" in name_problem("owner", "alice\n")

@@ -22,7 +22,7 @@ import pytest
 from tests.hostile_sshd import HostileSshd
 from tests.vmd_fakes import LocalMachines, RpcClient, local_vmd, make_config
 from vmd.config import VmdConfig
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.linux.guest import LinuxGuest
 from vmd.guests.output import OutputBounds
 from vmd.guests.ssh import SshConnection
 from vmd.machines.host import LOCAL, Host, local_host

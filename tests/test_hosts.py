@@ -21,7 +21,7 @@ from tests.vmd_fakes import RpcClient, SilentVmd, local_vmd, short_socket_dir
 from vmagent.fleet.host_labels import vmagent_version
 from vmagent.fleet.hosts import RayHosts, local_hosts, render
 from vmagent.fleet.placement import keep_loopback
-from vmd import verbs as V
+from vmd.contract.results import result_problem
 
 # The driver in this process talks to a cluster on 127.0.0.1: Ray must not swap it for the
 # machine's public address (it reads this when it is first imported).
@@ -78,7 +78,7 @@ def test_host_info_tells_sessions_warm_guests_images_and_capacity_on_a_connectio
     with vmd_with_session(tmp_path) as config:
         with RpcClient(config.socket) as fresh:  # bound to no session
             info = fresh.call("host_info")
-            assert V.result_problem("host_info", info) is None
+            assert result_problem("host_info", info) is None
             assert info["sessions"] == 1 and sum(info["states"].values()) == 1
             assert set(info["states"]) <= {"booting", "ready"}
             assert info["warm_slots"] == 1  # the slot being made is not ready
@@ -90,6 +90,20 @@ def test_host_info_tells_sessions_warm_guests_images_and_capacity_on_a_connectio
             closer.call("session_attach", session_id=sid)
             closer.call("session_close")
             assert closer.call("host_info")["sessions"] == 0
+
+
+def test_a_parked_warm_guest_counts_as_ready_once_it_is_paused(tmp_path):
+    # vmd/machines/parked_slot.py: <id>.parked gets parked.json when its guest is paused.
+    with local_vmd(tmp_path) as (_, _, config):
+        lay_out_image_and_slots(config)
+        pool = config.state_dir / "warm" / "debian-0123456789abcdef"
+        (pool / "p1.parked").mkdir()
+        (pool / "p1.parked" / "parked.json").write_text("{}")
+        (pool / "p2.parked").mkdir()  # still being restored and woken
+        with RpcClient(config.socket) as c:
+            info = c.call("host_info")
+    assert info["warm_slots"] == 2, info
+    assert info["images"] == [{"name": "debian", "os_family": "linux", "warm_slots": 2}]
 
 
 def test_host_info_of_a_vmd_with_no_images_and_no_pool_says_so(tmp_path):

@@ -1,5 +1,5 @@
-"""Guest images (vmd/machines/images.py): where they live, the recipe hash that names them, how a
-missing one is reported, and a build run through a fake recipe whose build.sh only writes
+"""Guest images (vmd/machines/images.py, vmd/images/build.py): where they live, the recipe hash
+that names them, how a missing one is reported, and a build run through a fake recipe whose build.sh only writes
 a manifest. No real image is built and no guest boots."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from vmd.machines import images
 from vmd.host_env import clean_env
-from vmd.machines.images import ImageBuildError, ImageMissing
+from vmd.images import build as image_build
+from vmd.images.build import ImageBuildError
+from vmd.machines import images
+from vmd.machines.images import ImageMissing
 
 MANIFEST = {"name": "tiny", "os_family": "linux", "distro": "debian", "user": "agent",
             "project_path": "/mnt/project", "resolution": [1280, 800], "desktop": False,
@@ -142,7 +144,7 @@ def test_a_missing_image_says_how_to_build_it(recipes, tmp_path):
 
 def test_a_build_runs_the_recipe_once_and_leaves_the_image(recipes, tmp_path):
     root, out = tmp_path / "images", io.StringIO()
-    image = images.build("tiny", root, out=out, recipes=recipes)
+    image = image_build.build("tiny", root, out=out, recipes=recipes)
     target = root / f"tiny-{images.recipe_hash('tiny', recipes)}"
     assert image.dir == target and image.user == "agent" and runs(recipes) == 1
     assert not target.with_name(target.name + ".partial").exists()
@@ -152,10 +154,10 @@ def test_a_build_runs_the_recipe_once_and_leaves_the_image(recipes, tmp_path):
     assert "STEP 2/2 write the manifest" in (root / f"{target.name}.log").read_text()
 
     again = io.StringIO()
-    assert images.build("tiny", root, out=again, recipes=recipes).dir == target
+    assert image_build.build("tiny", root, out=again, recipes=recipes).dir == target
     assert "up to date" in again.getvalue() and runs(recipes) == 1, "an unchanged recipe is not rebuilt"
     (recipes / "tiny" / "packages.txt").write_text("xterm\n")
-    assert images.build("tiny", root, out=io.StringIO(), recipes=recipes).dir != target
+    assert image_build.build("tiny", root, out=io.StringIO(), recipes=recipes).dir != target
     assert runs(recipes) == 2, "a changed recipe builds a new image"
 
 
@@ -164,7 +166,7 @@ def test_a_failed_build_shows_the_end_of_its_log(recipes, tmp_path):
                                                'echo "no Debian mirror found; set VMD_APT_MIRROR" >&2\nexit 3\n')
     root = tmp_path / "images"
     with pytest.raises(ImageBuildError) as caught:
-        images.build("tiny", root, out=io.StringIO(), recipes=recipes)
+        image_build.build("tiny", root, out=io.StringIO(), recipes=recipes)
     assert "building tiny failed (exit 3)" in str(caught.value)
     assert "set VMD_APT_MIRROR" in str(caught.value), "stderr is in the log too"
     assert not list(root.glob("tiny-*/manifest.json"))
@@ -173,7 +175,7 @@ def test_a_failed_build_shows_the_end_of_its_log(recipes, tmp_path):
 def test_a_recipe_without_a_build_script_cannot_be_built_here(recipes, tmp_path):
     (recipes / "tiny" / "build.sh").unlink()
     with pytest.raises(ImageBuildError, match=r"cannot be built on this host .* see .*tiny/README.md"):
-        images.build("tiny", tmp_path / "images", out=io.StringIO(), recipes=recipes)
+        image_build.build("tiny", tmp_path / "images", out=io.StringIO(), recipes=recipes)
 
 
 def test_the_build_script_gets_its_settings_and_a_proxy_but_never_a_token(recipes, tmp_path, monkeypatch):
@@ -183,7 +185,7 @@ def test_the_build_script_gets_its_settings_and_a_proxy_but_never_a_token(recipe
     monkeypatch.setenv("GITEA_TOKEN", "secret-token")
     monkeypatch.setenv("VMAGENT_SERVICE_TOKEN", "another-secret")
     monkeypatch.setenv("HOME", str(tmp_path / "roots-home"))
-    image = images.build("tiny", tmp_path / "images", out=io.StringIO(), recipes=recipes)
+    image = image_build.build("tiny", tmp_path / "images", out=io.StringIO(), recipes=recipes)
     env = dict(line.split("=", 1) for line in (image.dir / "env.txt").read_text().splitlines() if "=" in line)
     assert env["VMD_APT_MIRROR"] == "http://mirror.local/debian"
     assert env["https_proxy"] == "http://proxy:3128" and env["NO_PROXY"] == "localhost"
@@ -192,7 +194,7 @@ def test_the_build_script_gets_its_settings_and_a_proxy_but_never_a_token(recipe
 
 
 def test_the_build_environment_allow_list():
-    env = images.build_env({"VMD_APT_SUITE": "bookworm", "HTTP_PROXY": "http://p", "GITEA_TOKEN": "t",
+    env = image_build.build_env({"VMD_APT_SUITE": "bookworm", "HTTP_PROXY": "http://p", "GITEA_TOKEN": "t",
                             "AWS_SECRET_ACCESS_KEY": "k", "PATH": "/opt/bin"})
     assert env["VMD_APT_SUITE"] == "bookworm" and env["HTTP_PROXY"] == "http://p"
     assert "GITEA_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
@@ -204,21 +206,21 @@ def test_the_build_environment_allow_list():
 def test_images_list_shows_what_is_built(recipes, tmp_path, capsys):
     root = tmp_path / "images"
     built(root, "tiny-aaaaaaaaaaaaaaaa", desktop=True)
-    assert images.cli_list(SimpleNamespace(images_dir=str(root))) == 0
+    assert image_build.cli_list(SimpleNamespace(images_dir=str(root))) == 0
     assert "tiny-aaaaaaaaaaaaaaaa" in capsys.readouterr().out
-    assert images.cli_list(SimpleNamespace(images_dir=str(tmp_path / "empty"))) == 0
+    assert image_build.cli_list(SimpleNamespace(images_dir=str(tmp_path / "empty"))) == 0
     assert "build one with `vmd images build debian`" in capsys.readouterr().out
 
 
 def test_the_commands_refuse_a_configuration_they_cannot_use(monkeypatch, capsys):
     monkeypatch.delenv("VMD_CONFIG", raising=False)
     monkeypatch.setenv("VMD_ACCEL", "fast")
-    assert images.cli_list(SimpleNamespace(images_dir=None)) == 2
-    assert images.cli_build(SimpleNamespace(name="debian", images_dir=None)) == 2
+    assert image_build.cli_list(SimpleNamespace(images_dir=None)) == 2
+    assert image_build.cli_build(SimpleNamespace(name="debian", images_dir=None)) == 2
     err = capsys.readouterr().err
     assert "vmd images list: vmd's configuration is invalid" in err and "VMD_ACCEL (accel)" in err
 
 
 def test_an_unknown_recipe_is_a_sentence_not_a_traceback(tmp_path, capsys):
-    assert images.cli_build(SimpleNamespace(name="beos", images_dir=str(tmp_path))) == 1
+    assert image_build.cli_build(SimpleNamespace(name="beos", images_dir=str(tmp_path))) == 1
     assert "vmd images build: there is no image recipe 'beos'" in capsys.readouterr().err

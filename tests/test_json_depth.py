@@ -1,4 +1,4 @@
-"""JSON from outside is measured before it is parsed (vmd/json_depth.py): a text nested
+"""JSON from outside is measured before it is parsed (vmd/contract/json_depth.py): a text nested
 10,000 deep is refused with TooDeep, never with a RecursionError, at every door it comes
 through here (the model's tool arguments, an Ollama server's stream); the RPC wire, the
 service's bodies and read_page have their own tests (test_rpc_fuzz, test_service_security,
@@ -14,11 +14,12 @@ import time
 import ollama
 import pytest
 
-from vmagent.depth_transport import DepthBoundTransport
-from vmagent.llm_failures import Failures, OllamaError
-from vmagent.tool_parsing import _decode
-from vmd import json_depth
-from vmd.verbs import TooDeep, bounded_json
+from vmagent.models import ModelError as OllamaError
+from vmagent.models.ollama.depth_transport import DepthBoundTransport
+from vmagent.models.ollama.failures import OllamaFailures as Failures
+from vmagent.tools.parsing import _decode
+from vmd.contract import json_depth
+from vmd.contract.json_depth import TooDeep, loads as bounded_json
 
 DEEP = "[" * 10_000 + "]" * 10_000
 

@@ -17,14 +17,14 @@ from tests.llamacpp_server import LlamaCppServer, start_llamacpp
 from tests.ollama_server import Turn
 from tests.openai_server import start_openai
 from vmagent import tools
-from vmagent.compact import COMPACTED_HEADER, Compactor, PinnedContext
 from vmagent.config import AgentConfig
-from vmagent.llm_failures import ContextTooLong
-from vmagent.model_backends import open_model
-from vmagent.openai_model import OpenAICompatModel
-from vmagent.openai_stream import OpenAIStream
-from vmagent.openai_wire import request_body
-from vmd.verbs import Run
+from vmagent.loop.compact import COMPACTED_HEADER, Compactor, PinnedContext
+from vmagent.models import ContextTooLong, open_model
+from vmagent.models.openai import OpenAICompatModel
+from vmagent.models.openai.stream import OpenAIEvents
+from vmagent.models.openai.wire import request_body
+from vmagent.models.stream import ReplyStream
+from vmd.contract.params import Run
 
 CONTEXT = 2048
 # The run tool as vmd's contract has it, less the bounds: a schema's maxLength of 131072
@@ -193,10 +193,11 @@ def _events(url: str, body: dict) -> list:
 
 def _calls(events: list) -> list[tuple[str, object]]:
     """The calls the client reads from these chunks."""
-    stream = OpenAIStream(None, None)
+    stream = ReplyStream(None, None)
+    read = OpenAIEvents(stream)
     for event in events:
-        stream.take_line("data: " + (event if event == "[DONE]" else json.dumps(event)))
-        stream.take_line("")
+        read.take_line("data: " + (event if event == "[DONE]" else json.dumps(event)))
+        read.take_line("")
     return [(call.name, call.arguments) for call in stream.reply().tool_calls]
 
 

@@ -8,7 +8,9 @@ import pytest
 
 from tests.ollama_server import Turn, start_ollama, unused_port
 from vmagent.config import AgentConfig
-from vmagent.llm import LLM, SCREENSHOT_DROPPED, OllamaError, Reply, drop_old_images
+from vmagent.models import SCREENSHOT_DROPPED, Reply, drop_old_images
+from vmagent.models import ModelError as OllamaError
+from vmagent.models.ollama import OllamaModel as LLM
 
 RUN_TOOL = {
     "type": "function",

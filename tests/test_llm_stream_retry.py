@@ -11,7 +11,7 @@ import time
 from tests.loop_harness import agent_config, call, calls, running_vmd, tool_results
 from tests.ollama_server import Turn, start_ollama
 from tests.test_loop import PLAN, assert_closed_with_report, run
-from vmagent.llm import only_latest_thinking
+from vmagent.models import only_latest_thinking
 
 WORK = calls(("write_file", {"path": "hello.py", "content": "print('hello')\n"}),
              ("run", {"command": "echo ran >> ran.txt"}), content="Writing it and running it.")

@@ -10,7 +10,7 @@ import re
 
 from tests.loop_harness import agent_config, call, calls, is_summary_request, running_vmd
 from tests.ollama_server import Turn, honest_prompt_tokens, start_ollama
-from vmagent.compact import COMPACTED_HEADER, TASK_LIST_HEADER
+from vmagent.loop.compact import COMPACTED_HEADER, TASK_LIST_HEADER
 from vmagent.loop import JobSpec, run_job
 
 STEPS = 110

@@ -12,7 +12,7 @@ from tests.loop_harness import (agent_config, call, calls, running_vmd, sent_too
                                 user_texts)
 from tests.ollama_server import Turn, start_ollama, unused_port
 from vmagent.config import AgentConfig
-from vmagent.fallback_report import verification_of
+from vmagent.loop.fallback_report import verification_of
 from vmagent.loop import JobSpec, Outcome, Verification, resume_job, run_job
 from vmagent.tools import OFFERED_TOOLS, PLANNING_TOOLS
 
@@ -289,7 +289,7 @@ def test_a_renderer_that_raises_never_breaks_the_work(tmp_path):
 
 
 def test_an_exception_inside_the_loop_still_closes_and_reports(tmp_path, monkeypatch):
-    import vmagent.loop as loop
+    import vmagent.loop.turns as loop
 
     def crash(*a, **kw):
         raise KeyError("boom")

@@ -68,7 +68,7 @@ def test_a_machine_destroyed_mid_run_ends_failed_with_the_project_committed(tmp_
 
 
 def test_status_says_destroyed_only_while_the_machine_is_dead(tmp_path):
-    from vmagent.client import Vmd
+    from vmagent.link import Vmd
 
     with running_vmd(tmp_path) as vmd:
         with Vmd(vmd.socket, timeout=30) as c:
@@ -78,7 +78,7 @@ def test_status_says_destroyed_only_while_the_machine_is_dead(tmp_path):
             [machine] = vmd.machines.machines.values()
             machine.gone = True
             assert c.call("session_status").machine == "destroyed"
-            from vmagent.client import VmdError
+            from vmagent.link import VmdError
 
             with pytest.raises(VmdError) as failed:
                 c.call("write_file", path="x.txt", content="x")

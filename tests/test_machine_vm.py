@@ -24,10 +24,10 @@ from PIL import Image as PILImage, ImageStat
 from tests.conftest import make_traversable
 
 from vmd.guests.guest import GuestError
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.linux.guest import LinuxGuest
+from vmd.guests.linux.runner_link import RUNNER_PATH
 from vmd.machines import screen_text
 from vmd.machines.machine import Machine
-from vmd.guests.runner_link import RUNNER_PATH
 from vmd.machines.screen import ScreenError
 
 pytestmark = pytest.mark.vm
@@ -252,7 +252,7 @@ def test_the_screenshot_has_the_configured_size_and_is_not_blank(booted):
 
 
 def test_the_guest_lists_its_windows_for_the_screen_text(booted):
-    """The X11 listing moved into the Linux guest (vmd/guests/x11_windows.py): on the real
+    """The X11 listing moved into the Linux guest (vmd/guests/linux/x11_windows.py): on the real
     desktop it finds the terminal openbox manages, with its title bar as the frame's top."""
     machine, _, _ = booted
     [terminal] = [w for w in machine.guest.list_windows() if w.title == "terminal"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from tests.loop_harness import agent_config, running_vmd
 from tests.ollama_server import start_ollama, unused_port
-from vmagent.client import typed_result
+from vmagent.link import typed_result
 from vmagent.config import AgentConfig
-from vmagent.job import Events, Job, JobSpec
-from vmagent.loop import _call_tool, run_job
-from vmagent.tool_results import SCREEN_UNSEEN
+from vmagent.loop.job import Events, Job, JobSpec
+from vmagent.loop import run_job
+from vmagent.loop.turns import _call_tool
+from vmagent.tools import SCREEN_UNSEEN
 
 PNG_B64 = "iVBORw0KGgo="
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from vmagent.text_calls import _call_of
-from vmd import verbs as V
-from vmd.guests.windows_scripts import render
-from vmd.projects.owners import owner_name_problem, repository_name_problem
-from vmd.request_bounds import name_problem
+from vmagent.tools.text_calls import _call_of
+from vmd.config.gitea_names import owner_name_problem, repository_name_problem
+from vmd.contract.bounds import name_problem
+from vmd.contract.params import History
+from vmd.guests.windows.scripts import render
 
 
 def test_the_project_and_owner_rule():
@@ -26,9 +26,9 @@ def test_gitea_repository_and_owner_names():
 
 
 def test_the_history_verbs_commit():
-    assert V.History(project="demo", rev="main").rev == "main"
+    assert History(project="demo", rev="main").rev == "main"
     with pytest.raises(ValidationError, match="is not one commit"):
-        V.History(project="demo", rev="main\n")
+        History(project="demo", rev="main\n")
 
 
 def test_a_powershell_value_cannot_end_in_a_newline():

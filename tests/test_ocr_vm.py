@@ -2,7 +2,8 @@
 debian guest a scripted text-only model launches a small Tk window with an "Approve"
 button, takes a screenshot, reads the button's point from the screen read as text (OCR
 on the host, the guest's window list), clicks it, and finishes with a check that the
-click happened. No image ever reaches the model."""
+click happened. No image ever reaches the model. The guest's terminal, idle at its prompt
+all the while (the commands run over SSH), reads as that prompt under its window."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
-from vmagent.job import JobSpec
 from vmagent.loop import run_job
+from vmagent.loop.job import JobSpec
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.server.rpc import VmdServer
 
@@ -44,6 +45,22 @@ root.mainloop()
 # The point of the word in the screen text: `"Approve" at (x, y)` as an item of its own,
 # or `Approve (x, y)` in an item's list of words.
 APPROVE_AT = re.compile(r'(?:"Approve" at|\bApprove) \((\d+), (\d+)\)')
+# What the guest's skeleton .bashrc prompts: user agent on host vmagent-guest (vmd/images/debian).
+PROMPT = "agent@vmagent-guest:~$"
+
+
+def window_text(screen: str, title: str) -> list[str]:
+    """The items listed under the window titled `title` in the screen text."""
+    lines = screen.splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith(f'Window "{title}" at ')), None)
+    if start is None:
+        return []
+    items = []
+    for line in lines[start + 1:]:
+        if not line.startswith("- "):
+            break
+        items.append(line)
+    return items
 
 
 def _last_tool_text(body: dict) -> str:
@@ -116,6 +133,9 @@ def test_a_text_only_model_clicks_a_button_it_read_on_screen(tmp_path, debian_im
     assert "point" in seen, f"the model did not find Approve in what it read:\n{screen}\n{outcome.report}"
     assert screen.startswith("NOTE: the model you run on cannot see images"), screen
     assert 'Window "Approval needed"' in screen, screen
+    # The terminal is idle, and the text says so: its prompt, under its window (it said "no
+    # text read on it" before the terminal's cells were read).
+    assert any(line.startswith(f'- "{PROMPT}" at (') for line in window_text(screen, "terminal")), screen
     assert outcome.state == "done" and outcome.verification_passed is True, outcome.report
     project = config.projects_dir / "local" / "approve"
     assert (project / "clicked.txt").read_text() == "approved\n"

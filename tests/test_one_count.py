@@ -9,8 +9,8 @@ import json
 from tests.loop_harness import agent_config, call, running_vmd
 from tests.ollama_server import start_ollama
 from tests.test_loop import PLAN, finish_script, run
-from vmagent.fallback_report import local_report
-from vmagent.job import Ending, Job, JobSpec
+from vmagent.loop.fallback_report import local_report
+from vmagent.loop.job import Ending, Job, JobSpec
 from vmagent.loop import resume_job
 
 

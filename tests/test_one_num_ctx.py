@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.ollama_server import start_ollama
 from vmagent.config import AgentConfig
-from vmagent.llm import LLM
+from vmagent.models.ollama import OllamaModel as LLM
 from vmagent.service.ask import _ask_model
 from vmagent.service.config import ServiceConfig
 

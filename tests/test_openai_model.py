@@ -4,7 +4,11 @@ the key; and a whole job through the loop on it."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -13,9 +17,8 @@ from tests.ollama_server import Turn, unused_port
 from tests.openai_server import start_openai
 from tests.test_loop import assert_closed_with_report, finish_script, run
 from vmagent.config import AgentConfig, dump
-from vmagent.llm_failures import ContextTooLong, ModelError
-from vmagent.model_backends import open_model
-from vmagent.openai_model import OpenAICompatModel
+from vmagent.models import ContextTooLong, ModelError, open_model
+from vmagent.models.openai import OpenAICompatModel
 
 TASK = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "List the files."}]
 RUN_TOOL = {"type": "function", "function": {"name": "run", "description": "Run a shell command.", "parameters": {
@@ -162,6 +165,25 @@ def test_a_whole_job_runs_through_the_openai_protocol(tmp_path):
     assert answered and set(answered) <= ids
 
 
+def test_a_job_on_an_openai_server_never_loads_the_ollama_client(tmp_path):
+    # The loop reaches the model through vmagent.models alone, and a backend is imported
+    # only when the settings choose it: a worker's every import, as -X importtime lists it.
+    with running_vmd(tmp_path) as vmd, start_openai(finish_script()) as server:
+        job_dir = tmp_path / "job"
+        job_dir.mkdir()
+        (job_dir / "job.json").write_text(json.dumps({
+            "spec": {"task": "write hello.py", "project": "hello"}, "mode": "run", "vmd_socket": vmd.socket}))
+        env = dict(os.environ, VMAGENT_MODEL_API="openai", VMAGENT_MODEL_URL=server.base_url,
+                   VMAGENT_MODEL=server.model_name, VMAGENT_RETRIES="0", VMAGENT_SCREEN_WATCH_S="0")
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "vmagent.worker", "--job-dir", str(job_dir)],
+                              env=env, capture_output=True, text=True, timeout=180)
+    frames = [json.loads(line) for line in done.stdout.splitlines()]
+    assert frames[-1]["type"] == "done" and frames[-1]["outcome"]["state"] == "done", frames[-1]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert {"vmagent.loop", "vmagent.models.openai.model"} <= imported  # the list is the worker's whole
+    assert not [name for name in imported if name.split(".")[0] == "ollama" or name.startswith("vmagent.models.ollama")]
+
+
 def test_the_job_service_passes_the_model_server_settings_to_its_workers():
     from vmagent.service.config import ServiceConfig
     from vmagent.service.worker_process import worker_environment
@@ -177,7 +199,7 @@ def test_the_job_service_passes_the_model_server_settings_to_its_workers():
 def test_a_server_with_less_context_than_the_settings_say_is_compacted_to_its_own():
     # No /v1/models: the settings say 32768 tokens, the server has 3000. Its refusal says
     # so, and the history is compacted to fit what it has, then answered.
-    from vmagent.compact import COMPACTED_HEADER, Compactor, PinnedContext
+    from vmagent.loop.compact import COMPACTED_HEADER, Compactor, PinnedContext
 
     history = TASK + [m for n in range(6) for m in (
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "run", "arguments": {"command": f"cat log{n}"}}}]},

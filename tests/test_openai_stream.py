@@ -1,4 +1,4 @@
-"""Reading an OpenAI-compatible event stream (vmagent/openai_stream.py) in the shapes servers
+"""Reading an OpenAI-compatible event stream (vmagent/models/openai/stream.py) in the shapes servers
 send besides the common one: no index on a call's deltas, arguments as an object, a
 keep-alive comment, an event split over two data lines, [DONE] without a finish_reason,
 an error object inside the stream."""
@@ -9,15 +9,17 @@ import json
 
 import pytest
 
-from vmagent.openai_failures import StreamError
-from vmagent.openai_stream import OpenAIStream
+from vmagent.models.openai.failures import StreamError
+from vmagent.models.openai.stream import OpenAIEvents
+from vmagent.models.stream import ReplyStream
 
 
-def read(*lines: str) -> OpenAIStream:
-    stream = OpenAIStream(None, None)
+def read(*lines: str) -> ReplyStream:
+    stream = ReplyStream(None, None)
+    events = OpenAIEvents(stream)
     for line in lines:
-        stream.take_line(line)
-    stream.close()
+        events.take_line(line)
+    events.close()
     return stream
 
 

@@ -20,7 +20,7 @@ import jsonschema_rs
 import pytest
 
 from tests.service_harness import ALICE, BOB, ServiceProcess, stop_workers, uses_scripted_worker, wait_for_state
-from vmd.verbs import name_problem
+from vmd.contract.bounds import name_problem
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 # Examples per operation and phase: the whole run takes about 30 s on 2 cores (measured

@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from vmd.config import VmdConfig
-from vmd.projects.owners import (OwnerPolicy, gitea_name_problem, org_repo_name, owner_name_problem,
-                        person_slug, person_topic, plan_place, repository_name_problem)
-from vmd.verbs import NAME_PATTERN
+from vmd.config.gitea_names import owner_name_problem, repository_name_problem
+from vmd.contract.bounds import NAME_PATTERN
+from vmd.projects.owners import OwnerPolicy, gitea_name_problem, org_repo_name, person_slug, person_topic, plan_place
 
 UUID = "3f2a9c1e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
 GITEA = {"gitea_url": "http://gitea:3000", "gitea_token": "t0ken"}
@@ -144,7 +144,7 @@ def test_the_session_check_refuses_a_reserved_owner_only_where_it_names_a_gitea_
 
 def test_a_session_for_a_name_gitea_reserves_is_refused_when_it_opens(tmp_path):
     from tests.vmd_fakes import LocalMachines, make_config
-    from vmagent.client import VmdError
+    from vmagent.link import VmdError
     from tests.vmd_wire import WireVmd
     from vmd.server.rpc import VmdServer
 
@@ -158,3 +158,23 @@ def test_a_session_for_a_name_gitea_reserves_is_refused_when_it_opens(tmp_path):
     finally:
         c.close()
         server.stop()
+
+
+def test_the_owner_policy_plans_and_asks_nothing_of_gitea():
+    # owners.py, documented as the policy, found, made and renamed owners on Gitea itself;
+    # that I/O is publishing's now (vmd/projects/publish.py resolve_place), and the policy
+    # plans: where a project goes, what a user made for an e-mail would be called.
+    import ast
+    from pathlib import Path
+
+    from vmd.projects import owners
+    from vmd.projects.owners import user_names_for
+
+    tree = ast.parse(Path(owners.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not {m for m in imported if m and m.startswith(("vmd.projects.gitea", "vmd.projects.publish", "httpx"))}
+    first, second = user_names_for("Zoë..Smith@example.org")
+    assert first == "Zo-Smith" and second.startswith("Zo-Smith-") and len(second) == len(first) + 7
+    assert user_names_for("api@example.org")[0] == "u-api"  # Gitea reserves "api"
+    assert user_names_for("Zoë..Smith@example.org") == (first, second)  # the same e-mail, the same names

@@ -9,7 +9,8 @@ import subprocess
 
 from tests.gitea_server import start_gitea
 from vmd.projects.owners import OwnerPolicy, legacy_place, org_repo_name, person_topic
-from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
+from vmd.projects.publish import commit_project, prepare_project, push_project
+from vmd.projects.remote import Remote
 
 TOKEN = "digest-token-5e1f"
 PERSON = "3f2a9c1e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"

@@ -121,7 +121,10 @@ def test_in_the_browser_the_kept_frame_shows_under_the_waiting_banner(tmp_path):
             job = start(alice, "serve it", project="kept")
             browser.open(job["preview_url"])
             wait_for_state(alice, job["id"], {"needs_input", "failed"}, timeout=60)
+            # The question comes with the state's event, which may be read a moment after the
+            # banner is shown (CI under load read the banner between the two): waited for too.
             browser.wait_for("!document.getElementById('waiting').hidden && "
+                             "document.getElementById('question').textContent.length > 0 && "
                              "document.getElementById('screen').complete && "
                              "document.getElementById('screen').naturalWidth === 1", timeout=30)
             banner = browser.evaluate("document.getElementById('waiting').innerText")

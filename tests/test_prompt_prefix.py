@@ -14,9 +14,9 @@ import json
 from tests.loop_harness import agent_config, call, calls, is_summary_request, user_texts
 from tests.ollama_server import Turn, start_ollama
 from tests.vmd_fakes import LocalMachines, make_config
-from vmagent.compact import COMPACTED_HEADER, MACHINE_HEADER, Calibration
+from vmagent.loop.compact import COMPACTED_HEADER, MACHINE_HEADER, Calibration
 from vmagent.config import AgentConfig
-from vmagent.llm import SCREENSHOT_DROPPED, image_count
+from vmagent.models import SCREENSHOT_DROPPED, image_count
 from vmagent.loop import JobSpec, run_job
 from vmagent.prompts import load_prompts
 from vmagent.tools import OFFERED_TOOLS

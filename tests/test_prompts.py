@@ -112,12 +112,12 @@ def test_the_repositorys_prompt_says_what_a_good_check_is():
 
 
 def test_the_prompts_state_runs_default_timeout_as_the_contract_has_it():
-    # The prompts are text a person may edit, so they cannot read vmd/verbs.py; this keeps
+    # The prompts are text a person may edit, so they cannot read vmd/contract/params.py; this keeps
     # the shipped ones from telling the model a default that run does not have.
     import re
     from pathlib import Path
 
-    from vmd.verbs import Run
+    from vmd.contract.params import Run
 
     default = Run.model_fields["timeout"].default
     shells = [Path(__file__).parent.parent / "configs" / "agent" / f"prompt.{os}.md" for os in ("linux", "windows")]

@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 
 from tests.gitea_server import start_gitea, start_recorder
-from vmd import verbs as V
+
 from vmd.config import VmdConfig
 from vmd.projects.owners import person_slug, person_topic
-from vmd.projects.tree import XATTR_MODE, Limits, walk
-from vmd.projects.publish import (Committed, PublishError, PushResult, Remote, changed_files,
-                         commit_project, prepare_project, push_project, remote_for)
+from vmd.projects.publish import (Committed, PublishError, PushResult, changed_files, commit_project, prepare_project,
+                                  push_project)
+from vmd.projects.remote import Remote, remote_for
 from vmd.projects.repository import Repository, repository_path
+from vmd.projects.tree import XATTR_MODE, Limits, walk
 
 TOKEN = "gitea-fake-token-5f1e2d9c-never-leak-me"
 MIB = 1024 * 1024
@@ -519,7 +520,7 @@ OPEN_WEBUI_USER = "3f2a9c1e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"  # X-OpenWebUI-User-Id,
 
 def configured_remote(gitea, tmp_path, owner: str, project: str = "calc", state: str = "state",
                       **settings) -> Remote:
-    """The Remote vmd builds from its configuration (vmd.projects.publish.remote_for)."""
+    """The Remote vmd builds from its configuration (vmd.projects.remote.remote_for)."""
     config = VmdConfig(state_dir=tmp_path / state, gitea_url=gitea.url, gitea_token=TOKEN,
                        **settings)
     return remote_for(config, owner, project, "Build a calculator")
@@ -1104,7 +1105,7 @@ def test_the_repos_group_may_read_the_history_and_nobody_else(tmp_path):
     import subprocess as sp
 
     from vmd.config import VmdConfig
-    from vmd.projects.publish import remote_for
+    from vmd.projects.remote import remote_for
 
     from tests.conftest import make_traversable
 

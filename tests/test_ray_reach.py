@@ -22,7 +22,7 @@ from tests.ray_fleet import host_of, stand_in_fleet
 from tests.ray_fleet import ray_service as fleet_service
 from tests.service_harness import wait_for_state
 from tests.test_service_api import start, wait_for_event, worker_pid
-from vmagent.client import DEFAULT_SOCKET
+from vmagent.link import DEFAULT_SOCKET
 from vmagent.fleet.host_labels import HostLabels
 
 PLAN = call("plan_tasks", {"tasks": ["write greet.py"]}, content="Planning.")

@@ -21,7 +21,7 @@ from tests.ollama_server import Turn, start_ollama
 from tests.test_cli import environment
 from tests.test_loop import PLAN, assert_closed_with_report, finish_script, run
 from tests.vmd_fakes import LocalGuest
-from vmagent.client import SessionLink, Vmd, VmdGone
+from vmagent.link import SessionLink, Vmd, VmdGone
 from vmd.server.rpc import VmdServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vmagent.fallback_report import local_report
-from vmagent.job import Ending, Job, JobSpec
+from vmagent.loop.fallback_report import local_report
+from vmagent.loop.job import Ending, Job, JobSpec
 from vmagent.service.ask import extractive_answer
 from vmagent.service.salvage import build_salvage_report
 from vmagent.service.store import Store

@@ -1,5 +1,5 @@
 """A job whose host is lost runs again on another host from its last pushed checkpoint
-(issue 25 item 3; vmagent/rerun.py, the worker's mode "rerun").
+(issue 25 item 3; vmagent/loop/rerun.py, the worker's mode "rerun").
 
 Two real vmds on their own sockets and state folders (host A and host B, stand-in
 machines: tests/vmd_fakes.py) keep their projects on one stand-in Gitea
@@ -23,9 +23,9 @@ from tests.loop_harness import Vmd, agent_config, call, calls, user_texts
 from tests.ollama_server import Turn, start_ollama
 from tests.service_harness import real_worker_env
 from tests.vmd_fakes import LocalMachines, RpcClient, make_config
-from vmagent.job import Job
+from vmagent.loop.job import Job
 from vmagent.loop import JobSpec, run_job
-from vmagent.rerun import parse_last_commit, rerun_job
+from vmagent.loop.rerun import parse_last_commit, rerun_job
 from vmd.server.rpc import VmdServer
 
 TOKEN = "0123456789abcdef0123456789abcdef01234567"

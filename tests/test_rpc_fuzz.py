@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from vmagent.client import Vmd, VmdError
+from vmagent.link import Vmd, VmdError
 from tests.vmd_wire import WireVmd
+from vmd.contract.errors import PARSE_ERROR, REFUSED
 from vmd.server import rpc
-from vmd.errors import PARSE_ERROR, REFUSED
 from vmd.server.rpc import VmdServer
 from tests.vmd_fakes import LocalMachines, make_config
 
@@ -212,7 +212,7 @@ def generate_line(rng: random.Random) -> Line:
         nested = opener * depth + "1" + closer * depth
         if rng.random() < 0.5:
             # Every depth here is past vmd's bound, and vmd measures the depth before it
-            # parses (vmd/json_depth.py): only an id it can read at the head comes back.
+            # parses (vmd/contract/json_depth.py): only an id it can read at the head comes back.
             readable = _head_readable(id_src)
             return Line(f'{{"id": {id_src}, "method": "note", "params": {{"text": {nested}}}}}'.encode(),
                         expect if readable else UNKNOWN)

@@ -17,10 +17,11 @@ import pytest
 from tests.gitea_server import start_gitea
 from tests.vmd_fakes import make_config
 from tests.vmd_wire import WireVmd
-from vmd import verbs as V
-from vmd.projects.publish import Remote, commit_project, prepare_project, push_project
-from vmd.projects.repository import repository_path
+
 from vmd.machines.libvirt_machines import LibvirtMachines
+from vmd.projects.publish import commit_project, prepare_project, push_project
+from vmd.projects.remote import Remote
+from vmd.projects.repository import repository_path
 from vmd.server.rpc import VmdServer
 
 TOKEN = "gitea-token-" + secrets.token_hex(8)

@@ -1,4 +1,4 @@
-"""A guest's window listing is text the guest wrote (vmd/guests/x11_windows.py, shown by
+"""A guest's window listing is text the guest wrote (vmd/guests/linux/x11_windows.py, shown by
 vmd/machines/screen_text.py): a number in it
 that no screen has costs that window's entry, never the screenshot verb. A position of
 10**400 made `round(x * scale)` raise OverflowError, which failed the whole verb."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vmd.guests.guest import CommandResult
-from vmd.guests.x11_windows import list_x11_windows, parse_x11_windows
+from vmd.guests.linux.x11_windows import list_x11_windows, parse_x11_windows
 from vmd.machines import screen_text as st
 
 

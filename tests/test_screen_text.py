@@ -19,10 +19,10 @@ from tests.loop_harness import running_vmd
 from tests.test_screen_numbers import X11Guest, parse_windows
 from tests.vmd_fakes import LocalGuest, LocalScreen
 from vmagent import tools
-from vmagent.client import Vmd, typed_result
-from vmd.machines import screen_text as st
+from vmagent.link import Vmd, typed_result
 from vmd.guests.guest import CommandResult, GuestError
-from vmd.guests.x11_windows import WINDOWS_COMMAND
+from vmd.guests.linux.x11_windows import WINDOWS_COMMAND
+from vmd.machines import screen_text as st
 from vmd.machines.screen import Screen, Shot
 
 # name -> (left, top, dark background), at 1280x800 like the guest's desktop
@@ -182,7 +182,7 @@ def test_a_timeout_is_a_sentence(tesseract):
 
 # --- windows ------------------------------------------------------------------------------
 
-# WINDOWS_COMMAND's output (vmd/guests/x11_windows.py) on the debian guest (openbox), bottom of the stack first.
+# WINDOWS_COMMAND's output (vmd/guests/linux/x11_windows.py) on the debian guest (openbox), bottom of the stack first.
 LISTING = """@@active 8388622
 @@window 6291468
   Absolute upper-left X:  31
@@ -315,7 +315,7 @@ def test_the_screenshot_verb_reads_the_screen_only_when_asked(tmp_path, monkeypa
 
 class ScreenVmd:
     """A vmd that answers screenshots, with the screen as text when asked, as the result
-    model `Vmd.call` gives (vmagent/client.py)."""
+    model `Vmd.call` gives (vmagent/link/)."""
 
     def __init__(self, screen_text: bool = True):
         self.calls: list[dict] = []

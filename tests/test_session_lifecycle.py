@@ -20,14 +20,14 @@ from tests import guests
 from tests.gitea_server import FakeGitea, _Handler
 from tests.vmd_fakes import LocalMachines, make_config
 from tests.http_stand_in import StandInHTTPServer
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from tests.vmd_wire import WireVmd
+from vmd.projects.store import Publication
+from vmd.server.rpc import VmdServer
 from vmd.session import disk
 from vmd.session import boot as session_boot
-from vmd.session.registry import Sessions
-from vmd.projects.store import ProjectStore
 from vmd.session.record import read_record
-from vmd.server.rpc import VmdServer
+from vmd.session.registry import Sessions
 
 TOKEN = "lifecycle-token-0123456789abcdef"
 FAST = dict(reaper_interval_s=0.1)
@@ -273,14 +273,14 @@ def test_a_close_while_the_machine_boots_destroys_it_and_blames_no_machine(tmp_p
 
 
 def test_a_close_before_the_boot_began_says_no_machine_was_started(tmp_path, monkeypatch):
-    from vmd import verbs as V
+    from vmd.contract.params import SessionOpen
     from vmd.session.handlers.end_verbs import close
 
     machines = LocalMachines()
     sessions = Sessions(make_config(tmp_path), machines)
     with monkeypatch.context() as patched:
         patched.setattr(session_boot, "start_machine", lambda session, attach: None)  # starts late
-        session = sessions.open(V.SessionOpen(task="never booted"))
+        session = sessions.open(SessionOpen(task="never booted"))
     session.ending.set()
     session_boot.start_machine(session, attach=False)  # sees the end before it creates anything
     closed = close(session)
@@ -379,6 +379,27 @@ def test_a_push_that_failed_at_close_is_retried_until_gitea_is_back(tmp_path):
     saved = state_of(config, sid)
     assert saved["push"]["state"] == "pushed" and saved["close"]["pushed"] is True
     assert "Pushed later, at " in saved["close"]["text"]
+
+
+def test_a_close_resolves_the_project_once_then_commits_and_pushes_that_commit(tmp_path, monkeypatch):
+    # The close asked the project store four times, and each time the store built the
+    # project's remote from vmd's configuration anew: one publication per close now.
+    from vmd.projects import store
+
+    made, real = [], store.remote_for
+    monkeypatch.setattr(store, "remote_for", lambda config, owner, project, *rest: (
+        made.append((owner, project)) or real(config, owner, project, *rest)))
+    port = free_port()
+    with gitea_on(tmp_path, port) as gitea:
+        config = gitea_config(tmp_path, port)
+        with vmd(config, LocalMachines()):
+            c, sid = open_with_work(config, project="once", owner="alice")
+            made.clear()  # the open's own (the history restored from Gitea)
+            closed = c.call("session_close")
+            c.close()
+        assert made == [("alice", "once")]
+        assert closed["pushed"] is True and closed["files"] == ["A work.txt"]
+        assert gitea_head(gitea, "alice", "once") == closed["commit"] == repo_head(config, "once", owner="alice")
 
 
 def test_a_pending_push_is_resumed_by_a_restarted_vmd(tmp_path):
@@ -507,7 +528,7 @@ def test_a_full_disk_under_session_json_leaves_it_whole(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_at_a_checkpoint_ends_the_session_and_keeps_the_commits(tmp_path, monkeypatch):
-    real = ProjectStore.commit
+    real = Publication.commit
     full = {"on": False}
 
     def commit(self, *args, **kwargs):
@@ -515,7 +536,7 @@ def test_a_full_disk_at_a_checkpoint_ends_the_session_and_keeps_the_commits(tmp_
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(ProjectStore, "commit", commit)
+    monkeypatch.setattr(Publication, "commit", commit)
     config = make_config(tmp_path)
     with vmd(config, LocalMachines()):
         c, sid = open_with_work(config)

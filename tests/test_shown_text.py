@@ -3,7 +3,7 @@ no backtick run closes a report's fence."""
 
 import re
 
-from vmd.verbs import fence, one_line, printable
+from vmd.contract.shown_text import fence, one_line, printable
 
 
 def test_escape_sequences_and_controls_are_removed_but_tab_and_newline_stay():

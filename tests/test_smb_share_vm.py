@@ -1,15 +1,18 @@
 """The project folder over SMB on a real guest (vmd/machines/smb_share.py): the Debian
-guest booted with an SmbShare instead of 9p mounts it with the kernel's cifs, writes
-honest files and tries every way out a hostile guest has through the share (a symlink, a
-device node, a setuid file, a FIFO, a hard link to a file outside the share, a name made
-of odd bytes); then vmd commits from bytes, as at a session's close. The honest files
-arrive, and nothing special, nothing root's and nothing outside the project exists on the
-host. Windows guests get their project this way (they have no 9p driver).
+guest booted with an SmbShare instead of 9p mounts it with the kernel's cifs, logged on as
+the share's own user with its password and every request signed (a guest logon is refused),
+writes honest files and tries every way out a hostile guest has through the share (a
+symlink, a device node, a setuid file, a FIFO, a hard link to a file outside the share, a
+name made of odd bytes); then vmd commits from bytes, as at a session's close. The honest
+files arrive, and nothing special, nothing root's and nothing outside the project exists on
+the host: every entry is the share's own uid's, which smbd runs as in its sandbox. Windows
+guests get their project this way (they have no 9p driver).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -20,8 +23,10 @@ from pathlib import Path
 import pytest
 
 from vmd.machines.machine import Machine
-from vmd.machines.smb_share import smb_dir
-from vmd.projects.publish import Remote, commit_project, prepare_project
+from vmd.machines.smb_account import UID_COUNT, UID_MIN
+from vmd.machines.smb_share import share_account, smb_dir, smbd_dir
+from vmd.projects.publish import commit_project, prepare_project
+from vmd.projects.remote import Remote
 from vmd.projects.tree import share_owner
 
 pytestmark = pytest.mark.vm
@@ -66,6 +71,18 @@ def test_a_guest_on_the_smb_share_writes_honest_files_and_nothing_special_reache
     assert facts.project_mounted, machine.guest.run("mount; dmesg | tail -20", timeout=30).stdout
     # The guest's SMB client reached vmd's smbd (no listener anywhere: the relay's count).
     assert machine.smb_relay.connections >= 1
+    account = share_account(machine.workdir)
+    assert account is not None and UID_MIN <= account.uid < UID_MIN + UID_COUNT
+    # Logged on as the share's user, signed; a guest logon (what vmd's smbd took before it had
+    # accounts) gets nothing.
+    mounts = machine.guest.run("grep ' cifs ' /proc/mounts", timeout=30).stdout
+    # cifs shows a signed session as its security type with an `i` (sec=ntlmsspi).
+    assert f"username={account.user}" in mounts and re.search(r",sec=\w+i(,|\s)", mounts), mounts
+    assert account.password not in mounts  # the kernel shows no password
+    guest_logon = machine.guest.run(
+        "sudo mkdir -p /mnt/as-guest && sudo mount -t cifs //10.0.2.4/project /mnt/as-guest "
+        "-o ip=10.0.2.4,unc=\\\\10.0.2.4\\project,username=guest,password=,vers=3.0,nounix", timeout=120)
+    assert guest_logon.exit_code != 0, guest_logon.stdout + guest_logon.stderr
 
     done = machine.guest.run(HOSTILE, timeout=300, cwd="/mnt/project")
     said = done.stdout + done.stderr
@@ -92,6 +109,7 @@ def test_a_guest_on_the_smb_share_writes_honest_files_and_nothing_special_reache
 
     committed = commit_project(project, remote, "after a hostile guest on SMB")
     machine.destroy()
+    assert share_account(machine.workdir) is None  # released with its machine: uid free, password gone
 
     # The honest files arrived, from vmd's own commit of the folder's bytes.
     tree = git(remote.repo_path, "ls-tree", "-r", "--full-tree", committed.sha)
@@ -102,12 +120,13 @@ def test_a_guest_on_the_smb_share_writes_honest_files_and_nothing_special_reache
     assert not {mode for mode in entries.values()} - {"100644", "100755"}, entries  # no link, no gitlink
     assert "shadow-link" not in entries and "null-device" not in entries and "fifo" not in entries
 
-    # Nothing special, nothing root's, nothing outside the project on the host.
+    # Nothing special, nothing root's, nothing outside the project on the host: every entry
+    # the share's own uid's, which owns nothing else.
     inodes = {}
     for path in [project, *project.rglob("*")]:
         st = os.lstat(path)
         assert stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode), path
-        assert (st.st_uid, st.st_gid) == owner, path
+        assert (st.st_uid, st.st_gid) == (account.uid, account.gid), path
         assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IXOTH | stat.S_IWOTH | stat.S_IROTH), \
             (path, oct(st.st_mode))
         if stat.S_ISREG(st.st_mode):
@@ -116,9 +135,10 @@ def test_a_guest_on_the_smb_share_writes_honest_files_and_nothing_special_reache
     for ino, paths in inodes.items():  # a hard link stays inside the share
         assert os.lstat(paths[0]).st_nlink == len(paths), paths
     assert os.stat("/etc/passwd").st_nlink == passwd_links
-    # smbd's own state stayed in the session's private folder.
+    # smbd's own state stayed in the session's private folders.
     assert stat.S_IMODE(smb_dir(machine.workdir).stat().st_mode) == 0o700
-    assert stat.S_IMODE((smb_dir(machine.workdir) / "smb.conf").stat().st_mode) == 0o600
+    assert stat.S_IMODE(smbd_dir(machine.workdir).stat().st_mode) == 0o700
+    assert smbd_dir(machine.workdir).stat().st_uid == 0
 
 
 def test_a_warm_slot_of_a_guest_on_smb_comes_with_the_sessions_own_share(tmp_path, debian_image, request):
@@ -144,6 +164,7 @@ def test_a_warm_slot_of_a_guest_on_smb_comes_with_the_sessions_own_share(tmp_pat
     pool = WarmPool(config, local_host(config.libvirt_uri), size=1)
     slot = pool.make_slot(image)
     assert (slot / "saved.img").is_file()
+    slot_password = share_account(slot).password  # the slot's own, made before any session
     remote = Remote(project="warm", state_dir=state)
     project = tmp_path / "projects" / "warm"
     prepare_project(project, remote, share_owner=owner)
@@ -154,6 +175,8 @@ def test_a_warm_slot_of_a_guest_on_smb_comes_with_the_sessions_own_share(tmp_pat
     try:
         assert machine.restored and machine.smb_relay is not None
         assert machine.smb_relay.socket_path == smb_dir(workdir) / "q.sock"
+        # The session's own login, set at the hand-out: not the slot's.
+        assert machine.guest.share_login.password == share_account(workdir).password != slot_password
         facts = machine.ready(timeout=600)
         assert facts.project_mounted, machine.guest.run("mount; dmesg | tail -20", timeout=30).stdout
         done = machine.guest.run("cat /mnt/project/README.md && printf 'warm\\n' > /mnt/project/warm.txt && sync "

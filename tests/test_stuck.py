@@ -1,4 +1,4 @@
-"""The stuck detector (vmagent/loop_guards.py): each way of going in circles is told to the
+"""The stuck detector (vmagent/loop/guards.py): each way of going in circles is told to the
 model once with what to do instead, and ends the job at its second hit with the report
 line that says which call was repeated and how often; work that repeats a call whose
 answer changes is not stuck."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from tests.loop_harness import agent_config, call, running_vmd, tool_results
 from tests.ollama_server import start_ollama
 from tests.test_loop import PLAN, assert_closed_with_report, run
-from vmagent.loop_guards import alternation, cycle, same_call_refused, same_call_same_answer
+from vmagent.loop.guards import alternation, cycle, same_call_refused, same_call_same_answer
 
 
 def step(call: str, answer: str = "a", refused: bool = False, verb: str = "run") -> dict:
@@ -143,8 +143,8 @@ def test_a_model_that_changes_approach_after_the_notice_goes_on(tmp_path):
 
 
 def poll_steps(n_pairs: int, screen: str = "same screen", seconds: float = 5) -> list[dict]:
-    from vmagent.loop_guards import call_step
-    from vmagent.tool_results import ToolOutcome
+    from vmagent.loop.guards import call_step
+    from vmagent.tools import ToolOutcome
 
     wait = call_step("wait", {"seconds": seconds}, ToolOutcome(ok=True, text=f"waited {seconds} s"))
     shot = call_step("screenshot", {}, ToolOutcome(ok=True, text="1280x800", image_b64=screen))
@@ -155,8 +155,8 @@ def notices(steps: list[dict], **config) -> list[tuple[int, str]]:
     from types import SimpleNamespace
 
     from vmagent.config import AgentConfig
-    from vmagent.job import Guards
-    from vmagent.loop_guards import stuck_notice
+    from vmagent.loop.job import Guards
+    from vmagent.loop.guards import stuck_notice
 
     job, said = SimpleNamespace(guards=Guards()), []
     for i, s in enumerate(steps, 1):
@@ -188,8 +188,8 @@ def test_a_screen_that_changes_starts_the_poll_allowance_again():
 
 
 def test_a_command_that_sleeps_before_it_looks_is_a_poll():
-    from vmagent.loop_guards import call_step, waited_s
-    from vmagent.tool_results import ToolOutcome
+    from vmagent.loop.guards import call_step, waited_s
+    from vmagent.tools import ToolOutcome
 
     assert waited_s("run", {"command": "sleep 30; tail -n 1 build.log"}) == 30
     assert waited_s("run", {"command": "sleep 2m && ls"}) == 120

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from vmagent import tools
-from vmagent.text_calls import calls_in_text
+from vmagent.tools import calls_in_text
 from vmagent.tools import TOOLS
 
 

@@ -1,6 +1,6 @@
-"""One tool call from the loop to vmd and back (vmagent/tool_results.py): what reaches
+"""One tool call from the loop to vmd and back (vmagent/tools/results.py): what reaches
 vmd, and what the model reads of vmd's answer, against a stand-in for vmd (a plain
-object with a `.call(method, **params)` like vmagent.client.Vmd, answering the verb's
+object with a `.call(method, **params)` like vmagent.link.Vmd, answering the verb's
 result model as it does)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from vmagent import tools
-from vmagent.client import VmdError, VmdUnavailable, typed_result
 from vmagent.config import AgentConfig
-from vmagent.job import Events, Job, JobSpec
-from vmd import verbs
+from vmagent.link import VmdError, VmdUnavailable, typed_result
+from vmagent.loop.job import Events, Job, JobSpec
+from vmd.contract.errors import FAILED, REFUSED
 
 
 class FakeVmd:
@@ -38,14 +38,14 @@ OUTCOME = {"command": "true", "cwd": None, "expect_exit": 0, "exit_code": 0, "pa
 
 
 def test_a_vmd_error_becomes_an_error_text():
-    vmd = FakeVmd(raises=VmdError(verbs.FAILED, "no such file: /nope", "read_file"))
+    vmd = FakeVmd(raises=VmdError(FAILED, "no such file: /nope", "read_file"))
     outcome = tools.call(vmd, "read_file", {"path": "/nope"})
     assert outcome.text == "ERROR: no such file: /nope"
     assert not outcome.ok and outcome.verb == "read_file" and outcome.state is None
 
 
 def test_a_refusal_reaches_the_model_as_vmds_sentence():
-    vmd = FakeVmd(raises=VmdError(verbs.REFUSED, "REFUSED: git_commit needs a project folder.", "git_commit"))
+    vmd = FakeVmd(raises=VmdError(REFUSED, "REFUSED: git_commit needs a project folder.", "git_commit"))
     outcome = tools.call(vmd, "git_commit", "wip")
     assert outcome.text == "REFUSED: git_commit needs a project folder."
     assert not outcome.ok and outcome.state is None and outcome.result is None
@@ -158,7 +158,7 @@ def test_ask_user_and_request_unfreeze_stop_the_loop():
 
 
 def test_finish_refused_and_accepted_pass_vmds_text_through():
-    refused = FakeVmd(raises=VmdError(verbs.REFUSED, "REFUSED: task 2 is still in_progress.", "finish"))
+    refused = FakeVmd(raises=VmdError(REFUSED, "REFUSED: task 2 is still in_progress.", "finish"))
     outcome = tools.call(refused, "finish", {"summary": "x", "verification": "true"})
     assert outcome.text == "REFUSED: task 2 is still in_progress."
     assert not outcome.ok and outcome.state is None
@@ -176,7 +176,7 @@ ATTEMPT = {"attempt": 1, "command": "pytest -q", "exit_code": 1}
 
 
 def test_a_refused_verification_reaches_the_model_with_its_attempt():
-    vmd = FakeVmd(raises=VmdError(verbs.REFUSED, REFUSED_CHECK, "finish", {"attempt": ATTEMPT}))
+    vmd = FakeVmd(raises=VmdError(REFUSED, REFUSED_CHECK, "finish", {"attempt": ATTEMPT}))
     outcome = tools.call(vmd, "finish", {"summary": "x", "verification": "pytest -q"})
     assert outcome.text == REFUSED_CHECK and not outcome.ok and outcome.state is None
     assert outcome.result == {"attempt": ATTEMPT}
@@ -216,8 +216,8 @@ def test_a_namespaced_or_capitalised_tool_name_is_understood():
 
 
 def test_a_tool_call_is_read_once_and_that_reading_is_what_vmd_gets(tmp_path, monkeypatch):
-    from vmagent import tool_parsing
-    from vmagent.loop import _call_tool
+    from vmagent.tools import parsing as tool_parsing
+    from vmagent.loop.turns import _call_tool
 
     reads = []
     read = tool_parsing._parse

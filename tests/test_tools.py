@@ -1,4 +1,4 @@
-"""Tool schemas and tolerant argument parsing. The tools' arguments are vmd/verbs.py's
+"""Tool schemas and tolerant argument parsing. The tools' arguments are vmd/contract/params.py's
 params models themselves; what vmagent reads leniently must be what those models accept.
 A tool call against vmd and its result are in tests/test_tool_results.py.
 """
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from vmagent import tools
-from vmd import verbs
+from vmd.contract.params import Finish, Run, VERBS
 
 
 def names(schema_list: list[dict]) -> list[str]:
@@ -45,14 +45,14 @@ def test_without_a_desktop_no_screen_tools_are_offered():
 def test_every_tool_takes_its_vmd_verbs_own_params_model():
     # One contract: the model the tool is validated against is the one vmd validates.
     for name, tool in tools.TOOLS.items():
-        assert tool.args is (tool.host_params or verbs.VERBS[name]), name
+        assert tool.args is (tool.host_params or VERBS[name]), name
     # ... except the tools vmagent runs on the host itself, which are no verbs of vmd.
     assert {n for n, t in tools.TOOLS.items() if t.host_params} == set(tools.WEB_TOOLS)
-    assert not set(tools.WEB_TOOLS) & set(verbs.VERBS)
+    assert not set(tools.WEB_TOOLS) & set(VERBS)
 
 
 def test_every_described_field_is_a_field_of_the_verbs_model():
-    # A description of a field the verb does not have (renamed in vmd/verbs.py) would
+    # A description of a field the verb does not have (renamed in vmd/contract/params.py) would
     # describe nothing; "verification.command" is a field of the nested model.
     for name, tool in tools.TOOLS.items():
         for path in tool.fields:
@@ -78,8 +78,8 @@ def test_every_field_the_model_is_offered_is_described_or_named_enough():
 
 def test_defaults_and_limits_in_descriptions_are_vmds():
     run = json.loads(description("linux", "run"))["function"]["parameters"]["properties"]
-    timeout = verbs.Run.model_fields["timeout"].default
-    maximum = verbs.Run.model_json_schema()["properties"]["timeout"]["maximum"]
+    timeout = Run.model_fields["timeout"].default
+    maximum = Run.model_json_schema()["properties"]["timeout"]["maximum"]
     # Said once, in the words the model reads: not again as the schema's keys.
     assert run["timeout"]["description"] == f"Seconds before it is killed (default {timeout:g}, at most {maximum:g})."
     assert "default" not in run["timeout"] and "maximum" not in run["timeout"]
@@ -139,7 +139,7 @@ def test_finish_says_where_its_check_runs_and_where_the_rules_are(os_family):
 
 def test_the_verification_shape_reaches_the_model_through_ollamas_client():
     # The client drops a nested object's fields: only the description tells the model the shape.
-    from vmagent.llm import wire_tools
+    from vmagent.models.ollama.wire import wire_tools
 
     for os_family, shell in (("linux", "bash"), ("windows", "PowerShell 5.1")):
         [finish] = [t for t in wire_tools(tools.schemas(os_family, "working", False))
@@ -247,7 +247,7 @@ def test_finish_verification_given_as_a_string_is_accepted():
     parsed = tools.parse_arguments("finish", {"summary": "done", "verification": "pytest -q"})
     assert parsed.ok
     # vmd reads it the same way; check that our reading is one vmd accepts.
-    verbs.Finish.model_validate(parsed.params)
+    Finish.model_validate(parsed.params)
     assert parsed.params["verification"]["command"] == "pytest -q"
 
 
@@ -286,3 +286,19 @@ def test_the_family_vmd_answers_wins_over_the_images_name():
     # the name is read.
     assert tools.os_family_of("win11", None) == "windows" and tools.os_family_of("debian", None) == "linux"
     assert tools.os_family_of("Windows Server", "plan9") == "windows"
+
+
+def test_the_os_family_is_decided_in_one_place():
+    # The prompts and the tool table each guessed the family from the image's name; both
+    # ask vmagent/os_family.py now, and every family it knows is worded by the table.
+    from pathlib import Path
+
+    from vmagent.os_family import FAMILIES, os_family_of
+
+    root = Path(__file__).resolve().parents[1] / "vmagent"
+    guessing = sorted(str(path.relative_to(root)) for path in root.rglob("*.py")
+                      if '.startswith("win")' in path.read_text())
+    assert guessing == ["os_family.py"], guessing
+    assert set(tools.OS_WORDS) == set(FAMILIES)
+    assert tools.os_family_of is os_family_of
+    assert os_family_of("wintermute", "linux") == "linux" and os_family_of("Win11") == "windows"

@@ -1,4 +1,4 @@
-"""The Ubuntu guest's cloud-init seed (images/ubuntu/seed.py): what the first boot is told.
+"""The Ubuntu guest's cloud-init seed (vmd/images/ubuntu/seed.py): what the first boot is told.
 
 The image itself needs internet and is not built here; these tests read the generated
 user-data, meta-data and network-config as cloud-init would.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-RECIPE = Path(__file__).resolve().parent.parent / "images" / "ubuntu"
+RECIPE = Path(__file__).resolve().parent.parent / "vmd" / "images" / "ubuntu"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDtjGdq9eIP4lP89y6qOwDLBJz4wME2Ch2X6CDD4wreD vmd"
 # The brief's list, spelled out here so a package dropped from seed.py fails a test.
 REQUIRED_PACKAGES = [
@@ -25,7 +25,7 @@ REQUIRED_PACKAGES = [
 
 
 def _load_seed_module():
-    # No __pycache__ in the recipe: vmd/machines/images.py hashes every file under images/ubuntu/.
+    # No __pycache__ in the recipe: vmd/machines/images.py hashes every file under vmd/images/ubuntu/.
     spec = importlib.util.spec_from_file_location("ubuntu_seed", RECIPE / "seed.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

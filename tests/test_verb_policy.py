@@ -1,16 +1,23 @@
-"""The contract's tables (vmd/verbs.py): when a session serves each verb (POLICY), what
-each verb answers (RESULTS), and one way to refuse (an error with code REFUSED). The gate
+"""The contract's tables (vmd/contract/params.py, policy.py, results.py): when a session
+serves each verb (POLICY), what each verb answers (RESULTS), where it is served (one handler,
+vmd/session/handlers/), and one way to refuse (an error with code REFUSED). The gate
 is tested as a client meets it: a real vmd on its socket, each verb called in each state
 a session can be brought to, the refusal's sentence as the client reads it."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
-from vmd import verbs as V
-from vmd.errors import FAILED, INTERNAL_ERROR, REFUSED, VerbError, refused
+from vmd.contract.check import FinishRefusalData
+from vmd.contract.errors import FAILED, INTERNAL_ERROR, REFUSED
+from vmd.contract.params import VERBS
+from vmd.contract.policy import MACHINE_VERBS, POLICY
+from vmd.contract.results import RESULTS, Result, result_problem
+from vmd.errors import VerbError, refused
 from vmd.session.record import Record, read_record
 from vmd.session.report import build_report
 from tests.vmd_fakes import RpcClient, RpcError, local_vmd
@@ -23,7 +30,7 @@ MACHINE = {
 # What a closed session still serves: its reads, a note, and the close (again).
 SERVED_WHEN_CLOSED = {"session_status", "report", "peek", "note", "session_close", "session_cancel"}
 # One call of every verb the gate stands before (session_open and session_attach bind the
-# connection in vmd/server/rpc.py; history needs no session: tests/test_history_verb.py),
+# connection, vmd/session/handlers/opening_verbs.py; history needs no session: tests/test_history_verb.py),
 # with arguments its model takes.
 CALLS = {
     "session_ready": {"timeout": 5}, "session_status": {}, "session_cancel": {}, "session_close": {},
@@ -49,17 +56,17 @@ CLOSED = "REFUSED: session {sid} is closed; read its report(), or open a new ses
 
 
 def test_every_verb_has_a_policy_and_a_result_model():
-    assert set(V.POLICY) == set(V.VERBS)
-    assert set(V.RESULTS) == set(V.VERBS)
-    assert all(issubclass(model, V.Result) for model in V.RESULTS.values())
-    assert V.MACHINE_VERBS == {verb for verb, p in V.POLICY.items() if p.needs_machine} == MACHINE
-    gated = {verb for verb, p in V.POLICY.items() if p.session} - {"session_open", "session_attach"}
+    assert set(POLICY) == set(VERBS)
+    assert set(RESULTS) == set(VERBS)
+    assert all(issubclass(model, Result) for model in RESULTS.values())
+    assert MACHINE_VERBS == {verb for verb, p in POLICY.items() if p.needs_machine} == MACHINE
+    gated = {verb for verb, p in POLICY.items() if p.session} - {"session_open", "session_attach"}
     assert set(CALLS) == gated, "a new verb: add a call of it"
 
 
 def test_the_policy_is_frozen_data():
     with pytest.raises(Exception):
-        V.POLICY["run"].needs_plan = False
+        POLICY["run"].needs_plan = False
 
 
 def _answer(c: RpcClient, verb: str) -> str | None:
@@ -139,7 +146,7 @@ def test_a_closed_session_serves_only_its_reads_a_note_and_the_close(vmd):
 
 
 def test_which_verbs_are_steps():
-    not_steps = {verb for verb, p in V.POLICY.items() if not p.counts_as_step}
+    not_steps = {verb for verb, p in POLICY.items() if not p.counts_as_step}
     assert not_steps == {"session_open", "session_attach", "session_status", "report", "peek", "hidden_check",
                          "history", "host_info"}
 
@@ -225,11 +232,11 @@ def test_every_verb_answers_what_its_result_model_says(vmd):
     with RpcClient(config.socket) as again:
         results["session_attach"] = [again.call("session_attach", session_id=c.session_id)]
 
-    assert set(results) == set(V.VERBS)
+    assert set(results) == set(VERBS)
     for verb, answers in results.items():
         for answer in answers:
-            assert V.result_problem(verb, answer) is None, (verb, V.result_problem(verb, answer))
-            V.RESULTS[verb].model_validate(answer)
+            assert result_problem(verb, answer) is None, (verb, result_problem(verb, answer))
+            RESULTS[verb].model_validate(answer)
     assert results["peek"][1]["available"] is True and results["peek"][1]["kept"] is True
     assert results["git_commit"][1]["commit"]
     assert results["hidden_check"][0]["passed"] is True
@@ -265,7 +272,7 @@ def test_refusals_on_the_wire_carry_data_only_when_there_is_some(vmd):
         with pytest.raises(RpcError) as err:
             c.call("finish", verification="exit 2")
         assert err.value.code == REFUSED and err.value.has_data
-        attempt = V.FinishRefusalData.model_validate(err.value.data).attempt
+        attempt = FinishRefusalData.model_validate(err.value.data).attempt
         assert attempt.exit_code == 2 and attempt.passed is False
 
 
@@ -323,3 +330,19 @@ def test_session_json_keeps_the_state_as_the_contract_names_it(tmp_path):
     assert SessionState.model_validate_json(state.model_dump_json()).state == "question"
     with pytest.raises(ValidationError):
         SessionState.model_validate_json(json.dumps({"id": "x", "os": "debian", "state": "sleeping"}))
+
+
+def test_every_verb_has_one_handler_and_the_socket_server_serves_none_itself():
+    # vmd/server/rpc.py served session_open and session_attach inline, so "where is a verb
+    # served" had two answers; every verb's handler is in vmd/session/handlers/ now.
+    from vmd.session.handlers import BINDING, HANDLERS, SESSIONLESS
+
+    tables = [set(HANDLERS), set(BINDING), set(SESSIONLESS)]
+    assert set().union(*tables) == set(VERBS) and sum(len(table) for table in tables) == len(VERBS)
+    assert set(BINDING) == {"session_open", "session_attach"}
+    assert set(SESSIONLESS) == {verb for verb, policy in POLICY.items() if not policy.session}
+    rpc = Path(__file__).resolve().parents[1] / "vmd" / "server" / "rpc.py"
+    named = {node.value for node in ast.walk(ast.parse(rpc.read_text()))
+             if isinstance(node, ast.Constant) and node.value in VERBS}
+    # The one verb rpc.py names: a closed session leaves vmd's memory after its close.
+    assert named == {"session_close"}, named

@@ -1,4 +1,4 @@
-"""vmd's verdict on the agent's check is worded in one place (vmd/verdict.py Verdict): the
+"""vmd's verdict on the agent's check is worded in one place (vmd/contract/verdict.py Verdict): the
 report's headline, the finish's answer, the commit message, the job's end and the eval's
 table all say the same words for the same passed / proven / attempts."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from vmagent.eval.scores import agent_check
-from vmagent.fallback_report import verification_of
+from vmagent.loop.fallback_report import verification_of
+from vmd.contract.verdict import Verdict
 from vmd.session.record import Record
 from vmd.session.report import build_report
-from vmd.verbs import Verdict
 
 # passed, proven, attempts -> status, the sentence people read.
 TABLE = [

@@ -1,4 +1,4 @@
-"""vmd's settings (vmd/config.py) and where they take effect: a file, then the
+"""vmd's settings (vmd/config/settings.py) and where they take effect: a file, then the
 environment, and the machine adapter and the record use what the config says."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from vmd.config import ENV_FIELDS, VmdConfig, VmdConfigError
-from vmd.guests.os_verbs import LinuxVerbs
-from vmd.session.handlers import screen_verbs
+from vmd.guests.linux.verbs import LinuxVerbs
 from vmd.machines.libvirt_machines import LibvirtMachine, LibvirtMachines
+from vmd.session.handlers import screen_verbs
 from vmd.session.record import Redactor
 
 

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from tests.vmd_wire import WireVmd
-from vmd import verbs as V
-from vmd.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
-from vmd.projects.repository import repository_path
-from vmd.session.handlers.session_verbs import PEEK_MAX_AGE_S
+from vmd.contract.errors import INVALID_PARAMS, METHOD_NOT_FOUND, NO_SESSION, REFUSED
+from vmd.contract.params import VERBS
 from vmd.machines.libvirt_machines import LibvirtMachines
+from vmd.projects.repository import repository_path
 from vmd.server.rpc import VmdServer
+from vmd.session.handlers.session_verbs import PEEK_MAX_AGE_S
 from tests.vmd_fakes import LocalMachines, local_vmd, make_config
 
 
@@ -194,7 +194,7 @@ def test_every_verb_over_the_socket(vmd):
     c.close()
     verbs_seen = {line for line in (config.sessions_dir / closed_session(config) / "record.jsonl").read_text().split("\"verb\": \"")[1:]}
     served = {v.split('"')[0] for v in verbs_seen}
-    assert set(V.VERBS) - {"session_open", "session_attach", "peek", "history", "host_info"} <= served
+    assert set(VERBS) - {"session_open", "session_attach", "peek", "history", "host_info"} <= served
     assert "peek" not in served  # a watcher's look is not something the agent did
 
 

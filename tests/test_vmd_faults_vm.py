@@ -92,7 +92,7 @@ def test_a_close_in_the_first_second_of_a_boot_leaves_no_guest(work, debian_imag
 
 CLIENT = textwrap.dedent("""
     import sys, time
-    from vmagent.client import Vmd
+    from vmagent.link import Vmd
     c = Vmd(sys.argv[1], timeout=1200).connect()
     sid = c.call("session_open", os="debian", project="killed", task="a client that dies").session_id
     print(sid, flush=True)

@@ -13,7 +13,7 @@ import vmd.server.rpc  # noqa: F401  (vmd's server: it makes vmd's log records p
 from tests.hostile_sshd import HANDLE, OPENDIR, HostileSshd, packet, string, u32
 from tests.vmd_fakes import RpcClient, RpcError, local_vmd
 from vmd.guests.guest import GuestError
-from vmd.guests.linux import LinuxGuest
+from vmd.guests.linux.guest import LinuxGuest
 from vmd.guests.ssh import SshConnection
 
 EVIL = "\x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J\x9b1mboom\r\nvmd: FAKE LINE"

@@ -224,10 +224,10 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
             pool._changed.notify_all()
 
     got = {}
-    waiter = threading.Thread(target=lambda: got.update(first=pool._wait_for_the_slot_being_made(img)))
+    waiter = threading.Thread(target=lambda: got.update(first=pool._wait_for_a_slot(img)))
     waiter.start()
     time.sleep(0.1)
-    assert pool._wait_for_the_slot_being_made(img) is None  # a second session boots cold at once
+    assert pool._wait_for_a_slot(img) is None  # a second session boots cold at once
     threading.Thread(target=the_refill_saves_it).start()
     waiter.join(10)
     assert got["first"] is not None and got["first"].name == "cccccccccccc.taken", got
@@ -238,7 +238,7 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
         pool._making = "vmagent-w-dddddddddddd"
         pool._making_since = time.monotonic() - pool.config.slot_make_s * pool.timeout_scale() + 0.5
     started = time.monotonic()
-    assert pool._wait_for_the_slot_being_made(img) is None
+    assert pool._wait_for_a_slot(img) is None
     assert 0.3 < time.monotonic() - started < 5
     # The bound is the config's: a pool told 1 s (at KVM's pace) waits about that long.
     quick = new_pool(tmp_path / "quick", size=1, slot_make_s=1.0, accel="kvm")
@@ -246,8 +246,36 @@ def test_a_session_that_finds_no_slot_waits_for_the_one_being_made_and_only_one_
     with quick._changed:
         quick._making, quick._making_since = "vmagent-w-eeeeeeeeeeee", time.monotonic()
     started = time.monotonic()
-    assert quick._wait_for_the_slot_being_made(img) is None
+    assert quick._wait_for_a_slot(img) is None
     assert 0.8 < time.monotonic() - started < 1.8
+
+
+def test_a_session_that_finds_no_slot_while_one_is_being_parked_waits_for_it(tmp_path):
+    # The refill took the last saved slot to park it (a restore and a wake: seconds); a
+    # session asking meanwhile gets it once it is parked rather than booting cold.
+    import time
+
+    from vmd.machines.parked_slot import ParkedSlot
+
+    pool = new_pool(tmp_path, size=1)
+    img = image(tmp_path)
+    with pool._changed:
+        pool._parking = True
+    parked = ParkedSlot(machine=SimpleNamespace(name="vmagent-w-ffffffffffff"), folder=tmp_path / "p",
+                        image_dir=img.dir.name, facts=None, parked_at=0.0)
+
+    def the_refill_parks_it():
+        time.sleep(0.5)
+        pool.add_parked(parked)
+        with pool._changed:
+            pool._parking = False
+            pool._changed.notify_all()
+
+    threading.Thread(target=the_refill_parks_it).start()
+    started = time.monotonic()
+    assert pool._wait_for_a_slot(img) is parked
+    assert time.monotonic() - started < 5
+    assert pool.claim_parked(img) is None  # that session's only
 
 
 def test_an_image_the_pool_cannot_restore_gets_no_slots_and_a_sentence_why(tmp_path, monkeypatch, caplog):

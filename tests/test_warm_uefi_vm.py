@@ -22,12 +22,13 @@ import libvirt
 import pytest
 
 from vmd.config import VmdConfig
-from vmd.guests.windows import WindowsGuest
+from vmd.guests.windows.guest import WindowsGuest
 from vmd.machines.boot_share import NVRAM_FILE
 from vmd.machines.domain_xml import OVMF_VARS
 from vmd.machines.host import local_host
 from vmd.machines.images import Image
 from vmd.machines.machine import Machine
+from vmd.machines.smb_share import share_account
 from vmd.machines.warm_pool import WarmPool
 from vmd.projects.tree import share_owner
 
@@ -99,6 +100,7 @@ def test_a_uefi_tpm_guest_on_smb_is_saved_as_a_slot_and_handed_out_with_its_own_
         # folder for a slot that may be discarded unrestored.
         assert not (SWTPM_STATE / saved.findtext("uuid")).exists()
         store = (slot / NVRAM_FILE).read_bytes()  # the slot's own, written by OVMF's boot
+        slot_login = share_account(slot)  # the slot's SMB login, made before any session
         assert store != Path(OVMF_VARS).read_bytes()
 
         project = tmp_path / "project"
@@ -119,6 +121,11 @@ def test_a_uefi_tpm_guest_on_smb_is_saved_as_a_slot_and_handed_out_with_its_own_
         swtpm = subprocess.run(["pgrep", "-af", "swtpm"], capture_output=True, text=True).stdout
         assert uuid in swtpm, swtpm  # the restored guest's TPM runs, on its own state
         assert machine.smb_relay is not None and machine.smb_relay.socket_path.parent.parent == workdir
+        # The share's login is the session's, set at the hand-out: a new password, not the
+        # slot's; the project is the session's share's uid's.
+        login = share_account(workdir)
+        assert machine.guest.share_login.password == login.password != slot_login.password
+        assert project.stat().st_uid == login.uid
         # The guest runs on after the restore (a guest whose CPU stopped, as under a KVM that
         # fails, stays "running" in libvirt's eyes but uses no more CPU time).
         cpu_before = machine.domain.info()[4]

@@ -44,7 +44,7 @@ def test_the_tools_offered_follow_the_settings(settings, offered):
 
 def test_a_page_read_asking_for_more_than_the_loop_keeps_comes_whole_and_says_where_to_read_on():
     from tests.web_pages import PageServer
-    from vmagent.compact import cap_tool_result
+    from vmagent.loop.compact import cap_tool_result
 
     pages = PageServer()
     try:

@@ -116,9 +116,9 @@ def test_an_older_job_database_lets_its_jobs_use_the_web(tmp_path):
         conn.execute("INSERT INTO jobs (id, owner, task, os, state, preview_secret, created, updated) "
                      "VALUES ('old', 'alice', 't', 'debian', 'done', 's', 1, 2)")
     store = Store(tmp_path)
-    assert job_spec(store.get_job("old"))["web"] is True
+    assert job_spec(store.get_job("old")).web is True
     off = store.create_job(owner="alice", task="t", os="debian", project=None, web=False)
-    assert JobSpec(**job_spec(store.get_job(off["id"]))).web is False
+    assert job_spec(store.get_job(off["id"])).web is False
     store.close()
 
 

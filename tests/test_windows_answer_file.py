@@ -1,4 +1,4 @@
-"""Autounattend.xml (vmd/windows_image/answer_file.py): a golden file per edition (Windows 11
+"""Autounattend.xml (vmd/images/windows/answer_file.py): a golden file per edition (Windows 11
 Home and Pro with and without the user's key, Server 2022 and 2025 Standard), and element by
 element the forms dockur/windows' answer files use, since those boot unattended every day.
 The dockur files cited are its assets/*.xml and src/answer.sh (github.com/dockur/windows)."""
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from vmd.windows_image import guest_contract as contract
-from vmd.windows_image.answer_file import (COMMAND_LINE_MAX, UNATTEND_NS, WCM_NS, AdminAccount, AnswerFile,
-                                           FirstLogon, Language, UserData)
-from vmd.windows_image.build import KEY_FORMS
-from vmd.windows_image.editions import Edition
-from vmd.windows_image.product_keys import generic_key
+from vmd.guests.windows import contract
+from vmd.images.windows.answer_file import (COMMAND_LINE_MAX, UNATTEND_NS, WCM_NS, AdminAccount, AnswerFile,
+                                            FirstLogon, Language, UserData)
+from vmd.images.windows.build import KEY_FORMS
+from vmd.images.windows.editions import Edition
+from vmd.images.windows.product_keys import generic_key
 
 GOLDEN = Path(__file__).parent / "golden" / "autounattend"
-FIRSTLOGON = Path(__file__).resolve().parents[1] / "vmd" / "windows_image" / "firstlogon.ps1"
+FIRSTLOGON = Path(__file__).resolve().parents[1] / "vmd" / "images" / "windows" / "firstlogon.ps1"
 NS = {"u": UNATTEND_NS, "wcm": WCM_NS}
 PASSWORD = "Golden-Password-1"
 USER_KEY = "ABCDE-FGHJK-MNPQR-TVWXY-23467"  # the form of a key, no real one
@@ -171,3 +171,53 @@ def test_the_first_logon_command_passes_every_parameter_firstlogon_ps1_declares(
     assert set(re.findall(r"(?:^| )-(\w+) ", script_call)) == declared
     assert f"-LaunchTask '{contract.VMD_LAUNCH_TASK}' " in line and "-Width 1920 -Height 1080 " in line
     assert f"-Share '{contract.SHARE_UNC}' -ShareLetter '{contract.SHARE_LETTER}'" in line
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_setup_fetches_no_updates_and_windows_encrypts_no_disk(case):
+    root = answer(*CASES[case])
+    setup = _component(root, "windowsPE", "Microsoft-Windows-Setup")
+    # dockur's form and place: after ImageInstall, before UserData.
+    names = _names(setup)
+    assert names.index("ImageInstall") < names.index("DynamicUpdate") < names.index("UserData")
+    assert [(el.tag.split("}")[1], el.text) for el in setup.find("u:DynamicUpdate", NS)] == [
+        ("Enable", "false"), ("WillShowUI", "Never")]
+    # 24H2 turns BitLocker on by itself where it finds a TPM; the base image must stay readable.
+    assert _component(root, "oobeSystem", "Microsoft-Windows-SecureStartup-FilterDriver").findtext(
+        "u:PreventDeviceEncryption", namespaces=NS) == "true"
+    assert _component(root, "oobeSystem", "Microsoft-Windows-EnhancedStorage-Adm").findtext(
+        "u:TCGSecurityActivationDisabled", namespaces=NS) == "1"
+
+
+@pytest.mark.parametrize("edition,server", [(WIN11_PRO, False), (SERVER_2022, True), (SERVER_2025, True)])
+def test_server_manager_stays_closed_on_server_editions(edition, server):
+    root = answer(edition)
+    manager = _component(root, "specialize", "Microsoft-Windows-ServerManager-SvrMgrNc")
+    tasks = _component(root, "specialize", "Microsoft-Windows-OutOfBoxExperience")
+    if not server:
+        assert manager is None and tasks is None  # the components are Server's alone
+        return
+    assert manager.findtext("u:DoNotOpenServerManagerAtLogon", namespaces=NS) == "true"
+    assert tasks.findtext("u:DoNotOpenInitialConfigurationTasksAtLogon", namespaces=NS) == "true"
+
+
+def test_autologon_outlasts_every_boot_and_the_first_logon_checks_it():
+    # Winlogon counts LogonCount down and at zero turns autologon off and drops the password:
+    # a count of 1, removed by the first logon afterwards, could end autologon after one boot.
+    logon = _component(answer(), "oobeSystem", "Microsoft-Windows-Shell-Setup").find("u:AutoLogon", NS)
+    count = int(logon.findtext("u:LogonCount", namespaces=NS))
+    assert count == 65432  # dockur's count
+    script = FIRSTLOGON.read_text()
+    threshold = int(re.search(r"\[int\]\$count -lt (\d+)", script)[1])
+    assert threshold < count and "Remove-ItemProperty" not in script.split("$winlogon = ", 1)[1].split("Step", 1)[0]
+
+
+def test_a_failure_before_the_script_runs_is_written_on_com1_as_the_script_writes_its_own():
+    line = FirstLogon(1280, 800).command()
+    body = re.fullmatch(r'powershell\.exe -NoProfile -ExecutionPolicy Bypass -Command "(.*)"', line)[1]
+    tried, caught = body.split(" catch { ", 1)
+    assert tried.startswith("$ErrorActionPreference = 'Stop'; try { ") and "Copy-Item" in tried
+    assert "New-Object IO.Ports.SerialPort 'COM1'" in caught
+    assert f"WriteLine('vmd: {contract.FAILED_MARKER}: before firstlogon.ps1 ran: ' + $_)" in caught
+    assert caught.rstrip().endswith("exit 1 }")
+    assert f'"vmd: {contract.FAILED_MARKER}: $_"' in FIRSTLOGON.read_text()  # the script's own form

@@ -1,4 +1,4 @@
-"""`vmd images build windows` (vmd/windows_image/build.py): refused before anything slow on
+"""`vmd images build windows` (vmd/images/windows/build.py): refused before anything slow on
 a host without KVM (this one), and the whole pipeline with only the install boot itself
 replaced: real editions, answer file, seed, qemu-img disk and compression, manifest."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import stat
 import subprocess
 import xml.etree.ElementTree as ET
@@ -17,13 +18,13 @@ import pytest
 
 from tests.conftest import make_traversable
 from tests.windows_media import make_windows_iso
+from vmd.guests.windows import contract
+from vmd.images.windows.build import WindowsBuildOptions, build_windows
+from vmd.images.windows.install import InstallFailed, host_problems, serial_says
+from vmd.images.windows.readiness import windows_readiness
 from vmd.machines.accel import kvm_works
 from vmd.machines.images import find_image
 from vmd.server import cli
-from vmd.windows_image import guest_contract as contract
-from vmd.windows_image.build import WindowsBuildOptions, build_windows
-from vmd.windows_image.install import InstallFailed, host_problems, serial_says
-from vmd.windows_image.readiness import windows_readiness
 
 
 def test_without_kvm_the_build_refuses_before_hashing_the_iso(tmp_path):
@@ -74,9 +75,11 @@ def fake_install(seen: dict):
     """Stands in for run_install, the one step that needs KVM: it checks the domain it was
     given and writes what firstlogon.ps1 writes on COM1."""
 
-    def install(domain_xml: str, serial_log: Path, uri: str, out) -> None:
+    def install(domain_xml: str, serial_log: Path, uri: str, out, press_keys: bool, ssh_check) -> None:
         seen["xml"] = ET.fromstring(domain_xml)
         seen["uri"] = uri
+        seen["press_keys"] = press_keys
+        seen["ssh_check"] = ssh_check
         serial_log.write_text("vmd: OpenSSH Server\r\nvmd: done\r\n" + contract.READY_MARKER + "\r\n")
         assert serial_says(serial_log, contract.READY_MARKER) == contract.READY_MARKER
 
@@ -87,7 +90,7 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     if host_problems(lambda: True):
         pytest.skip("ovmf, swtpm or qemu-img missing here (setup.sh installs them)")
     make_traversable(tmp_path)  # QEMU, another user, must reach the ISO and the build folder
-    iso = make_windows_iso(tmp_path)
+    iso = make_windows_iso(tmp_path, bootable=True)
     root, seen, out = tmp_path / "images", {}, io.StringIO()
     options = WindowsBuildOptions(iso=iso, key="VK7JG-NPHTM-C97JM-9MPGT-3V66T", resolution="1920x1080")
     folder = build_windows(options, root, out, uri="test:///default", kvm_usable=lambda: True,
@@ -99,8 +102,16 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     dom = seen["xml"]
     assert dom.get("type") == "kvm" and dom.find("os/type").get("machine") == "q35"
     assert dom.find("os/loader").text.endswith("OVMF_CODE_4M.fd") and dom.find("devices/tpm").get("model") == "tpm-crb"
-    cds = [d.find("source").get("file") for d in dom.iterfind("devices/disk[@device='cdrom']")]
-    assert cds[0] == str(iso.resolve()) and cds[1].endswith("seed.iso")
+    cds = [(d.find("source").get("file"), d.find("driver").get("type"))
+           for d in dom.iterfind("devices/disk[@device='cdrom']")]
+    # The install CD is the layer over the ISO that boots without a key (boot_medium.py).
+    assert cds[0] == (str(folder.with_name(folder.name + ".partial") / "install-noprompt.qcow2"), "qcow2")
+    assert cds[1][0].endswith("seed.iso") and not seen["press_keys"]
+    # The guest's sshd is forwarded to a loopback port, where the build logs in once it is ready.
+    args = [a.get("value") for a in dom.find("{http://libvirt.org/schemas/domain/qemu/1.0}commandline")]
+    assert re.fullmatch(r"user,id=vmdnet0,hostfwd=tcp:127\.0\.0\.1:\d+-:22", args[args.index("-netdev") + 1])
+    assert callable(seen["ssh_check"])
+    assert "  install CD: it boots efi/microsoft/boot/efisys_noprompt.bin, no key to press" in out.getvalue()
     assert dom.find("devices/serial").get("type") == "file"
     assert dom.find("devices/disk[@device='disk']/target").get("bus") == "sata"  # no virtio-win given
     assert stat.S_IMODE(folder.stat().st_mode) == 0o711  # QEMU passes through to the seed; nobody lists
@@ -115,7 +126,7 @@ def test_the_pipeline_leaves_an_image_vmd_can_find(tmp_path):
     assert folder.name == f"windows-{manifest['recipe']}"
     password = folder / manifest["admin_password_file"]
     assert stat.S_IMODE(password.stat().st_mode) == 0o600 and len(password.read_text().strip()) >= 24
-    assert not (folder / "seed.iso").exists() and not (folder / "install.qcow2").exists()
+    assert not any((folder / name).exists() for name in ("seed.iso", "install.qcow2", "install-noprompt.qcow2"))
     info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(folder / "disk.qcow2")],
                                      capture_output=True, check=True, text=True).stdout)
     assert info["format"] == "qcow2" and stat.S_IMODE((folder / "disk.qcow2").stat().st_mode) == 0o444
@@ -134,7 +145,8 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
     make_traversable(tmp_path)
     seen: dict = {}
 
-    def install(domain_xml, serial_log, uri, out):
+    def install(domain_xml, serial_log, uri, out, press_keys, ssh_check):
+        seen["press_keys"] = press_keys  # this ISO has no El Torito entry: the keys are pressed
         seed = ET.fromstring(domain_xml).findall("devices/disk[@device='cdrom']")[1].find("source").get("file")
         iso = pycdlib.PyCdlib()
         iso.open(seed)
@@ -146,30 +158,42 @@ def test_the_seed_the_install_boots_holds_the_password_and_the_edition(tmp_path)
     folder = build_windows(WindowsBuildOptions(iso=make_windows_iso(tmp_path), edition="1"), tmp_path / "img",
                            io.StringIO(), kvm_usable=lambda: True, install=install)
     password = (folder / "admin-password").read_text().strip()
-    assert f"<Value>{password}</Value>" in seen["answer"]
+    assert f"<Value>{password}</Value>" in seen["answer"] and seen["press_keys"]
     assert "<Key>/IMAGE/INDEX</Key>" in seen["answer"] and "<Value>1</Value>" in seen["answer"]
 
 
-def test_the_recipe_hash_follows_the_iso_the_options_and_the_guest_s_files(tmp_path, monkeypatch):
-    from vmd.windows_image import build
+def test_the_recipe_hash_follows_the_iso_the_options_the_devices_and_the_guest_s_files(tmp_path, monkeypatch):
+    from dataclasses import replace
 
+    from vmd.images.windows import build
+    from vmd.images.windows.editions import Edition
+
+    pro = Edition(2, "Windows 11 Pro", "", "Professional", "x64", "Client", 10, 0, 22631, ("en-US",))
     options = WindowsBuildOptions(iso=tmp_path / "w.iso")
-    first = build.recipe_hash(options, "a" * 64, 2, "en-US")
-    assert first == build.recipe_hash(options, "a" * 64, 2, "en-US")
-    changed = {build.recipe_hash(options, "b" * 64, 2, "en-US"), build.recipe_hash(options, "a" * 64, 1, "en-US"),
-               build.recipe_hash(options, "a" * 64, 2, "de-DE"),
+    first = build.recipe_hash(options, "a" * 64, pro, "en-US")
+    assert first == build.recipe_hash(options, "a" * 64, pro, "en-US")
+    changed = {build.recipe_hash(options, "b" * 64, pro, "en-US"),
+               build.recipe_hash(options, "a" * 64, replace(pro, index=1), "en-US"),
+               build.recipe_hash(options, "a" * 64, pro, "de-DE"),
                build.recipe_hash(WindowsBuildOptions(iso=options.iso, key="VK7JG-NPHTM-C97JM-9MPGT-3V66T"),
-                                 "a" * 64, 2, "en-US"),
-               build.recipe_hash(WindowsBuildOptions(iso=options.iso, resolution="1920x1080"), "a" * 64, 2, "en-US")}
+                                 "a" * 64, pro, "en-US"),
+               build.recipe_hash(WindowsBuildOptions(iso=options.iso, resolution="1920x1080"), "a" * 64, pro, "en-US")}
     assert first not in changed and len(changed) == 5
     copy = tmp_path / "recipe"
     copy.mkdir()
     for name in build.RECIPE_FILES:
-        (copy / name).write_bytes((build.PACKAGE_DIR / name).read_bytes())
-    monkeypatch.setattr(build, "PACKAGE_DIR", copy)
-    assert build.recipe_hash(options, "a" * 64, 2, "en-US") == first
-    (copy / "firstlogon.ps1").write_text((copy / "firstlogon.ps1").read_text() + "\n# changed\n")
-    assert build.recipe_hash(options, "a" * 64, 2, "en-US") != first
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes((build.VMD_DIR / name).read_bytes())
+    monkeypatch.setattr(build, "VMD_DIR", copy)
+    assert build.recipe_hash(options, "a" * 64, pro, "en-US") == first
+    script = copy / "images" / "windows" / "firstlogon.ps1"
+    script.write_text(script.read_text() + "\n# changed\n")
+    edited = build.recipe_hash(options, "a" * 64, pro, "en-US")
+    assert edited != first
+    # The machine Windows is installed on (its devices are every session machine's) is part
+    # of the recipe: another device set is another image.
+    monkeypatch.setattr(build, "device_set_xml", lambda image: "<domain>another machine</domain>")
+    assert build.recipe_hash(options, "a" * 64, pro, "en-US") not in (first, edited)
 
 
 def test_readiness_warns_without_kvm_and_says_how_to_build(tmp_path):

@@ -25,8 +25,8 @@ from tests.guests import clean_up_domains
 from tests.loop_harness import agent_config, call, calls
 from tests.ollama_server import start_ollama
 from tests.vmd_fakes import make_config
+from vmd.images.windows.build import WindowsBuildOptions, build_windows
 from vmd.machines.accel import kvm_works
-from vmd.windows_image.build import WindowsBuildOptions, build_windows
 
 ISO = os.environ.get("VMD_WINDOWS_ISO", "")
 pytestmark = [
@@ -72,7 +72,7 @@ def read_back(seen: dict):
 
 
 def test_a_job_on_windows_runs_powershell_and_drives_notepad(tmp_path, windows_images_dir):
-    from vmagent.job import JobSpec
+    from vmagent.loop.job import JobSpec
     from vmagent.loop import run_job
     from vmd.machines.libvirt_machines import LibvirtMachines
     from vmd.server.rpc import VmdServer
@@ -158,3 +158,17 @@ def test_warm_windows_slots_come_with_identities_of_their_own_and_their_sessions
         for machine in machines:
             machine.destroy()
         destroy_left_guests(config, state)
+
+
+def test_the_image_s_first_logon_said_how_each_step_went(windows_images_dir):
+    # The install's serial log stays in the image's folder: what the first logon wrote on
+    # COM1 is the record of the steps docs/windows.md lists.
+    from vmd.machines.images import find_image
+
+    image = find_image("windows", windows_images_dir)
+    log = (image.dir / "serial.log").read_text(errors="replace")
+    width, height = image.resolution
+    # No display driver: the firmware's mode (std VGA's EDID, the image's resolution) is Windows'.
+    assert f"vmd: display {width}x{height}\r" in log or f"vmd: display {width}x{height}\n" in log, log
+    assert re.search(r"vmd: OpenSSH Server: (already installed|the \S+ capability|the Win32-OpenSSH MSI)", log), log
+    assert "vmd: autologon stays on" in log and "firstlogon failed" not in log

@@ -1,4 +1,4 @@
-"""The editions of a Windows install ISO (vmd/windows_image/editions.py), read from a real
+"""The editions of a Windows install ISO (vmd/images/windows/editions.py), read from a real
 WIM that wimlib's wimcapture made, inside an ISO laid out as Microsoft's are (UDF)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.windows_media import make_iso, make_wim, make_windows_iso
-from vmd.windows_image.editions import MediaError, parse_wim_xml, pick_edition, read_editions
+from vmd.images.windows.editions import MediaError, parse_wim_xml, pick_edition, read_editions
 
 
 def test_the_editions_come_out_of_install_wim_inside_the_iso(tmp_path):

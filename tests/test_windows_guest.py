@@ -1,4 +1,4 @@
-"""The Windows guest (vmd/guests/windows.py, windows_verbs.py) against an SSH server on loopback
+"""The Windows guest (vmd/guests/windows/: guest.py, verbs.py) against an SSH server on loopback
 that answers like Windows' OpenSSH with PowerShell as its shell (tests/windows_ssh_server.py):
 the exact command lines vmd sends, decoded and parsed as PowerShell, and Windows' answers
 (CR LF, UTF-8, CLIXML) read back as the model must read them. No Windows runs here: no KVM,
@@ -17,13 +17,17 @@ import pytest
 
 from tests.test_windows_scripts import NOT_RECOGNIZED, PROGRESS, powershell_problems
 from tests.windows_ssh_server import Exec, Reply, WindowsSshServer
-from vmd.guests import windows as windows_module
 from vmd.guests.families import guest_class
-from vmd.guests.guest import GuestError
+from vmd.guests.guest import GuestError, ShareLogin
 from vmd.guests.ssh import SshConnection
-from vmd.guests.windows import WindowsGuest
-from vmd.guests.windows_scripts import EXIT_TAIL, TIMEOUT_LINE
+from vmd.guests.windows import guest as windows_module
+from vmd.guests.windows.guest import WindowsGuest
+from vmd.guests.windows.scripts import EXIT_TAIL, TIMEOUT_LINE
 from vmd.machines import screen_text as st
+
+
+LOGIN = ShareLogin(user="vmd", password="Pw4ShareOnly")
+NET_USE = "net.exe use Z: '\\\\10.0.2.4\\project' 'Pw4ShareOnly' ('/user:' + 'vmd') /persistent:no"
 
 
 def _parses(script: str) -> None:
@@ -50,6 +54,7 @@ class Guest:
     def __enter__(self):
         self.server.__enter__()
         self.guest = WindowsGuest(SshConnection("127.0.0.1", self.server.port, "agent", self.server.key_path))
+        self.guest.share_login = LOGIN  # as the machine sets it from the share's account
         return self
 
     def __exit__(self, *exc):
@@ -72,14 +77,16 @@ def test_run_sends_the_wrapper_with_the_command_and_its_folder(win):
     win.answers.append(lambda e: Reply(stdout="a.txt\r\nh\u00e9\r\n"))
     result = win.guest.run(command, timeout=42, cwd="src")
     [sent] = win.server.recorded.execs
-    assert sent.line.startswith("powershell -NoProfile -NonInteractive -EncodedCommand ")
+    # The line runs the wrapper in sshd's own PowerShell: no powershell.exe of its own.
+    assert not sent.line.lower().startswith("powershell") and "[ScriptBlock]::Create($vmdScript)" in sent.line
+    assert sent.wrapper.count("powershell.exe") == 1  # the command's own, the one start left
     assert sent.cwd == "Z:\\src" and sent.seconds == 42
     assert sent.command == command + "\n" + EXIT_TAIL  # the exit code's tail, on a line of its own
     assert sent.command_file.startswith("C:\\vmd\\run\\") and sent.command_file.endswith(".ps1")
     for part in ("$ProgressPreference = 'SilentlyContinue'", "[Console]::OutputEncoding = [Text.Encoding]::UTF8",
                  "[VmdJob]::Assign($vmdJob, $vmdChild.Handle)", "[VmdJob]::Kill($vmdJob)",
                  "$vmdStart.RedirectStandardInput = $true", "$vmdChild.StandardInput.Close()",
-                 "net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no"):
+                 NET_USE, "& net.exe use Z: /delete /y"):
         assert part in sent.wrapper
     # 5.1 turns net.exe's stderr under 2>&1 into error records: under 'Stop' one would end the wrapper.
     assert sent.wrapper.index("net.exe use") < sent.wrapper.index("$ErrorActionPreference = 'Stop'")
@@ -179,6 +186,7 @@ def _task_runs(found: Exec) -> bool:
 
 
 def test_launch_app_asks_the_desktop_sessions_task(win):
+    win.guest._desktop_mapped = True  # the drive is mapped there already (the next test's)
     win.answers.append(lambda e: Reply(stdout="SUCCESS: Attempted to run the scheduled task \"vmd-launch\".\r\n")
                        if _task_runs(e) else None)
     text = win.guest.launch_app("C:\\Program Files\\App\\app.exe", ["--open", "a&b.txt", "plain"])
@@ -247,7 +255,7 @@ def test_list_windows_says_what_went_wrong_in_the_session(win):
 
 
 def test_list_windows_says_when_the_session_wrote_nothing(win, monkeypatch):
-    monkeypatch.setattr("vmd.guests.windows_verbs.WINDOWS_WAIT_S", 0.5)
+    monkeypatch.setattr("vmd.guests.windows.verbs.WINDOWS_WAIT_S", 0.5)
     win.answers.append(lambda e: Reply(stdout="SUCCESS\r\n") if _task_runs(e) else None)
     with pytest.raises(GuestError, match="the desktop session wrote no window list within 0.5 s"):
         win.guest.list_windows()
@@ -329,21 +337,90 @@ def test_a_guest_that_cannot_take_a_new_identity_says_why(win):
         win.guest.forget_identity()
 
 
-def test_a_restored_guest_maps_the_project_drive_anew_in_the_desktop_session_too(win):
-    # A warm slot's desktop mapped Z: at its logon, to the slot's placeholder share, over a
-    # connection the save ended: the restore maps it anew there (sshd's logons map their own).
+def _desktop_task(win, ran: list[str]):
+    """The session task as Windows runs it: the script launch.txt names runs in the desktop
+    session; a share script removes itself first (REMAP_SHARE), which is what vmd waits for."""
+    def answer(found: Exec):
+        if not _task_runs(found):
+            return None
+        line = (win.server.root / "C" / "vmd" / "launch.txt").read_bytes().decode("utf-8-sig")
+        if " -File " in line and "share-" in line:
+            script = win.server.files_path(line.split(" -File ")[1])
+            ran.append(script.read_bytes().decode("utf-8-sig"))
+            script.unlink()
+        return Reply(stdout="SUCCESS: Attempted to run the scheduled task \"vmd-launch\".\r\n")
+    return answer
+
+
+def test_the_share_is_mapped_with_its_login_and_checked_in_sshd_and_the_desktop(win):
+    # sshd's key logons have no credentials for the network: the mapping names the share's
+    # user and password, and the machine hears whether it held.
     (win.server.root / "C" / "vmd" / "run").mkdir(parents=True)
+    ran = []
+    win.answers.append(_desktop_task(win, ran))
+    assert win.guest.mount_share() is None
+    mount = win.server.recorded.execs[0].command
+    assert mount.startswith("if (Test-Path -LiteralPath 'Z:\\') { 'mapped'; exit 0 }") and NET_USE in mount
+    [script] = ran
+    assert script.startswith("Remove-Item -LiteralPath $MyInvocation.MyCommand.Path")  # its password first
+    assert NET_USE in script and "& net.exe use '\\\\10.0.2.4\\project' /delete /y" in script
+    assert powershell_problems(script) == []
+    assert not list((win.server.root / "C" / "vmd" / "run").iterdir())  # no password left on the guest's disk
+    # A launch_app after it needs no new mapping; one after a failed mapping tries again.
+    win.guest.launch_app("notepad.exe", [])
+    assert len(ran) == 1
+
+
+def test_a_share_that_does_not_map_says_what_net_use_said(win, monkeypatch):
+    from vmd.guests.windows import verbs as windows_verbs
+    monkeypatch.setattr(windows_verbs, "REMAP_WAIT_S", 0.5)
+    (win.server.root / "C" / "vmd" / "run").mkdir(parents=True)
+    win.answers.append(lambda e: Reply(stderr="net use exited 2: System error 1326 has occurred. The user name or "
+                                              "password is incorrect.\r\n", exit_code=1)
+                       if "'mapped'; exit 0" in e.command else None)
+    win.answers.append(lambda e: Reply(stdout="SUCCESS\r\n") if _task_runs(e) else None)  # but nobody ran it
+    said = win.guest.mount_share()
+    assert "System error 1326" in said and "password is incorrect" in said
+    assert "Pw4ShareOnly" not in said
+    # The desktop's script that no task ran is not left behind with the password in it.
+    assert not list((win.server.root / "C" / "vmd" / "run").iterdir())
+    assert not win.guest._desktop_mapped
+
+
+def test_a_restored_guest_maps_the_project_drive_anew_in_the_desktop_session_too(win):
+    # A warm slot's desktop mapped Z: to the slot's placeholder share with the slot's login,
+    # over a connection the save ended: the restore maps it anew there, with the session's.
+    (win.server.root / "C" / "vmd" / "run").mkdir(parents=True)
+    ran = []
     win.answers.append(lambda e: Reply(stdout=FACTS) if "'os=' + $os.Caption" in e.command else None)
+    win.answers.append(_desktop_task(win, ran))
+    win.guest._desktop_mapped = True  # the slot's own mapping, before its save
     facts = win.guest.restored(1764662400.0, mount_share=True)
     assert facts.hostname == "VMAGENT-WIN"
-    clock, mount, task, _ = (e.command for e in win.server.recorded.execs)
+    clock, mount, task = (e.command for e in win.server.recorded.execs[:3])
     assert "FromUnixTimeMilliseconds(1764662400000)" in clock
-    assert "& net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no" in mount
+    assert NET_USE in mount
     assert _task_runs(win.server.recorded.execs[2])
     line = (win.server.root / "C" / "vmd" / "launch.txt").read_bytes().decode("utf-8-sig")
     assert line.startswith("powershell.exe -NoProfile -NonInteractive -WindowStyle Hidden -ExecutionPolicy Bypass "
                            "-File C:\\vmd\\run\\share-")
-    script = win.server.files_path(line.split(" -File ")[1]).read_bytes().decode("utf-8-sig")
-    assert "& net.exe use Z: /delete /y" in script
-    assert "& net.exe use Z: '\\\\10.0.2.4\\project' /persistent:no" in script
+    [script] = ran
+    assert "& net.exe use Z: /delete /y" in script and NET_USE in script
     assert powershell_problems(script) == []
+
+
+def test_sftp_on_the_project_drive_maps_it_first_in_each_new_ssh_logon(win):
+    # SFTP runs in the SSH connection's own logon, where Z: exists only once mapped there: a
+    # connection vmd opens anew (after a question's wait) maps it before its first request.
+    def maps(found: Exec) -> bool:
+        return "'mapped'; exit 0" in found.command and NET_USE in found.command
+
+    win.guest.write_file("Z:\\a.txt", "first")
+    win.guest.write_file("Z:\\src\\b.txt", "second")
+    assert sum(maps(e) for e in win.server.recorded.execs) == 1
+    win.guest.ssh.close()  # the suspend before a question closes it; the resume reconnects
+    assert win.guest.read_file("Z:\\a.txt").content == "first"
+    assert sum(maps(e) for e in win.server.recorded.execs) == 2
+    assert win.server.recorded.execs[-1].connection == win.server.recorded.connections  # the new logon's
+    win.guest.write_file("C:\\Users\\agent\\c.txt", "not on the share")
+    assert sum(maps(e) for e in win.server.recorded.execs) == 2

@@ -1,5 +1,5 @@
-"""Every PowerShell script the Windows guest backend ships or generates (vmd/guests/windows_scripts.py,
-rendered as vmd renders them, and the lines vmd/guests/windows.py sends) parses with a real
+"""Every PowerShell script the Windows guest backend ships or generates (vmd/guests/windows/scripts.py,
+rendered as vmd renders them, and the lines vmd/guests/windows/guest.py sends) parses with a real
 PowerShell grammar (tree-sitter-powershell) with no ERROR or MISSING node; the values filled
 into a template can never be code; CLIXML from Windows becomes plain text."""
 
@@ -8,18 +8,20 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import string
 import subprocess
 
 import pytest
 import tree_sitter
 import tree_sitter_powershell
 
-from vmd.guests import windows_scripts as ws
-from vmd.guests.powershell import b64_utf8, decode_command, encoded_command, quoted, strip_clixml
+from vmd.guests.windows import scripts as ws
+from vmd.guests.windows.powershell import b64_utf8, decode_in_shell, in_shell_command, quoted, strip_clixml
 
 PARSER = tree_sitter.Parser(tree_sitter.Language(tree_sitter_powershell.language()))
 
 SAMPLE = dict(SECONDS=300, MAP_SHARE=True, DRIVE_ROOT=quoted("Z:\\"), DRIVE="Z:", SHARE_UNC=quoted(r"\\10.0.2.4\project"),
+              SHARE_USER=quoted("vmd"), SHARE_PASSWORD=quoted("Pw4ShareOnly"),
               JOB_DLL=quoted("vmd\\" + ws.JOB_DLL), WINDOWS_DLL=quoted("vmd\\" + ws.WINDOWS_DLL), INNER=quoted(base64.b64encode("'x'".encode("utf-16-le")).decode()),
               TIMEOUT_LINE=quoted(ws.TIMEOUT_LINE), CWD_B64=quoted(b64_utf8("Z:\\src")),
               FILE_B64=quoted(b64_utf8(r"C:\vmd\run\1.ps1")), HOST=quoted("example.com"), TASK=quoted("vmd-launch"),
@@ -70,13 +72,22 @@ def test_a_value_can_never_become_code():
     assert powershell_problems(rendered) == [] and rendered == "$a = 'it\u2019\u2019s; evil'"
 
 
-def test_the_encoded_line_round_trips_and_stays_under_the_limit():
+def test_the_exec_line_runs_the_wrapper_in_sshds_own_powershell():
+    # Two PowerShell starts per command, not three: sshd's DefaultShell (`powershell.exe -c
+    # <line>`) runs the wrapper itself, and the wrapper starts the command's own powershell.exe.
     script = ws.render(ws.RUN_WRAPPER, **SAMPLE)
-    line = encoded_command(script)
-    assert line.startswith("powershell -NoProfile -NonInteractive -EncodedCommand ")
-    assert decode_command(line) == script and len(line) < 30_000
+    line = in_shell_command(script)
+    assert decode_in_shell(line) == script and len(line) < 30_000
+    assert not line.lower().startswith("powershell") and "powershell" not in line.lower()
+    assert script.count("powershell.exe") == 1 and "Start(" in script  # the command's own, the one start
+    assert powershell_problems(line) == []  # what sshd's PowerShell parses
+    # Win32-OpenSSH hands the line to PowerShell as one argument in double quotes, escaping
+    # quotes and backslashes: the line has neither, nor anything else that either would read.
+    assert set(line) <= set(string.ascii_letters + string.digits + "$[]().:;&'+/= "), set(line)
     with pytest.raises(ValueError, match="past Windows' limit"):
-        encoded_command("x" * 12_000)
+        in_shell_command("x" * 12_000)
+    with pytest.raises(ValueError, match="not vmd's in-shell PowerShell line"):
+        decode_in_shell("powershell -EncodedCommand AAAA")
 
 
 # CLIXML as Windows PowerShell 5.1 writes it to a redirected stderr under -EncodedCommand: the

@@ -1,4 +1,4 @@
-"""The seed medium (vmd/windows_image/seed.py) read back with pycdlib: exactly the expected
+"""The seed medium (vmd/images/windows/seed.py) read back with pycdlib: exactly the expected
 Joliet tree (the names Windows reads; it ignores Rock Ridge), the drivers of the edition's
 family and architecture taken from a virtio-win ISO in the real layout, and the label the
 first logon command finds the medium by."""
@@ -11,9 +11,9 @@ import pycdlib
 import pytest
 
 from tests.windows_media import VIRTIO_DRIVERS, make_iso, make_virtio_win_iso
-from vmd.windows_image import guest_contract as contract
-from vmd.windows_image.editions import Edition, MediaError
-from vmd.windows_image.seed import FIRSTLOGON, seed_files, write_seed
+from vmd.guests.windows import contract
+from vmd.images.windows.editions import Edition, MediaError
+from vmd.images.windows.seed import FIRSTLOGON, seed_files, write_seed
 
 WIN11 = Edition(2, "Windows 11 Pro", "", "Professional", "x64", "Client", 10, 0, 22631, ("en-US",))
 WIN10 = Edition(2, "Windows 10 Pro", "", "Professional", "x64", "Client", 10, 0, 19045, ("en-US",))

@@ -52,3 +52,51 @@ def test_watching_can_be_turned_off(tmp_path):
         frames = run_worker(tmp_path, vmd, server, watch_s="0")
     assert not [f for f in frames if f["type"] == "screenshot"]
     assert frames[-1]["outcome"]["state"] == "done"
+
+
+def test_a_job_file_that_is_not_one_ends_the_worker_with_a_report_that_says_why(tmp_path):
+    # The worker reads job.json through its one reader (vmagent/job_file.py): a file without
+    # a spec is refused there, with the field, before any model or vmd is asked.
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "job.json").write_text(json.dumps({"mode": "run", "vmd_socket": str(tmp_path / "none.sock")}))
+    done = subprocess.run([sys.executable, "-m", "vmagent.worker", "--job-dir", str(job_dir)],
+                          capture_output=True, text=True, timeout=60)
+    frames = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 2 and [f["type"] for f in frames] == ["done"]
+    report = frames[0]["outcome"]["report"]
+    assert frames[0]["outcome"]["state"] == "failed"
+    assert f"could not read {job_dir / 'job.json'}" in report and "spec" in report and "Field required" in report
+
+
+def test_the_job_file_is_written_whole_and_private_and_read_back_as_written(tmp_path):
+    from vmagent.job_file import JobFile, JobSpec
+
+    written = JobFile(job_id="j1", spec=JobSpec(task="t", project="p", web=False), mode="resume",
+                      answer="yes", approved=True, vmd_socket="/run/vmd/a.sock")
+    written.write(tmp_path)
+    assert (tmp_path / "job.json").stat().st_mode & 0o777 == 0o600
+    assert JobFile.read(tmp_path) == written
+    # A field a newer service added is left aside, not refused (a cluster upgraded host by host).
+    (tmp_path / "job.json").write_text(json.dumps({**json.loads((tmp_path / "job.json").read_text()), "new": 1}))
+    assert JobFile.read(tmp_path) == written
+
+
+def test_only_the_job_file_module_names_the_job_file():
+    # job.json was written in two places and read in three, each with its own idea of its
+    # fields; now one model reads and writes it (vmagent/job_file.py) and no other module of
+    # vmagent names the file (docstrings aside).
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "vmagent"
+    naming = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        naming += [f"{path.relative_to(root)}:{node.lineno}" for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and "job.json" in node.value
+                   and id(node) not in docstrings]
+    assert [place.split(":")[0] for place in naming] == ["job_file.py"], naming

@@ -19,12 +19,12 @@ import threading
 import time
 from pathlib import Path
 
+from vmd.contract.results import Facts
 from vmd.guests.guest import CommandResult, DirEntry, FileChunk, Guest, GuestFacts
-from vmd.guests.x11_windows import list_x11_windows
+from vmd.guests.linux.x11_windows import list_x11_windows
 from vmd.machines.host import LOCAL, local_host
 from vmd.machines.port import MachineError, MachineSpec
 from vmd.machines.screen import Shot
-from vmd.verbs import Facts
 
 # A 1x1 PNG: what the fake screen shows.
 PNG_1X1 = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
@@ -103,7 +103,7 @@ class LocalGuest(Guest):
         return "this stand-in has no desktop"
 
     def mount_share(self):
-        pass
+        return None
 
     def restored(self, now, mount_share):
         return self.facts()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests.vmd_fakes import ROOM_TEMPLATES, short_socket_dir
-from vmagent.client import Vmd
+from vmagent.link import Vmd
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -84,10 +84,41 @@ def make_iso(path: Path, files: dict[str, bytes], udf: bool = True, joliet: bool
     return path
 
 
-def make_windows_iso(work: Path, editions=WIN11_EDITIONS, esd: bool = False) -> Path:
+def make_windows_iso(work: Path, editions=WIN11_EDITIONS, esd: bool = False, bootable: bool = False) -> Path:
+    """`bootable`: with El Torito entries and the no-prompt loader beside efisys.bin, as
+    Microsoft's x64 media have them (make_bootable_windows_iso)."""
     wim = make_wim(work, editions, esd)
-    return make_iso(work / "win.iso", {f"sources/{wim.name}": wim.read_bytes(),
-                                        "setup.exe": b"MZ setup", "boot/bcd": b"bcd"})
+    files = {f"sources/{wim.name}": wim.read_bytes(), "setup.exe": b"MZ setup", "boot/bcd": b"bcd"}
+    if bootable:
+        return make_bootable_windows_iso(work / "win.iso", b"efisys" * 512, b"noprompt" * 512, files)
+    return make_iso(work / "win.iso", files)
+
+
+# Microsoft's boot files, where its x64 ISOs keep them (their El Torito entries: BIOS
+# boot/etfsboot.com, then one section for EFI, efi/microsoft/boot/efisys.bin; the no-prompt
+# FAT image beside it, which no entry names).
+ETFSBOOT = "boot/etfsboot.com"
+EFISYS = "efi/microsoft/boot/efisys.bin"
+EFISYS_NOPROMPT = "efi/microsoft/boot/efisys_noprompt.bin"
+
+
+def make_bootable_windows_iso(path: Path, efisys: bytes, efisys_noprompt: bytes | None,
+                              extra: dict[str, bytes] | None = None) -> Path:
+    """An ISO laid out for booting as Microsoft's are: UDF (and mangled ISO 9660 names), an
+    El Torito default entry for BIOS and a section for EFI naming efisys.bin."""
+    files = {ETFSBOOT: b"\xfa" + b"etfsboot" * 256, EFISYS: efisys, **(extra or {})}
+    if efisys_noprompt is not None:
+        files[EFISYS_NOPROMPT] = efisys_noprompt
+    make_iso(path, files)
+    iso = pycdlib.PyCdlib()
+    iso.open(str(path))
+    iso.add_eltorito("/BOOT/ETFSBOOT.COM;1", bootcatfile="/BOOT.CAT;1", boot_load_size=8)
+    iso.add_eltorito("/EFI/MICROSOF/BOOT/EFISYS.BIN;1", bootcatfile="/BOOT.CAT;1", efi=True, platform_id=0xEF)
+    out = path.with_suffix(".boot.iso")
+    iso.write(str(out))
+    iso.close()
+    out.replace(path)
+    return path
 
 
 VIRTIO_DRIVERS = ("viostor", "vioscsi", "NetKVM", "Balloon", "vioserial", "viorng", "qxldod")

@@ -1,6 +1,6 @@
 """An SSH server on loopback that answers like Windows' OpenSSH with PowerShell as its
-DefaultShell, for vmd/guests/windows.py: it records every exec command line, decodes the
-`-EncodedCommand` payload and checks it (the wrapper, and the command's own script inside
+DefaultShell, for vmd/guests/windows/guest.py: it records every exec command line, decodes the
+wrapper the line hands to sshd's own PowerShell (`in_shell_command`) and checks it (the wrapper, and the command's own script inside
 it, parse as PowerShell; it never runs them), and answers with what a test's `respond`
 says, as Windows would send it: CR LF line ends, UTF-8, CLIXML on stderr where PowerShell
 writes it. Its SFTP subsystem (paramiko's SFTPServer) is rooted in a folder where a Windows
@@ -24,7 +24,7 @@ from typing import Callable
 import paramiko
 from paramiko.sftp import SFTP_NO_SUCH_FILE, SFTP_OK
 
-from vmd.guests.powershell import decode_command
+from vmd.guests.windows.powershell import decode_in_shell
 
 _QUOTED_B64 = r"'([A-Za-z0-9+/=]*)'"
 
@@ -33,7 +33,7 @@ _QUOTED_B64 = r"'([A-Za-z0-9+/=]*)'"
 class Exec:
     """One exec request as the server read it."""
     line: str  # the command line exactly as sent
-    wrapper: str  # the -EncodedCommand payload, decoded
+    wrapper: str  # the script the line runs in sshd's PowerShell, decoded
     inner: str = ""  # the command's own powershell.exe script (RUN_INNER), decoded
     cwd: str = ""
     command_file: str = ""
@@ -60,7 +60,7 @@ class Recorded:
 
 def parse_exec(line: str) -> Exec:
     """The parts of vmd's exec line (ValueError when it is not vmd's wrapper)."""
-    wrapper = decode_command(line)
+    wrapper = decode_in_shell(line)
     found = Exec(line=line, wrapper=wrapper)
     inner = re.search(r"-EncodedCommand ' \+ " + _QUOTED_B64, wrapper)
     if inner is None:
@@ -167,7 +167,10 @@ class _Server(paramiko.ServerInterface):
         try:
             found = parse_exec(line)
             found.connection = self.number
-            found.command = self.fake.files_path(found.command_file).read_text(encoding="utf-8")
+            command_file = self.fake.files_path(found.command_file)
+            found.command = command_file.read_text(encoding="utf-8")
+            command_file.unlink()  # RUN_INNER removes it once read
+            self.fake.check(found.line)  # what sshd's PowerShell itself parses (`-c <line>`)
             self.fake.check(found.wrapper)
             self.fake.check(found.inner)
             self.fake.check(found.command)

@@ -1,4 +1,8 @@
-"""`vmagent run "TASK" …` (one job in this terminal) and `vmagent serve` (the job service).
+"""`vmagent run "TASK" …` (one job in this terminal), `vmagent serve` (the job service),
+`vmagent eval` (vmagent/eval/command.py) and `vmagent hosts` (the service's hosts).
+
+Each command imports what it needs when it runs: `vmagent run` loads no web server, Ray
+or eval, and `vmagent serve` no turn loop.
 
 Exit codes of `run`:
   0  done, verified and proven: vmd's own run of the agent's check passed, and the same
@@ -70,19 +74,21 @@ class TerminalView:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from vmagent import loop, tools
-    from vmagent.client import Vmd, VmdUnavailable, default_socket
+    # Imported when the command runs (the module's docstring says why), as in each command below.
+    from vmagent import loop
     from vmagent.config import AgentConfig, ConfigError
-    from vmagent.loop_guards import model_unfit
-    from vmagent.model_backends import open_model
+    from vmagent.link import Vmd, VmdUnavailable, default_socket
+    from vmagent.loop.guards import model_unfit
+    from vmagent.models import open_model
+    from vmagent.os_family import os_family_of
     from vmagent.prompts import PromptMissing, load_prompts
-    from vmd.verbs import WAITING_STATES
+    from vmd.contract.policy import WAITING_STATES
 
     socket_path = default_socket()
     try:
         config = AgentConfig.load()
         guest_os = args.os or config.default_os
-        load_prompts(tools.os_family_of(guest_os), desktop=False, config=config)
+        load_prompts(os_family_of(guest_os), desktop=False, config=config)
         Vmd(socket_path, timeout=10).connect().close()
     except (ConfigError, PromptMissing, VmdUnavailable) as exc:
         show(f"vmagent run: {exc}", sys.stderr)
@@ -167,8 +173,9 @@ def cancel_in_vmd(socket_path: str, session_id: str) -> None:
     """session_cancel on a connection of its own, so vmd hears of the cancel at once: the
     session refuses further machine verbs while the loop, blocked in a long `run` (which
     session_cancel does not stop) or in the model's answer, is broken off after its grace.
-    The loop cancels and closes the session in its end (vmagent/job_end.py `end_job`) all the same."""
-    from vmagent.client import Vmd, VmdError, VmdUnavailable
+    The loop cancels and closes the session in its end (vmagent/loop/job_end.py `end_job`) all
+    the same."""
+    from vmagent.link import Vmd, VmdError, VmdUnavailable  # `vmagent run`'s, imported as _run's are
 
     try:
         with Vmd(socket_path, timeout=10) as vmd:
@@ -179,8 +186,30 @@ def cancel_in_vmd(socket_path: str, session_id: str) -> None:
 
 
 def _serve(argv: list[str]) -> int:
-    from vmagent.service import serve_main
+    from vmagent.service import serve_main  # when asked for: `vmagent run` loads no web server
     return serve_main(argv)
+
+
+def _hosts(argv: list[str]) -> int:
+    """`vmagent hosts`: the job service's hosts, listed from its settings (its config file and
+    environment: VMAGENT_EXECUTOR, RAY_ADDRESS, VMD_SOCKET) as GET /hosts lists them; run it
+    where the service runs. Exit 0 when listed, 2 when the hosts cannot be listed at all."""
+    # When asked for, as eval: `vmagent run` need not load the hosts' listing or Ray's plumbing.
+    from vmagent.fleet.hosts import HostsUnavailable, list_hosts, render
+    from vmagent.service.config import load_config  # the service's settings: hosts are its
+
+    parser = argparse.ArgumentParser(prog="vmagent hosts", description=(
+        "List the vmd hosts the job service places jobs on: slots, sessions, warm guests, images."))
+    parser.add_argument("--config", help="the job service's settings file (as `vmagent serve --config`)")
+    parser.add_argument("--json", action="store_true", help="print the listing as GET /hosts answers it")
+    args = parser.parse_args(argv)
+    try:
+        listing = list_hosts(load_config(args.config))
+    except (HostsUnavailable, OSError, ValueError) as exc:
+        show(f"vmagent hosts: {exc}", sys.stderr)
+        return EXIT_USAGE
+    show(listing.model_dump_json(indent=2) if args.json else render(listing), sys.stdout)
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -213,10 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         from vmagent.eval.command import main as eval_main
         return eval_main(argv[1:])
     if argv[:1] == ["hosts"]:
-        from vmagent.fleet.hosts import hosts_main  # as eval: `vmagent run` need not load it
-        return hosts_main(argv[1:])
+        return _hosts(argv[1:])
     if argv[:1] == ["ray-node"]:
-        from vmagent.fleet.ray_node import main as ray_node_main
+        from vmagent.fleet.ray_node import main as ray_node_main  # as eval: `vmagent run` need not load it
         return ray_node_main(argv[1:])
     args = parser().parse_args(argv)  # exits 2 on a usage error
     if not args.task.strip():

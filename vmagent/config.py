@@ -46,7 +46,7 @@ class AgentConfig(BaseModel):
     # --- the model -----------------------------------------------------------------
     # Which protocol the model server speaks (VMAGENT_MODEL_API): "ollama" (/api/chat) or
     # "openai" (/v1/chat/completions: vLLM, llama.cpp's llama-server, SGLang, LM Studio,
-    # and Ollama too). vmagent/model.py picks the client by it.
+    # and Ollama too). vmagent/models/backends.py picks the client by it.
     model_api: Literal["ollama", "openai"] = "ollama"
     # The model server (VMAGENT_MODEL_URL). For "openai" the base URL ending in /v1; unset,
     # llama-server's own default. For "ollama" it wins over ollama_host when set.
@@ -145,7 +145,7 @@ class AgentConfig(BaseModel):
     repeat_notice_after: int = Field(3, ge=2)
     # Model turns without the task list moving before a reminder shows it again.
     stall_reminder_steps: int = Field(12, ge=1)
-    # The stuck detector (vmagent/loop_guards.py), over the tool calls of the whole job.
+    # The stuck detector (vmagent/loop/guards.py), over the tool calls of the whole job.
     # The same call with the same answer this many times in a row: a poll of something
     # that does not change. Output that changes (a build log tailed every 30 s) is not one.
     stuck_same_answer: int = Field(3, ge=2)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmagent.config import PROMPTS_ENV, AgentConfig
+from vmagent.os_family import os_family_of
 
 # The variable's name, for the job service's list of what a worker may inherit.
 ENV_VAR = PROMPTS_ENV
@@ -38,10 +39,6 @@ class Prompts:
     # found only once the machine is up gets it in a message, and the system prompt, the
     # head of every request, is never written again.
     screen: str | None = None
-
-
-def _family(os_family: str) -> str:
-    return "windows" if str(os_family).strip().lower().startswith("win") else "linux"
 
 
 def _candidates(prompts_dir: str | os.PathLike | None, config: AgentConfig | None) -> list[tuple[Path, str]]:
@@ -76,7 +73,7 @@ def load_prompts(
     (the configuration in effect when None), then the repository's. Raises PromptMissing
     when no prompt.md is found; optional parts that are missing become warnings.
     """
-    family = _family(os_family)
+    family = os_family_of(os_family)
     looked: list[str] = []
     warnings: list[str] = []
     for directory, label in _candidates(prompts_dir, config):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from vmd.verbs import printable
+from vmd.contract.shown_text import printable
 
 EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE, EXIT_NOT_PROVEN = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT

@@ -1,9 +1,9 @@
 """One job's process: `python -m vmagent.worker --job-dir DIR`.
 
-Reads DIR/job.json ({"spec": {...}, "mode": "run" | "resume" | "rerun", "answer",
-"approved", "cancel", "vmd_socket", "lost"}), runs the turn loop (a fresh job, the resume of
-one that asked a question, or a job whose host was lost, run again from its last checkpoint:
-vmagent/rerun.py), and writes every event as one NDJSON frame on stdout, flushed at once. The
+Reads DIR/job.json (vmagent/job_file.py `JobFile`: the spec, the mode "run" | "resume" |
+"rerun", a person's answer, cancel, the vmd socket, a rerun's lost host), runs the turn loop
+(a fresh job, the resume of one that asked a question, or a job whose host was lost, run
+again from its last checkpoint: vmagent/loop/rerun.py), and writes every event as one NDJSON frame on stdout, flushed at once. The
 transcript lives at DIR/transcript.json. SIGTERM sets the cancel event: the loop breaks
 off what is in flight after cancel_grace_s and ends with a report. A vmd restart is
 ridden out by the loop (and by the screen watcher). Whatever happens, the last frame is
@@ -20,6 +20,8 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+
+from vmagent.job_file import JOB_FILE, JobFile, JobFileUnreadable
 
 
 class FrameWriter:
@@ -85,7 +87,8 @@ class ScreenWatcher:
 
     def _look(self, vmd, last: str | None) -> str | None:
         """One peek; emits the screen if it changed. Returns the newest picture sent."""
-        from vmagent.client import VmdError, VmdUnavailable
+        # Imported here, as the loop is: the Ray shim imports this module for its frames alone.
+        from vmagent.link import VmdError, VmdUnavailable
 
         try:
             seen = vmd.call("peek")
@@ -93,7 +96,7 @@ class ScreenWatcher:
             return last  # closed, or not up yet: try again next tick
         except VmdUnavailable:
             # vmd restarts: the next look opens a fresh connection and re-attaches it first
-            # (vmagent/client.py); the loop waits for vmd in the meantime.
+            # (vmagent/link/); the loop waits for vmd in the meantime.
             return last
         picture = seen.png_base64
         if not seen.available or not picture or picture == last:
@@ -103,7 +106,8 @@ class ScreenWatcher:
         return picture
 
     def _run(self, session_id: str) -> None:
-        from vmagent.client import Vmd, VmdError, VmdUnavailable
+        # Imported here, as the loop is: the Ray shim imports this module for its frames alone.
+        from vmagent.link import Vmd, VmdError, VmdUnavailable
 
         last: str | None = None
         try:
@@ -141,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     job_dir: Path = args.job_dir
     transcript = job_dir / "transcript.json"
     try:
-        job = json.loads((job_dir / "job.json").read_text())
-    except (OSError, ValueError) as exc:
+        job = JobFile.read(job_dir)
+    except JobFileUnreadable as exc:
         frames.write({"type": "done", "outcome": failed_outcome(
-            f"# Job failed\n\nThe worker could not read {job_dir / 'job.json'}: {exc}.")})
+            f"# Job failed\n\nThe worker could not read {job_dir / JOB_FILE}: {exc}.")})
         return 2
-    if job.get("cancel"):
+    if job.cancel:
         cancel.set()
-    vmd_socket = job.get("vmd_socket") or None
+    vmd_socket = job.vmd_socket or None
 
     watcher = ScreenWatcher(vmd_socket, frames.write, _screen_watch_s())
 
@@ -166,20 +170,17 @@ def main(argv: list[str] | None = None) -> int:
         # the service must be able to start workers (and its tests run) without them.
         from vmagent import loop
 
-        if job.get("mode") == "rerun":
+        if job.mode == "rerun":
             # The job's host was lost (the Ray shim says how, vmagent/service/ray_worker.py): a
             # new session from the last pushed checkpoint, with the transcript it had; a
             # person's answer that was to resume it on that host comes along.
-            from vmagent.rerun import rerun_job
-
-            outcome = rerun_job(transcript, lost=str(job.get("lost") or ""), on_event=on_event, cancel=cancel,
-                                vmd_socket=vmd_socket, answer=job.get("answer"), approved=job.get("approved"))
-        elif job.get("mode") == "resume":
-            outcome = loop.resume_job(transcript, answer=job.get("answer"), approved=job.get("approved"),
+            outcome = loop.rerun_job(transcript, lost=job.lost, on_event=on_event, cancel=cancel,
+                                     vmd_socket=vmd_socket, answer=job.answer, approved=job.approved)
+        elif job.mode == "resume":
+            outcome = loop.resume_job(transcript, answer=job.answer, approved=job.approved,
                                       on_event=on_event, cancel=cancel, vmd_socket=vmd_socket)
         else:
-            spec = loop.JobSpec(**job["spec"])
-            outcome = loop.run_job(spec, on_event=on_event, cancel=cancel,
+            outcome = loop.run_job(job.spec, on_event=on_event, cancel=cancel,
                                    transcript_path=transcript, vmd_socket=vmd_socket)
         watcher.stop.set()
         frames.write({"type": "done", "outcome": _outcome_dict(outcome)})
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _screen_watch_s() -> float:
     """The live preview's interval from the agent's config (vmagent/config.py)."""
+    # Imported here, as the loop is: the Ray shim imports this module for its frames alone.
     from vmagent.config import AgentConfig, ConfigError
 
     try:

@@ -1,17 +1,14 @@
-"""Every error code vmd answers with, and `VerbError`, the one way a verb fails.
+"""How vmd fails: `VerbError`, the one way a verb fails, `refused()`, the one way to refuse,
+`checked_result()`, a result held against its model, and `WordedError`, the base of vmd's
+own errors, whose text is already a sentence.
 
-The codes themselves are in the contract, vmd/verbs.py.
+The codes on the wire are the contract's (vmd/contract/errors.py).
 """
 
 from __future__ import annotations
 
-# The codes are part of the contract (vmd/verbs.py); they are named here too so that
-# vmd's modules keep importing them from the errors module.
-from vmd import verbs as V
-from vmd.verbs import (  # noqa: F401  (re-exported)
-    BUSY, FAILED, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION,
-    NOT_READY, PARSE_ERROR, REFUSED, REFUSED_PREFIX,
-)
+from vmd.contract.errors import FAILED, INTERNAL_ERROR, REFUSED, REFUSED_PREFIX
+from vmd.contract.results import result_problem
 
 
 class VerbError(Exception):
@@ -36,10 +33,10 @@ def refused(message: str, data: dict | None = None) -> VerbError:
 
 
 def checked_result(verb: str, result: dict) -> dict:
-    """`result` as it is, once it fits `verb`'s result model (vmd/verb_results.py). One
+    """`result` as it is, once it fits `verb`'s result model (vmd/contract/results.py). One
     that does not is a bug in vmd and fails as one (INTERNAL_ERROR), naming the verb and
     the field, rather than reaching a client that would read it wrong."""
-    problem = V.result_problem(verb, result)
+    problem = result_problem(verb, result)
     if problem:
         raise VerbError(f"{problem}. This is a bug in vmd: report it with the call that caused it.",
                         INTERNAL_ERROR)

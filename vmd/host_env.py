@@ -29,7 +29,7 @@ def private_home() -> Path:
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # Not a setting read: the child gets the host's own PATH and locale, as any program
-    # started from this one would; vmd's settings come from vmd/config.py.
+    # started from this one would; vmd's settings come from vmd/config/.
     env = {k: os.environ[k] for k in _ALLOWED if k in os.environ}
     env.setdefault("PATH", _DEFAULT_PATH)
     env.setdefault("LANG", "C.UTF-8")

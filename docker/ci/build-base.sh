@@ -14,7 +14,7 @@ set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "build-base.sh needs root (debootstrap and chroot): run it with sudo" >&2; exit 1; }
 command -v debootstrap >/dev/null || { echo "build-base.sh needs debootstrap: apt-get install debootstrap" >&2; exit 1; }
 
-# The mirror and suite come from the host's apt configuration (as images/debian/build.sh
+# The mirror and suite come from the host's apt configuration (as vmd/images/debian/build.sh
 # reads them), so the recipe names no host.
 mirror=${VMD_APT_MIRROR:-$(apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' \
     | awk '$3 == "main" && $2 !~ /-/ {print $1; exit}')}

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 from vmagent.terminal import EXIT_INTERRUPTED, EXIT_USAGE, show
-from vmagent.client import Vmd, VmdUnavailable, default_socket
+from vmagent.link import Vmd, VmdUnavailable, default_socket
 from vmagent.config import AgentConfig, ConfigError
 from vmagent.eval.pages import write_results
 from vmagent.eval.runner import Interrupted, TaskRun, run_all
 from vmagent.eval.scores import row_of, table, totals_of
 from vmagent.eval.tasks import EvalTaskError, load_tasks
-from vmagent.loop_guards import model_unfit
-from vmagent.model_backends import open_model
+from vmagent.loop.guards import model_unfit
+from vmagent.models import open_model
 
 DEFAULT_TASKS = Path("evals")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Callable
 
 from vmagent import loop
-from vmagent.client import Vmd, VmdError, VmdUnavailable
+from vmagent.link import Vmd, VmdError, VmdUnavailable
 from vmagent.config import AgentConfig
 from vmagent.eval.tasks import EvalTask
-from vmagent.job import Outcome
+from vmagent.loop.job import Outcome
 
 # The owner folder of every eval project in vmd (and on Gitea, when one is set).
 EVAL_OWNER = "eval"

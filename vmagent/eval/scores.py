@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from vmagent.eval.runner import TaskRun
-from vmd.verbs import Verdict
+from vmd.contract.verdict import Verdict
 
 
 class Row(BaseModel):
@@ -23,7 +23,7 @@ class Row(BaseModel):
     round: int
     outcome: str  # done, failed, cancelled, question, unfreeze
     reason: str  # why the loop stopped
-    check: str  # the agent's check as vmd judged it, in its words (vmd/verdict.py Verdict.label)
+    check: str  # the agent's check as vmd judged it, in its words (vmd/contract/verdict.py Verdict.label)
     hidden: str  # passed, failed, not run
     hidden_detail: str
     # Where vmd ran the hidden check: "fresh machine" (a clean room with the committed tree,

@@ -22,14 +22,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vmd.verbs import NAME_PATTERN, HiddenCheck
+from vmd.contract.bounds import NAME_PATTERN
+from vmd.contract.params import HiddenCheck
 
 # The kinds of work issue 27 asks the task set to cover; a task names the one it is.
 Kind = Literal["cli-with-tests", "fix-failing-test", "c-make", "python-package", "log-summary", "gui",
                "needs-answer", "check-proves-nothing", "long-compaction", "refactor", "data", "script"]
 
 # Bounds of a task folder: what the job service allows a task (20,000 characters), and the
-# hidden check's own bounds (vmd/verb_results.py HiddenCheck: 64 files).
+# hidden check's own bounds (vmd/contract/params.py HiddenCheck: 64 files).
 TASK_CHARS = 20_000
 PROJECT_FILES = 200
 PROJECT_FILE_BYTES = 1024 * 1024

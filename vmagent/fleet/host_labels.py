@@ -21,8 +21,8 @@ import os
 
 from pydantic import BaseModel, Field
 
-from vmagent.client import DEFAULT_SOCKET
-from vmagent.tool_table import os_family_of
+from vmagent.link import DEFAULT_SOCKET
+from vmagent.tools import os_family_of
 
 HOST_LABEL = "vmagent-host"
 VMD_SOCKET_LABEL = "vmagent-vmd-socket"

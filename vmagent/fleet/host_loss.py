@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import time
 
+from vmagent.link import VmdCall
+
 from . import placement
 from .host_labels import vmagent_version
+from .on_host import HostUnreachable, call_on_host
 
 # How long the shim waits for Ray to say whether the node of an actor that died lives (the
 # service's ray_node_verdict_s): Ray marks a node dead after its health checks fail (about
@@ -31,7 +34,7 @@ class Lost(Exception):
         super().__init__(f"host {host} lost: {why}" if kind == "host" else
                          f"the job's process on host {host} died while the host lives: {why}")
         self.why = why
-        # What the re-run tells the model (loop_words.host_lost puts it in brackets).
+        # What the re-run tells the model (vmagent/loop/words.py host_lost puts it in brackets).
         self.sentence = f"{why} on host {host}"
 
     @property
@@ -61,8 +64,6 @@ def close_left_session(node_id: str, host: str, session_id: str, ray_address: st
     """The host lives, and so does the guest the dead worker drove: closed now (commit, push,
     destroy), before the re-run takes a slot, so the host never runs both. None when closed,
     else why not."""
-    from .on_host import HostUnreachable, VmdCall, call_on_host
-
     calls = [VmdCall(verb="session_attach", params={"session_id": session_id}), VmdCall(verb="session_close")]
     try:
         answers = call_on_host(node_id, calls, 300, host=host, ray_address=ray_address, stop_at_error=True)

@@ -19,30 +19,27 @@ went wrong when it did not. Two listers, by the service's executor:
   says too whether the cluster turns away a driver without the token (cluster_auth.probe,
   asked at most every AUTH_CHECK_S).
 
-vmd answers through its `host_info` verb (vmd/server/host_info.py), over vmagent/client.py.
+vmd answers through its `host_info` verb (vmd/session/handlers/host_verbs.py), over
+vmagent/link/. The command `vmagent hosts` prints `render`'s table (vmagent/cli.py).
 Ray is imported only by the Ray lister.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import threading
 import time
 from typing import Literal
 
 from pydantic import BaseModel
 
-from vmagent.client import Vmd, VmdError, VmdUnavailable
 from vmagent.fleet import cluster_auth
 from vmagent.fleet.host_labels import (HOST_LABEL, SLOT_RESOURCE, VMD_SOCKET_LABEL, HostLabels, MissingHostLabels,
                                        vmagent_version)
 from vmagent.fleet.on_host import pinned
 from vmagent.fleet.placement import RayMissing, connect
-from vmagent.service.config import load_config
-from vmagent.terminal import EXIT_USAGE, show
-from vmd.verbs import HostInfoResult
+from vmagent.link import Vmd, VmdError, VmdUnavailable
+from vmd.contract.results import HostInfoResult
 
 # How long a listing waits for the hosts' answers, all together. A node's first task starts
 # a Ray worker process there (about 2 s measured on a 2-core test cluster, more with several
@@ -347,21 +344,3 @@ def render(listing: HostList, now: float | None = None) -> str:
 
 def _or_dash(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def hosts_main(argv: list[str]) -> int:
-    """`vmagent hosts`: the job service's hosts, listed from its settings (its config file and
-    environment: VMAGENT_EXECUTOR, RAY_ADDRESS, VMD_SOCKET) as GET /hosts lists them; run it
-    where the service runs. Exit 0 when listed, 2 when the hosts cannot be listed at all."""
-    parser = argparse.ArgumentParser(prog="vmagent hosts", description=(
-        "List the vmd hosts the job service places jobs on: slots, sessions, warm guests, images."))
-    parser.add_argument("--config", help="the job service's settings file (as `vmagent serve --config`)")
-    parser.add_argument("--json", action="store_true", help="print the listing as GET /hosts answers it")
-    args = parser.parse_args(argv)
-    try:
-        listing = list_hosts(load_config(args.config))
-    except (HostsUnavailable, OSError, ValueError) as exc:
-        show(f"vmagent hosts: {exc}", sys.stderr)
-        return EXIT_USAGE
-    show(listing.model_dump_json(indent=2) if args.json else render(listing), sys.stdout)
-    return 0

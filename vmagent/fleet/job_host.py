@@ -16,7 +16,6 @@ the service makes without the "ray" executor.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -27,7 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from vmagent.client import Vmd
+from vmagent.job_file import JobFile
+from vmagent.link import Vmd
 
 from .host_labels import HostLabels, MissingHostLabels, vmagent_version
 
@@ -98,8 +98,7 @@ class JobHost:
         if self.labels is None:
             raise MissingHostLabels(self.label_problem or "no host labels")
         self.job_dir = Path(tempfile.mkdtemp(prefix="vmagent-job-"))  # 0700
-        job = {**job, "vmd_socket": self.labels.vmd_socket}
-        _write(self.job_dir / "job.json", json.dumps(job, indent=2))
+        JobFile.model_validate({**job, "vmd_socket": self.labels.vmd_socket}).write(self.job_dir)
         if transcript_text is not None:
             _write(self.job_dir / "transcript.json", transcript_text)
             self._sent_mtime = _mtime(self.job_dir / "transcript.json")

@@ -1,72 +1,43 @@
-"""A few vmd calls on one host's own vmd, from the job service (issue 25).
+"""The Ray transport to a vmd: a few vmd calls on one host's own vmd, from the job service
+(issue 25), behind the interface of vmagent/link/calls.py (`HostCalls`), as the socket
+transport (vmagent/link/unix_socket.py `SocketCalls`) is.
 
 With the Ray executor a job's vmd is its host's: its socket exists on that machine only.
 `call_on_host(node_id, calls, timeout)` runs a short list of verb calls there through a
 small Ray task pinned to that node (hard node affinity, no CPU: it must run there or not
 at all), which opens the node's vmd (HostLabels: its socket label, else the node's
-VMD_SOCKET, else the default) and answers plain dicts. `run_calls` is the same list on a
-socket of this machine: the local executor's path, so both read alike.
+VMD_SOCKET, else the default) through the socket transport and answers plain dicts.
 
 Each call answers {"result": {...}} or {"error": "<vmd's refusal>"}; a host that cannot be
-reached at all (gone from Ray, its vmd away, no answer in time) raises HostUnreachable.
-Ray is imported only by call_on_host.
+reached at all (gone from Ray, its vmd away, no answer in time) raises HostUnreachable,
+which `HostCalls` says as VmdUnavailable, the interface's word. Ray is imported only by
+call_on_host.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
-from pydantic import BaseModel
+from vmagent.link import CallAnswer, SocketCalls, VmdCall, VmdUnavailable
 
-from vmagent.client import Vmd, VmdError, VmdUnavailable
+from . import placement
+from .host_labels import HostLabels
 
 # The first task on a node starts a Ray worker process there (seconds on a busy host):
 # Ray's wait is the calls' own timeout plus this.
 START_GRACE_S = 30.0
 
 
-class VmdCall(BaseModel):
-    verb: str
-    params: dict[str, Any] = {}
-
-
-class CallAnswer(BaseModel):
-    result: dict[str, Any] | None = None
-    error: str | None = None  # vmd refused the call (VmdError)
-
-
 class HostUnreachable(ConnectionError):
     """The host's vmd could not be asked: the node is gone, vmd is away, or no answer in time."""
-
-
-def run_calls(vmd_socket: str | None, calls: list[VmdCall], timeout: float,
-              stop_at_error: bool = False) -> list[CallAnswer]:
-    """`calls` in order on one connection to the vmd at `vmd_socket`. A refusal is that
-    call's error (and, with stop_at_error, the last call made); vmd away raises VmdUnavailable."""
-    answers: list[CallAnswer] = []
-    with Vmd(vmd_socket, timeout=timeout) as vmd:
-        for call in calls:
-            try:
-                result = vmd.call(call.verb, **call.params)
-            except VmdError as exc:
-                answers.append(CallAnswer(error=str(exc)))
-                if stop_at_error:
-                    break
-                continue
-            answers.append(CallAnswer(result=result.model_dump() if isinstance(result, BaseModel) else
-                                      {"value": result}))
-    return answers
 
 
 def _on_node(calls: list[dict], timeout: float, stop_at_error: bool) -> list[dict] | str:
     """Runs on the host as a Ray task: the calls on its own vmd; a string when vmd is away
     (a plain value crosses Ray more plainly than our exception would)."""
-    from .host_labels import HostLabels
-
     socket = HostLabels.of_this_node().vmd_socket
     try:
-        answers = run_calls(socket, [VmdCall.model_validate(c) for c in calls], timeout, stop_at_error)
+        answers = SocketCalls(socket)([VmdCall.model_validate(c) for c in calls], timeout, stop_at_error)
     except (VmdUnavailable, OSError) as exc:
         return f"its vmd at {socket} did not answer: {exc}"
     return [a.model_dump() for a in answers]
@@ -87,8 +58,6 @@ def call_on_host(node_id: str, calls: list[VmdCall], timeout: float, *, host: st
                  ray_address: str | None = None, stop_at_error: bool = False) -> list[CallAnswer]:
     """`calls` on the vmd of Ray node `node_id` (host name `host`, for the sentences)."""
     global _task
-    from . import placement
-
     name = f"host {host or node_id[:12]}"
     try:
         ray = placement.connect(ray_address)
@@ -118,3 +87,18 @@ def call_on_host(node_id: str, calls: list[VmdCall], timeout: float, *, host: st
     if isinstance(answer, str):
         raise HostUnreachable(f"on {name}, {answer}")
     return [CallAnswer.model_validate(a) for a in answer]
+
+
+class HostCalls:
+    """The calls on the vmd of Ray node `node_id` (host name `host`, for the sentences): the
+    Ray transport of vmagent/link/calls.py's interface."""
+
+    def __init__(self, node_id: str, *, host: str | None = None, ray_address: str | None = None):
+        self.node_id, self.host, self.ray_address = node_id, host, ray_address
+
+    def __call__(self, calls: list[VmdCall], timeout: float, stop_at_error: bool = False) -> list[CallAnswer]:
+        try:
+            return call_on_host(self.node_id, calls, timeout, host=self.host, ray_address=self.ray_address,
+                                stop_at_error=stop_at_error)
+        except HostUnreachable as exc:
+            raise VmdUnavailable(f"the vmd of the job's host could not be reached: {exc}") from None

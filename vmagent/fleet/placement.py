@@ -58,7 +58,7 @@ def connect(address: str | None) -> Any:
 def job_host_class() -> Any:
     """JobHost as a Ray actor class."""
     ray = import_ray()
-    from .job_host import JobHost
+    from .job_host import JobHost  # the actor's code only where an actor is made: the shim
 
     return ray.remote(JobHost)
 

@@ -9,6 +9,8 @@ from .config import ServiceConfig, load_config
 
 
 def create_app(config: ServiceConfig):
+    # FastAPI and the routes only when an app is made: importing vmagent.service.config (the
+    # hosts' listing, `vmagent hosts`, the Ray shim) loads none of them.
     from .app import create_app as _create_app
 
     return _create_app(config)

@@ -35,7 +35,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingRes
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vmd.verbs import name_problem
+from vmd.contract.bounds import name_problem
 
 from .ask import answer_question
 from .auth import Caller, authenticate, preview_token_valid, redact_access_log, require_operator, sign_preview

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import re
 
-from vmagent.client import VmdUnavailable
-from vmagent.fleet.on_host import VmdCall
-from vmd.verbs import LOCAL_OWNER, HistoryResult, fence, name_problem
+from vmagent.config import AgentConfig, ConfigError
+from vmagent.link import VmdCall, VmdUnavailable
+from vmd.contract.bounds import LOCAL_OWNER, name_problem
+from vmd.contract.results import HistoryResult
+from vmd.contract.shown_text import fence
 
 from .config import ServiceConfig
 from .job_vmd import JobVmd, job_vmd, local_vmd
@@ -133,7 +135,7 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
         {"role": "user", "content": question},
     ]
     # Imported here: the service runs (extractive answers) without the model client.
-    from vmagent.model_backends import open_model
+    from vmagent.models import open_model
 
     content = open_model(_ask_settings(config)).chat(messages, think=False).content.strip()
     if not content:
@@ -143,8 +145,6 @@ def _ask_model(config: ServiceConfig, question: str, sources: list[tuple[str, st
 
 def _agent_settings():
     """The agent's settings (its config file and environment), else its defaults."""
-    from vmagent.config import AgentConfig, ConfigError
-
     try:
         return AgentConfig.load()
     except ConfigError:

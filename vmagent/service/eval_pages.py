@@ -3,7 +3,7 @@ under the service's eval_runs_dir (each a folder with results.json and index.htm
 vmagent/eval/pages.py writes them), newest first, with their totals; GET /evals/{run}
 is that run's page, and GET /evals/{run}/runs/{name}/report.md a run's report, as
 plain text (it holds the model's and the guest's words). Only the service's operators
-(`operators`) may look: a report holds other people's tasks; nothing here writes. A name is one plain path component (vmd/verbs.py
+(`operators`) may look: a report holds other people's tasks; nothing here writes. A name is one plain path component (vmd/contract/bounds.py
 NAME_PATTERN), so no request reaches outside the folder."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable
 from fastapi import FastAPI, HTTPException, Request, Security
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
-from vmd.verbs import NAME_PATTERN
+from vmd.contract.bounds import NAME_PATTERN
 
 from .refusals import AUTHENTICATED, BEARER, OPERATORS, ErrorBody, success
 

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vmd.verbs import JSON_MAX_DEPTH, TooDeep, json_depth_check
+from vmd.contract.json_depth import MAX_DEPTH as JSON_MAX_DEPTH, TooDeep, check as json_depth_check
 
 from .auth import authenticate
 from .config import ServiceConfig
@@ -69,7 +69,7 @@ class BodyGate:
                     # FastAPI passes an HTTPException from reading the body on as it is.
                     raise too_large(limit)
                 if not message.get("more_body", False):
-                    # Measured before FastAPI's json.loads sees it (vmd/json_depth.py says why).
+                    # Measured before FastAPI's json.loads sees it (vmd/contract/json_depth.py says why).
                     try:
                         json_depth_check(bytes(body), JSON_MAX_DEPTH)
                     except TooDeep:

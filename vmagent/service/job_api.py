@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from vmd.verbs import NAME_CHARS, NAME_PATTERN
+from vmd.contract.bounds import NAME_CHARS, NAME_PATTERN
 
 # Field limits, in characters. A task is typed into a chat: 20,000 characters is about ten
 # pages, and longer material (logs, specifications) belongs in the project's files. An
@@ -17,7 +17,7 @@ from vmd.verbs import NAME_CHARS, NAME_PATTERN
 TASK_CHARS = ANSWER_CHARS = 20000
 # A question about a job, or the reason given with a decision: a paragraph or two.
 QUESTION_CHARS = REASON_CHARS = 4000
-# vmd's name rule (vmd/verbs.py) is the limit for a project.
+# vmd's name rule (vmd/contract/bounds.py) is the limit for a project.
 PROJECT_CHARS = NAME_CHARS
 # Guest image names are short words: debian, ubuntu-desktop, windows-11.
 OS_CHARS = 64
@@ -32,13 +32,13 @@ OWNER_PATTERN = r"^(?!.*\n)(?!.*\.[Gg][Ii][Tt]$)" + NAME_PATTERN.pattern.removep
 # A job's project: a name, or empty for none (the Open WebUI tool sends "" by default).
 PROJECT_PATTERN = "^$|" + OWNER_PATTERN
 # What to do about a field that is too long, beyond "shorten it".
-_TOO_LONG_HINTS = {
+TOO_LONG_HINTS = {
     "task": "put long material (logs, specifications) in the project's files and name them in the task",
     "answer": "put long material in the project's files and name them in the answer",
     "question": "ask about one thing at a time",
 }
 # What a name must look like, for a field refused by its pattern.
-_PATTERN_HINTS = {
+PATTERN_HINTS = {
     "project": (f"is not a usable project name: use up to {PROJECT_CHARS} letters, digits, '-', '_' and '.', "
                 "start with a letter, digit or '_', and do not end in .git; or leave it empty for no project"),
 }

@@ -4,32 +4,30 @@ pending push (app.py) and the project's history for /ask (ask.py).
 
 Local executor: the service's one vmd (config.vmd_socket), as always. Ray executor: no vmd
 is the service's; the job's is the vmd of the host it last ran on (DIR/host.json, written
-by the shim: vmagent/service/ray_worker.py HostRecord), reached through a Ray task pinned
-to that node (vmagent/fleet/on_host.py). A job that never reached a host, or whose host is
-gone, raises VmdUnavailable like a vmd that is not running, so each path keeps its own
-"vmd could not be reached" behaviour.
+by the shim: vmagent/service/host_record.py HostRecord), reached through a Ray task pinned
+to that node. Both are a transport of one interface (vmagent/link/calls.py `VmdCalls`: the
+socket's `SocketCalls`, Ray's vmagent/fleet/on_host.py `HostCalls`). A job that never
+reached a host, or whose host is gone, raises VmdUnavailable like a vmd that is not
+running, so each path keeps its own "vmd could not be reached" behaviour.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
-from vmagent.client import VmdUnavailable
-from vmagent.fleet.on_host import CallAnswer, HostUnreachable, VmdCall, run_calls
+from vmagent.fleet.on_host import HostCalls
+from vmagent.link import CallAnswer, SocketCalls, VmdCall, VmdCalls, VmdUnavailable
 
 from .config import ServiceConfig
 from .host_record import HostRecord  # the shim's own reader of host.json
 
 # (calls, timeout, stop_at_error) -> one answer per call made; VmdUnavailable when the
 # job's vmd cannot be asked at all.
-JobVmd = Callable[[list[VmdCall], float, bool], list[CallAnswer]]
+JobVmd = VmdCalls
 
 
 def local_vmd(vmd_socket: str | None) -> JobVmd:
-    def call(calls: list[VmdCall], timeout: float, stop_at_error: bool = False) -> list[CallAnswer]:
-        return run_calls(vmd_socket, calls, timeout, stop_at_error)
-    return call
+    return SocketCalls(vmd_socket)
 
 
 def job_vmd(config: ServiceConfig, job_dir: Path) -> JobVmd:
@@ -38,17 +36,10 @@ def job_vmd(config: ServiceConfig, job_dir: Path) -> JobVmd:
         return local_vmd(config.vmd_socket)
 
     def call(calls: list[VmdCall], timeout: float, stop_at_error: bool = False) -> list[CallAnswer]:
-        from vmagent.fleet.on_host import call_on_host
-
-
         record = HostRecord.load(Path(job_dir))
         if not record.node_id:
             raise VmdUnavailable("the job has not run on any host of the Ray cluster, so no host's "
                                  "vmd holds its session or project")
-        try:
-            return call_on_host(record.node_id, calls, timeout, host=record.host,
-                                ray_address=getattr(config, "ray_address", "") or None,
-                                stop_at_error=stop_at_error)
-        except HostUnreachable as exc:
-            raise VmdUnavailable(f"the vmd of the job's host could not be reached: {exc}") from None
+        host = HostCalls(record.node_id, host=record.host, ray_address=getattr(config, "ray_address", "") or None)
+        return host(calls, timeout, stop_at_error)
     return call

@@ -9,7 +9,7 @@ holding one `vm_slot` of the job's OS family there, starts the real worker throu
 relays its frames and transcript snapshots. DIR/host.json says where the job ran.
 
 A host lost while the job runs (its actor or node died in Ray) costs the job its guest: the
-shim runs it again on another host in mode "rerun" (vmagent/rerun.py: a new machine with the
+shim runs it again on another host in mode "rerun" (vmagent/loop/rerun.py: a new machine with the
 project as of its last pushed checkpoint and the transcript so far), at most MAX_RERUNS
 times; then it ends failed with a report naming each host and why. A resume goes back to
 the host whose suspended guest waits (hard node affinity), or reruns when that host is gone.
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from vmagent.fleet import cluster_auth, host_loss, placement
 from vmagent.fleet.host_loss import NODE_VERDICT_S, UNAVAILABLE_GRACE_S, Lost, Unusable, unusable_because
+from vmagent.job_file import JobFile, JobFileUnreadable
 from vmagent.worker import FrameWriter, failed_outcome
 
 from .config import ServiceConfig
@@ -60,7 +61,7 @@ def shipped_environment() -> dict[str, str]:
 
 
 class Shim:
-    def __init__(self, job_dir: Path, job: dict, frames: FrameWriter, cancel: threading.Event,
+    def __init__(self, job_dir: Path, job: JobFile, frames: FrameWriter, cancel: threading.Event,
                  worker_command: list[str] | None, ray_address: str | None, allow_open: bool = False,
                  node_verdict_s: float = NODE_VERDICT_S):
         self.job_dir, self.job, self.frames, self.cancel = job_dir, job, frames, cancel
@@ -73,7 +74,7 @@ class Shim:
         self.last_place_error = ""
         self.session_id: str | None = None  # the vmd session of the run being followed
         self.record = HostRecord.load(job_dir)
-        self.os_name = str((job.get("spec") or {}).get("os") or "debian")
+        self.os_name = job.spec.os or "debian"
         self.ray = None
 
     def emit_status(self, text: str) -> None:
@@ -97,9 +98,9 @@ class Shim:
                 f"# Job failed\n\nNo host in the Ray cluster offers {', '.join(resources)} (a "
                 f"guest slot for {self.os_name!r}), so the job could never start. Start a vmd host "
                 "with those resources (docs/scale-out.md) and run the job again.")
-        job = dict(self.job)
+        job = self.job
         affinity = None
-        if job.get("mode") == "resume":
+        if job.mode == "resume":
             job, affinity, ended = self._resume_target(job)
             if ended is not None:
                 return ended
@@ -117,7 +118,7 @@ class Shim:
                 job = self._rerun_job(job, exc.sentence)
                 affinity = None
 
-    def _resume_target(self, job: dict) -> tuple[dict, str | None, dict | None]:
+    def _resume_target(self, job: JobFile) -> tuple[JobFile, str | None, dict | None]:
         """A resume goes to the node whose guest waits; that node gone: a rerun (or, for a
         cancel, the end: there is no guest left to close)."""
         node_id, host = self.record.node_id, self.record.host
@@ -128,7 +129,7 @@ class Shim:
         lost = f"host {host} is gone from the cluster with the machine that waited for an answer"
         self.emit_status(f"host {host} lost: it is gone from the cluster")
         self._waiting_run_lost(lost)
-        if job.get("cancel"):
+        if job.cancel:
             return job, None, self._cancelled_outcome(f"its host {host} was gone, and its machine with it")
         return self._rerun_job(job, lost), None, None
 
@@ -139,13 +140,13 @@ class Shim:
             last.why = f"{last.why or 'ended'}, then lost: {lost}"
             self.record.save(self.job_dir)
 
-    def _rerun_job(self, job: dict, lost: str) -> dict:
+    def _rerun_job(self, job: JobFile, lost: str) -> JobFile:
         """The job again on a new machine, from its last transcript; with none, from scratch."""
         if not (self.job_dir / "transcript.json").exists():
-            return {**job, "mode": "run"}
-        return {**job, "mode": "rerun", "lost": lost}
+            return job.model_copy(update={"mode": "run"})
+        return job.model_copy(update={"mode": "rerun", "lost": lost})
 
-    def _one_run(self, job: dict, affinity: str | None) -> dict:
+    def _one_run(self, job: JobFile, affinity: str | None) -> dict:
         tries = 0
         while tries < MAX_PLACEMENT_TRIES:
             if not affinity and not placement.offered_by_any(placement.job_resources(self.os_name),
@@ -192,7 +193,7 @@ class Shim:
             ready, _ = self.ray.wait([ref], timeout=0.25)
             if ready:
                 break
-            if self.cancel.is_set() and not self.job.get("cancel"):
+            if self.cancel.is_set() and not self.job.cancel:
                 # (A job sent to close its waiting guest has cancel set from the start: it waits.)
                 self.ray.kill(actor, no_restart=True)
                 return None, self._cancelled_outcome("it was cancelled while it waited for a free host")
@@ -237,19 +238,19 @@ class Shim:
             f"{self.os_name!r}). The hosts that do cannot take a job:\n\n{lines}\n\n"
             "`vmagent hosts` lists every host and why it is unusable; fix one and run the job again.")
 
-    def _follow(self, actor, where: dict, job: dict) -> dict:
+    def _follow(self, actor, where: dict, job: JobFile) -> dict:
         host, node_id = where["host"], where["node_id"]
         self.record.node_id, self.record.host = node_id, host
         self.record.runs.append(HostRun(host=host, node_id=node_id, started=now()))
         self.record.save(self.job_dir)
         self.emit_status(f"running on host {host}")
-        if job.get("mode") != "resume":
+        if job.mode != "resume":
             self.session_id = None  # a new session comes (its frame names it); a resume keeps its own
-        transcript = self._local_transcript() if job.get("mode") != "run" else None
+        transcript = self._local_transcript() if job.mode != "run" else None
         lost = (placement.lost_errors())
         try:
-            started = self.ray.get(actor.start.remote(job, transcript, self.worker_command,
-                                                      shipped_environment()), timeout=120)
+            started = self.ray.get(actor.start.remote(job.model_dump(mode="json"), transcript,
+                                                      self.worker_command, shipped_environment()), timeout=120)
         except lost as exc:
             raise self._lost(host, node_id, exc) from None
         if started.get("problem"):
@@ -257,7 +258,7 @@ class Shim:
             return failed_outcome(f"# Job failed\n\nOn host {host}, {started['problem']}.")
         # A job sent with cancel set (to close its waiting guest) is cancelled by its job.json;
         # a SIGTERM could reach its worker before the worker's handler is in and kill it.
-        cursor, done, cancel_sent = 0, None, bool(job.get("cancel"))
+        cursor, done, cancel_sent = 0, None, job.cancel
         unavailable_since: float | None = None
         while True:
             if self.cancel.is_set() and not cancel_sent:
@@ -328,7 +329,7 @@ class Shim:
             return None
 
     def _cancelled_outcome(self, why: str) -> dict:
-        task = (self.job.get("spec") or {}).get("task", "")
+        task = self.job.spec.task
         return {**failed_outcome(f"# Job cancelled\n\nTask: {task}\n\nThe job ended here: {why}."),
                 "state": "cancelled"}
 
@@ -397,13 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     cancel = threading.Event()
     _cancel_on_signals(cancel)
     try:
-        job = json.loads((args.job_dir / "job.json").read_text())
+        job = JobFile.read(args.job_dir)
         worker_command = json.loads(args.worker_command) if args.worker_command else None
-    except (OSError, ValueError) as exc:
+    except (JobFileUnreadable, ValueError) as exc:
         frames.write({"type": "done", "outcome": failed_outcome(
             f"# Job failed\n\nThe job's shim could not read its job or its worker command: {exc}.")})
         return 2
-    if job.get("cancel"):
+    if job.cancel:
         cancel.set()
     try:
         shim = Shim(args.job_dir, job, frames, cancel, worker_command, args.ray_address,

@@ -21,9 +21,9 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from vmd.verbs import name_problem
+from vmd.contract.bounds import name_problem
 
-from .job_api import _PATTERN_HINTS, _TOO_LONG_HINTS
+from .job_api import PATTERN_HINTS, TOO_LONG_HINTS
 
 
 class FieldProblem(BaseModel):
@@ -139,14 +139,14 @@ def validation_problem(error: dict) -> str:
     if kind == "string_too_long":
         length = f" has {len(value):,} characters," if isinstance(value, str) else " is"
         return (f"`{field}`{length} longer than the {ctx.get('max_length', 0):,} allowed; "
-                f"{_TOO_LONG_HINTS.get(field, 'shorten it')}.")
+                f"{TOO_LONG_HINTS.get(field, 'shorten it')}.")
     if kind == "string_too_short":
         return f"`{field}` is empty; it needs at least {ctx.get('min_length', 1)} character(s)."
-    if kind == "string_pattern_mismatch" and field in _PATTERN_HINTS:
+    if kind == "string_pattern_mismatch" and field in PATTERN_HINTS:
         # vmd's own sentence, which names the value: at most PROJECT_CHARS here, since the
         # length is checked before the pattern. It has none for a name that only our
         # stricter pattern refuses (a final newline).
-        return (isinstance(value, str) and name_problem(field, value)) or f"`{field}` {_PATTERN_HINTS[field]}."
+        return (isinstance(value, str) and name_problem(field, value)) or f"`{field}` {PATTERN_HINTS[field]}."
     if kind == "missing":
         if field == "the body":
             return "The request has no JSON body; send a JSON object with the fields this path takes."

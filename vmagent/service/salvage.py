@@ -8,7 +8,7 @@ three backticks and an image link does not turn the rest of the report into mark
 
 from __future__ import annotations
 
-from vmd.verbs import fence, one_line
+from vmd.contract.shown_text import fence, one_line
 
 from .store import Store
 

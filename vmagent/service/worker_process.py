@@ -1,19 +1,21 @@
 """One job's worker process as the job service sees it: the environment it starts with
-(none of the service's secrets), its job file (what to run: a fresh job or a resume, the
-spec, the answer), and the service's bookkeeping of a live one (its pid, whether it still
-runs, the cancel asked, the frames read so far). The queue that starts workers and reads
+(none of the service's secrets), the spec of its job file (vmagent/job_file.py: what to
+run, a fresh job or a resume, the answer), and the service's bookkeeping of a live one (its
+pid, whether it still runs, the cancel asked, the frames read so far). The queue that starts workers and reads
 their frames is vmagent/service/workers.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
+from vmagent.config import CONFIG_ENV, AgentConfig
+from vmagent.job_file import JobSpec
+from vmagent.prompts import ENV_VAR as PROMPTS_ENV
+
 from .config import ServiceConfig
 from .frames import FrameReader, OutputCap
-from .private_files import write_private
 
 # A worker inherits only these from the service's environment: what Python, the turn loop,
 # the model client and vmd's client read. The service holds every user's token
@@ -30,9 +32,6 @@ SECRET_ENV = frozenset({"VMAGENT_SERVICE_TOKEN", "VMAGENT_TOKENS", "GITEA_TOKEN"
 
 def worker_env_names() -> frozenset[str]:
     """WORKER_ENV and the agent settings the worker reads (vmagent/config.py, prompts.py)."""
-    from vmagent.config import CONFIG_ENV, AgentConfig
-    from vmagent.prompts import ENV_VAR as PROMPTS_ENV
-
     settings = {f"VMAGENT_{name.upper()}" for name in AgentConfig.model_fields}
     return (WORKER_ENV | settings | {CONFIG_ENV, PROMPTS_ENV, "VMAGENT_MODEL"}) - SECRET_ENV
 
@@ -50,21 +49,10 @@ def worker_environment(config: ServiceConfig, environ: dict[str, str] | None = N
     return env
 
 
-def write_job_file(job_dir: Path, data: dict) -> None:
-    write_private(job_dir / "job.json", json.dumps(data, indent=2).encode())
-
-
-def read_job_file(job_dir: Path) -> dict:
-    try:
-        return json.loads((job_dir / "job.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def job_spec(job: dict) -> dict:
-    return {"task": job["task"], "os": job["os"], "project": job["project"],
-            "owner": job["owner"], "chat_id": job["chat_id"], "model": job["model"],
-            "web": bool(job.get("web", 1))}
+def job_spec(job: dict) -> JobSpec:
+    """The spec of the job file (vmagent/job_file.py) from the job's row in the store."""
+    return JobSpec(task=job["task"], os=job["os"], project=job["project"], owner=job["owner"],
+                   chat_id=job["chat_id"], model=job["model"], web=bool(job.get("web", 1)))
 
 
 def pid_runs_job(pid: int | None, job_dir: Path) -> bool:

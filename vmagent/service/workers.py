@@ -21,6 +21,10 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
+
+from vmagent.job_file import JOB_FILE, JobFile, JobFileUnreadable
+from vmagent.link import VmdCall, VmdUnavailable
 
 from .config import ServiceConfig
 from .frames import FrameReader, OutputCap
@@ -28,7 +32,7 @@ from .job_vmd import JobVmd, job_vmd
 from .private_files import WORKER_UMASK, open_private_append, private_dir, write_private
 from .salvage import build_salvage_report
 from .store import Store
-from .worker_process import Worker, job_spec, pid_runs_job, read_job_file, worker_environment, write_job_file
+from .worker_process import Worker, job_spec, pid_runs_job, worker_environment
 
 log = logging.getLogger("vmagent.service")
 
@@ -89,13 +93,9 @@ class WorkerPool:
                resume: bool = False, cancel: bool = False) -> None:
         """Write the job file for a fresh run or a resume, queue the job, start what fits."""
         job_dir = private_dir(self.store.job_dir(job["id"]))
-        data = {"job_id": job["id"], "spec": job_spec(job),
-                "mode": "resume" if resume else "run", "cancel": cancel,
-                "vmd_socket": self.config.vmd_socket}
-        if resume:
-            data["answer"] = answer
-            data["approved"] = approved
-        write_job_file(job_dir, data)
+        JobFile(job_id=job["id"], spec=job_spec(job), mode="resume" if resume else "run", cancel=cancel,
+                vmd_socket=self.config.vmd_socket, answer=answer if resume else None,
+                approved=approved if resume else None).write(job_dir)
         if job["state"] != "queued":
             self.store.set_state(job["id"], "queued", status_line="queued", question=None)
         if cancel:
@@ -128,9 +128,8 @@ class WorkerPool:
         # A job that cannot start fails with the reason: raised, the error would end whichever
         # thread pumped, a request for some other job (a 500) or a job's follower.
         try:
-            if not (job_dir / "job.json").exists():
-                write_job_file(job_dir, {"job_id": job["id"], "spec": job_spec(job), "mode": "run",
-                                         "cancel": False, "vmd_socket": self.config.vmd_socket})
+            if not (job_dir / JOB_FILE).exists():
+                JobFile(job_id=job["id"], spec=job_spec(job), vmd_socket=self.config.vmd_socket).write(job_dir)
             offset = frames_path.stat().st_size if frames_path.exists() else 0
             frames = open_private_append(frames_path)
             errors = open_private_append(job_dir / "worker.log")
@@ -179,7 +178,7 @@ class WorkerPool:
             timer.daemon = True
             timer.start()
             return self.store.get_job(job_id)
-        if job["state"] == "queued" and read_job_file(self.store.job_dir(job_id)).get("mode") != "resume":
+        if job["state"] == "queued" and _mode(self.store.job_dir(job_id)) != "resume":
             return self.store.set_state(job_id, "cancelled", status_line="cancelled", report=(
                 f"# Job cancelled\n\nTask: {job['task']}\n\nThe job was cancelled before it "
                 "started; no machine was used."))
@@ -388,12 +387,17 @@ def verification_fields(outcome: dict) -> dict:
             "verification_attempts": attempts}
 
 
+def _mode(job_dir: Path) -> str | None:
+    """The mode of the job's file (run, resume, rerun); None when there is none to read."""
+    try:
+        return JobFile.read(job_dir).mode
+    except JobFileUnreadable:
+        return None
+
+
 def close_session(vmd: JobVmd, session_id: str) -> str | None:
     """Close a vmd session whose worker died, in the job's vmd (job_vmd.py: the service's,
     or its host's); vmd's report, or None if that vmd can't be reached or refuses."""
-    from vmagent.client import VmdUnavailable
-    from vmagent.fleet.on_host import VmdCall
-
     calls = [VmdCall(verb="session_attach", params={"session_id": session_id}),
              VmdCall(verb="session_close"), VmdCall(verb="report")]
     try:
@@ -412,9 +416,6 @@ def push_status(vmd: JobVmd, session_id: str) -> dict | None:
     """Where vmd's push of a closed session stands now ({state, attempts, pushed_at, ...}),
     or None when vmd cannot say: vmd retries a push Gitea could not take after the job
     ended, and the job's owner asks the service, not vmd. `vmd`: the job's (job_vmd.py)."""
-    from vmagent.client import VmdUnavailable
-    from vmagent.fleet.on_host import VmdCall
-
     calls = [VmdCall(verb="session_attach", params={"session_id": session_id}), VmdCall(verb="session_status")]
     try:
         answers = vmd(calls, 10, True)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vmagent.client import VmdError
+from vmagent.link import VmdError
 from vmagent.web.allow_list import parse_allow_list
 from vmagent.web.fetch import FetchLimits
 from vmagent.web.guard import Guard
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 WEB_TOOLS = ("web_search", "read_page")
 # What the frame around a page's text takes of a tool result (the URL twice, the title,
 # the sentence saying it is data): read_page shows at most the loop's cap less this, so
-# that the loop never cuts the middle out of a page (vmagent/compact.py cap_tool_result).
+# that the loop never cuts the middle out of a page (vmagent/loop/compact.py cap_tool_result).
 FRAME_CHARS = 1200
 
 
@@ -49,7 +49,7 @@ class ReadPageArgs(BaseModel):
 class WebAnswer:
     text: str
     ok: bool
-    # For vmd's record (vmd/verbs.py WebSource): kind, target, title, detail, ok.
+    # For vmd's record (vmd/contract/params.py WebSource): kind, target, title, detail, ok.
     source: dict[str, Any] = field(default_factory=dict)
 
 

@@ -19,9 +19,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from vmd.verbs import printable
 from vmagent.web.fetch import Fetched, FetchFailed
 from vmagent.web.to_text import html_title, html_to_markdown, pdf_pages
+from vmd.contract.shown_text import printable
 
 CONVERT_TIMEOUT_S = 20.0
 CONVERT_MEMORY_BYTES = 1024 * 1024 * 1024

@@ -18,10 +18,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from vmd.verbs import bounded_json, printable
 from vmagent.web.convert import CONVERT_TIMEOUT_S, convert
 from vmagent.web.fetch import Fetched, FetchFailed, FetchLimits, fetch
 from vmagent.web.guard import Guard, Refused
+from vmd.contract.json_depth import loads as bounded_json
+from vmd.contract.shown_text import printable
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 JSON_TYPES = ("application/json", "text/json")

@@ -19,7 +19,8 @@ from typing import Protocol
 import httpx
 from pydantic import SecretStr
 
-from vmd.verbs import bounded_json, printable
+from vmd.contract.json_depth import loads as bounded_json
+from vmd.contract.shown_text import printable
 
 BRAVE_URL = "https://api.search.brave.com"
 TAVILY_URL = "https://api.tavily.com"

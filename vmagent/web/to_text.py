@@ -8,8 +8,8 @@ import io
 import re
 from typing import Iterator
 
-from vmd.verbs import printable
 from vmagent.web.fetch import Fetched, FetchFailed
+from vmd.contract.shown_text import printable
 
 
 def html_to_markdown(html: str, url: str = "") -> str:

@@ -4,8 +4,8 @@ OS is a class of `Guest` (vmd/guests/guest.py) and its row here."""
 from __future__ import annotations
 
 from vmd.guests.guest import Guest, GuestError
-from vmd.guests.linux import LinuxGuest
-from vmd.guests.windows import WindowsGuest
+from vmd.guests.linux.guest import LinuxGuest
+from vmd.guests.windows.guest import WindowsGuest
 
 GUESTS: dict[str, type[Guest]] = {"linux": LinuxGuest, "windows": WindowsGuest}
 

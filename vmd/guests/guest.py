@@ -1,9 +1,9 @@
 """A guest that runs commands and moves files: one small interface, one class per OS.
 
 Callers (the session, the tests, the benchmark) use `Guest` and never learn whether it
-is Linux over SSH (vmd/guests/linux.py) or Windows over SSH with PowerShell
-(vmd/guests/windows.py). The verbs whose command differs by OS (launch_app, check_internet,
-list_windows, ...) are in vmd/guests/os_verbs.py and windows_verbs.py, one class
+is Linux over SSH (vmd/guests/linux/guest.py) or Windows over SSH with PowerShell
+(vmd/guests/windows/guest.py). The verbs whose command differs by OS (launch_app, check_internet,
+list_windows, ...) are in vmd/guests/linux/verbs.py and vmd/guests/windows/verbs.py, one class
 per OS mixed into that OS's guest. Every error a person or the model will read is a
 `GuestError` with a sentence that says what to do; a guest raises nothing else on purpose.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import stat
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Callable
 
 from pydantic import BaseModel
@@ -125,12 +126,23 @@ def listing_of(folder, *, list_time_s: float, fold_case: bool, narrower: str, lo
     return entries
 
 
+@dataclass(frozen=True)
+class ShareLogin:
+    """Who the guest maps its SMB project share as (vmd/machines/smb_account.py): the share's
+    own user and random password. The password goes to the guest in the mapping command
+    alone, never into a log line, an error or the record."""
+    user: str
+    password: str = field(repr=False)
+
+
 class Guest(ABC):
     os_family: str
     project_path: str
     # How the machine shares the project folder ("9p" or "smb": the image's manifest, or a
     # test's choice; vmd/machines/boot_share.py), which `mount_share` mounts.
     share: str = "9p"
+    # The SMB share's login (the machine sets it from the share's account); None on 9p.
+    share_login: ShareLogin | None = None
 
     @abstractmethod
     def run(self, command: str, timeout: float = 300, cwd: str | None = None,
@@ -160,7 +172,7 @@ class Guest(ABC):
         self.write_file(path, text.replace(old, new, 1))
 
     # Every command that differs by OS is a method here, written per OS in
-    # vmd/guests/os_verbs.py: the verbs, and what the machine asks of its guest.
+    # vmd/guests/linux/verbs.py: the verbs, and what the machine asks of its guest.
 
     @abstractmethod
     def facts(self) -> GuestFacts: ...
@@ -169,10 +181,24 @@ class Guest(ABC):
     def desktop_problem(self) -> str | None: ...  # None once the desktop is up, else what is missing
 
     @abstractmethod
-    def mount_share(self) -> None: ...  # the project share, unless it is mounted; facts say whether it is
+    def mount_share(self) -> str | None: ...  # the project share, unless it is mounted: None, or why not
 
     @abstractmethod
     def restored(self, now: float, mount_share: bool) -> GuestFacts: ...  # a saved guest woken: clock, share, facts
+
+    # A parked warm slot's (vmd/machines/parked_slot.py): only guests whose commands go through
+    # a runner kept in the guest (LinuxGuest) are parked.
+    def prewarmed(self, timeout: float) -> bool:
+        """Whether a command runner waits idle in the guest, the one `restored` started."""
+        return False
+
+    def keep_root_runner(self) -> bool:
+        """Whether a runner as root was started and kept for `resumed`."""
+        return False
+
+    def resumed(self, now: float) -> bool:
+        """A parked guest at work again: its clock set; whether the project share is mounted."""
+        raise GuestError(f"a {self.os_family} guest is never parked, so it cannot be resumed as one")
 
     @abstractmethod
     def reboot(self) -> None: ...  # asks the guest to restart; it goes away at once

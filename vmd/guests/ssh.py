@@ -20,6 +20,8 @@ from paramiko.sftp import CMD_CLOSE, CMD_HANDLE, CMD_NAME, CMD_OPENDIR, CMD_READ
 # the exec's answer, with the verb, the session and its close waiting behind it.
 REQUEST_TIMEOUT_S = 30
 SFTP_REPLY_TIMEOUT_S = 60
+# How often an idle transport tells the guest it is there (paramiko's keepalive).
+KEEPALIVE_S = 15
 # The largest SFTP packet read from the guest: OpenSSH's sftp-server refuses anything over
 # 256 KiB itself (SFTP_MAX_MSG_LENGTH), and paramiko asks for file data 32 KiB at a time.
 # Without it paramiko reads any length up to 16 MiB into memory, for each reply.
@@ -224,7 +226,7 @@ class SshConnection:
                 except Exception:
                     transport.close()
                     raise
-                transport.set_keepalive(15)
+                transport.set_keepalive(KEEPALIVE_S)
                 self._transport = transport
             return self._transport
 
@@ -299,6 +301,12 @@ class SshConnection:
                 sftp.close()
             except Exception:
                 pass
+
+    def keepalive(self, seconds: int = KEEPALIVE_S) -> None:
+        """The open transport's keepalive interval (0: none), without connecting."""
+        transport = self._transport
+        if transport is not None and transport.is_active():
+            transport.set_keepalive(seconds)
 
     def active(self) -> bool:
         """The transport is up (without connecting when it is not)."""

@@ -10,8 +10,6 @@ with OVMF (and a TPM for Windows 11) and gets the folder over SMB, since Windows
 
 from __future__ import annotations
 
-import grp
-import pwd
 from pathlib import Path
 
 from vmd.machines.domain_xml import NIC_DRIVERS, DirectKernel, Disk, DiskBoot, NinePShare, SmbShare
@@ -44,10 +42,10 @@ def nic_driver(image: Image) -> str:
 
 
 def share_for(image: Image, project_dir: Path | None, workdir: Path, owner: tuple[int, int] | None,
-              qemu_user: str, kind: str | None = None) -> NinePShare | SmbShare | None:
+              kind: str | None = None) -> NinePShare | SmbShare | None:
     """The project share of a guest of `image` (`kind` overrides the manifest's: tests
     boot the Debian guest with SMB), or None without a project folder. `owner`: QEMU's
-    user's (uid, gid), who runs smbd."""
+    user's (uid, gid), who makes the SMB socket (smbd runs as the share's own uid)."""
     kind = kind or image.share
     if kind not in SHARE_KINDS:
         raise MachineError(f"there is no '{kind}' project share; vmd shares over {' or '.join(SHARE_KINDS)}.")
@@ -56,11 +54,6 @@ def share_for(image: Image, project_dir: Path | None, workdir: Path, owner: tupl
     if kind == "9p":
         return NinePShare(str(project_dir))
     try:
-        user = pwd.getpwnam(qemu_user).pw_name
-        group = grp.getgrgid(owner[1]).gr_name if owner else user
-    except KeyError:  # no such user here (tests without libvirt): smbd would not start anyway
-        user = group = qemu_user
-    try:
-        return prepare_smb_share(workdir, project_dir, owner, user, group)
-    except ValueError as exc:
-        raise MachineError(str(exc)) from None
+        return prepare_smb_share(workdir, project_dir, owner)
+    except (ValueError, OSError) as exc:
+        raise MachineError(f"the project's SMB share could not be prepared: {exc}") from None

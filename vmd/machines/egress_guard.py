@@ -41,6 +41,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from vmd.config.egress_allow import Allowed
 from vmd.host_env import clean_env
 
 TABLE = "vmagent_egress"
@@ -97,42 +98,6 @@ BLOCKED_V6 = _BLOCKED_V6 + tuple(_embedded("64:ff9b::/96", 0, v4) for v4 in BLOC
 
 class EgressGuardError(RuntimeError):
     """The guard cannot be installed or does not hold; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Allowed:
-    """A range an operator lets guests reach (a package mirror, a proxy), with its reason."""
-    network: str
-    reason: str
-    port: int | None = None
-
-    @classmethod
-    def parse(cls, entry: str) -> "Allowed":
-        """`CIDR[:PORT]=reason` (IPv6 with a port: `[CIDR]:PORT=reason`)."""
-        where, sep, reason = entry.partition("=")
-        reason = " ".join(reason.split())
-        if not sep or not reason:
-            raise ValueError(f"egress allow-list entry {entry!r} has no reason: write it as CIDR[:PORT]=why "
-                             f"(for example 10.1.2.3:3128=the office proxy)")
-        where = where.strip()
-        port = None
-        if where.startswith("["):
-            addr, _, rest = where[1:].partition("]")
-            where, port = addr, rest.lstrip(":") or None
-        elif where.count(":") == 1:
-            where, port = where.split(":")
-        try:
-            network = ipaddress.ip_network(where, strict=False)
-        except ValueError:
-            raise ValueError(f"egress allow-list entry {entry!r}: {where!r} is not an address or a CIDR range") from None
-        if port is not None:
-            if not str(port).isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"egress allow-list entry {entry!r}: the port must be 1-65535")
-            port = int(port)
-        if '"' in reason or "\\" in reason or len(reason) > 100:
-            raise ValueError(f"egress allow-list entry {entry!r}: the reason must be plain text, at most 100 "
-                             f"characters, without quotes or backslashes")
-        return cls(str(network), reason, port)
 
 
 def host_dns_servers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:

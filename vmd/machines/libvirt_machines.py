@@ -15,6 +15,7 @@ from typing import Callable
 import libvirt
 
 from vmd.config import VmdConfig
+from vmd.contract.params import SESSION_ID
 from vmd.guests.guest import Guest
 from vmd.machines.domain_xml import VmdOwner, vmd_owner
 from vmd.machines.egress_guard import EgressGuard, EgressGuardError
@@ -25,7 +26,6 @@ from vmd.machines.port import DesktopMissing, MachineError, MachineSpec, Session
 from vmd.machines.room_templates import RoomTemplates
 from vmd.machines.screen import Screen
 from vmd.machines.warm_pool import WarmPool
-from vmd.verbs import SESSION_ID
 
 log = logging.getLogger("vmd.machines.libvirt_machines")
 
@@ -45,7 +45,7 @@ class LibvirtMachine:
         self.screen: Screen = machine.screen
         self.os_family = image.os_family
         self.project_path = image.project_path
-        self.desktop_wait_s = desktop_wait_s  # vmd/config.py says why
+        self.desktop_wait_s = desktop_wait_s  # vmd/config/settings.py says why
         self.reboot = machine.reboot
         self.suspend = machine.suspend
         self.resume = machine.resume

@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import socket
-import stat
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -24,23 +23,29 @@ import libvirt_qemu
 import paramiko
 
 from vmd.config import VmdConfig
+from vmd.contract.shown_text import one_line
 from vmd.guests.families import guest_class
-from vmd.guests.guest import Guest, GuestError, GuestFacts
+from vmd.guests.guest import Guest, GuestError, GuestFacts, ShareLogin
 from vmd.guests.output import OutputBounds
 from vmd.guests.ssh import SshConnection
 from vmd.host_env import clean_env
 from vmd.machines.accel import config_accel
 from vmd.machines.accel import timeout_scale as scale_for
-from vmd.machines.boot_share import boot_for, disk_for, nic_driver, share_for
-from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, Domain, RunAs, SerialLog, UserNetwork, Video,
+from vmd.machines.boot_share import nic_driver, share_for
+from vmd.machines.device_set import device_set
+from vmd.machines.domain_xml import (EGRESS_NET, HOTPLUG_PORT, RunAs, SerialLog,
                                      VmdOwner, nic_macs, ssh_port_of)
 from vmd.machines.host import DEFAULT_URI, Host, local_host
 from vmd.machines.images import Image
 from vmd.machines.port import DesktopMissing, Facts, MachineError, Stall
+from vmd.machines.qemu_access import check_reachable, make_screen_dir
 from vmd.machines.screen import Screen
-from vmd.machines.smb_share import relay_for
+from vmd.machines.smb_share import relay_for, release_share, share_account
 from vmd.private_fs import open_private, passable_dir, private_file, write_private
 from vmd.projects.tree import share_owner
+
+
+log = logging.getLogger("vmd.machines.machine")
 
 
 def accel(config: VmdConfig | None = None) -> str:
@@ -76,29 +81,6 @@ def _quiet_logger(name: str):
         logger.setLevel(level)
 
 
-def _check_reachable(path: Path, uid: int, gid: int, user: str) -> None:
-    """QEMU runs unprivileged: every folder above what it opens must let it pass."""
-    for folder in list(path.parents)[::-1] + ([path] if path.is_dir() else []):
-        st = folder.stat()
-        if ((st.st_uid == uid and st.st_mode & stat.S_IXUSR) or (st.st_gid == gid and st.st_mode & stat.S_IXGRP)
-                or st.st_mode & stat.S_IXOTH):
-            continue
-        raise MachineError(f"QEMU runs as {user} and cannot pass through {folder} (mode "
-                           f"{stat.S_IMODE(st.st_mode):o}) to reach {path}; make it traversable "
-                           f"(chmod o+x {folder}) or move vmd's state and images dirs elsewhere.")
-
-
-def _make_screen_dir(host: Host, workdir: Path, run_as: tuple[int, int] | None) -> None:
-    """The folder QEMU may write the guest's framebuffer to (`Host.screen_dir`); nothing
-    else goes there."""
-    screen_dir = host.screen_dir(workdir)
-    if screen_dir is None:  # QEMU's files are not vmd's to read: screenshots come by libvirt
-        return
-    screen_dir.mkdir(mode=0o700, exist_ok=True)
-    if run_as is not None:  # QEMU writes its screendumps here (vmd/machines/screen.py)
-        os.chown(screen_dir, *run_as)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,9 +105,16 @@ class Machine:
         self.screen = Screen(domain, tuple(image.resolution), dump_path=host.screen_dump(workdir))
         self.facts: Facts | None = None
         self.restored = False  # handed out from the warm pool (vmd/machines/warm_pool.py)
-        # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays again.
-        self.smb_relay = relay_for(domain, workdir)
+        # A parked slot handed out (vmd/machines/parked_slot.py): the facts read when it was
+        # woken, before it was paused; its first `ready` only sets the clock.
+        self.woken: Facts | None = None
+        self.libvirt_disk: Path | None = None  # a parked slot's disk's first path (moved_to)
+        # A project over SMB: vmd's relay to smbd, found in the XML, so a restarted vmd relays
+        # again, and the share's login, with which the guest maps it.
+        self.smb_relay = relay_for(domain, workdir, config.smb_max_starts)
         self.guest.share = "smb" if self.smb_relay is not None else "9p"
+        if self.smb_relay is not None and (account := share_account(workdir)) is not None:
+            self.guest.share_login = ShareLogin(user=account.user, password=account.password)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -159,8 +148,8 @@ class Machine:
         if run_as is not None and uri.startswith("qemu"):  # the test driver runs no QEMU
             for place in (workdir, project_dir, base):
                 if place is not None:
-                    _check_reachable(Path(place), *run_as, qemu_user)
-        _make_screen_dir(host, workdir, run_as)
+                    check_reachable(Path(place), *run_as, qemu_user)
+        make_screen_dir(host, workdir, run_as)
         overlay = workdir / "overlay.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2",
                         str(overlay)], check=True, capture_output=True, env=clean_env())
@@ -170,14 +159,12 @@ class Machine:
         port = free_port()
         ssh_mac, egress_mac = nic_macs(name)
         # The boot and the share from the image's manifest (`share`: a test's choice over it).
-        shared = share_for(image, project_dir, workdir, run_as, qemu_user, share)
-        spec = Domain(
+        shared = share_for(image, project_dir, workdir, run_as, share)
+        # The image's devices, the same as the Windows install's (device_set.py says why).
+        devices = device_set(image, overlay, workdir)
+        spec = devices.domain(
             name=name, memory_mib=config.guest_memory_mib, vcpus=config.guest_vcpus, accel=acc,
-            boot=boot_for(image, workdir),
-            disk=disk_for(image, overlay),
-            network=UserNetwork(ssh_port=port, egress=egress, ssh_mac=ssh_mac, egress_mac=egress_mac,
-                                nic_driver=nic_driver(image)),
-            video=Video(*image.resolution) if image.desktop else None,
+            network=devices.network(port, ssh_mac, egress_mac, egress=egress),
             shared=shared,
             serial=SerialLog(str(workdir / "console.log")),
             description=f"vmagent guest from image {image.dir.name}",
@@ -210,11 +197,23 @@ class Machine:
                        qemu_user: str = "libvirt-qemu") -> "Machine":
         """A guest vmd.machines.warm_pool restored into `workdir`: its `ready` sets the clock, which
         stood still while it was saved."""
-        _make_screen_dir(host, workdir, share_owner(qemu_user))
+        make_screen_dir(host, workdir, share_owner(qemu_user))
         machine = cls(image, name=name, workdir=workdir, project_dir=project_dir, host=host,
                       domain=domain, ssh_port=ssh_port, accel=accel, config=config)
         machine.restored = True
         return machine
+
+    def moved_to(self, workdir: Path, project_dir: Path | None, woken: Facts) -> None:
+        """A parked slot's machine (vmd/machines/parked_slot.py) given to a session: its folder
+        renamed to `workdir`, its share now `project_dir`, its guest woken with `woken` as its
+        facts; its `ready` from now on counts from here."""
+        self.libvirt_disk = self.workdir / "overlay.qcow2"  # where libvirt still knows it by
+        self.workdir = workdir
+        self.project_dir = project_dir
+        self.screen = Screen(self.domain, tuple(self.image.resolution), dump_path=self.host.screen_dump(workdir))
+        self.woken = woken
+        self.restored = False  # woken already: a later `ready` (a reboot's) is a boot's
+        self.started = time.monotonic()
 
     @classmethod
     def attach(cls, image: Image, *, name: str, workdir: Path, project_dir: Path | None,
@@ -269,6 +268,10 @@ class Machine:
     def ready(self, timeout: float, desktop: bool = False, desktop_timeout: float | None = None) -> Facts:
         """Wait until the guest answers over SSH (and its desktop is up, if asked: at most
         `desktop_timeout` more seconds, then DesktopMissing)."""
+        if self.woken is not None:
+            facts = self._ready_parked()
+            if facts is not None:
+                return facts
         deadline = time.monotonic() + timeout
         # While sshd is not up, paramiko's transport thread logs each refused banner as an
         # ERROR with a traceback; those are expected here and would drown real output.
@@ -278,8 +281,7 @@ class Machine:
             facts = self._ready_restored()
             if facts is not None:
                 return facts
-        if self.project_dir is not None:
-            self.guest.mount_share()
+        share_problem = self.guest.mount_share() if self.project_dir is not None else None
         if desktop and self.image.desktop:
             if desktop_timeout is not None:
                 deadline = min(deadline, time.monotonic() + desktop_timeout)
@@ -289,9 +291,22 @@ class Machine:
                         f"the guest '{self.name}' answers over SSH but its desktop did not come up "
                         f"within {timeout:.0f} s ({problem}); use the shell, or reboot_vm.")
                 time.sleep(1.0)
-        self.facts = self.read_facts()
+        self.facts = self._share_checked(self.read_facts(), share_problem)
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
+
+    def _share_checked(self, facts: Facts, problem: str | None = None) -> Facts:
+        """`facts` of a guest whose project share is mounted; else MachineError with why not:
+        a guest without it writes the project nowhere the host keeps (a command's `Z:\\`,
+        SFTP to it and the finish check all fail)."""
+        if self.project_dir is None or facts.project_mounted:
+            return facts
+        capped = self.smb_relay is not None and self.smb_relay.capped
+        why = ("the guest used up its SMB connections (smb_max_starts)" if capped
+               else problem or "the guest did not say why")
+        raise MachineError(f"the guest '{self.name}' is up but its project share is not mounted at "
+                           f"{self.image.project_path} ({one_line(why)[:400]}); nothing it wrote would be kept. "
+                           "Reboot the machine (reboot_vm) or open a new session.")
 
     def _wait_for_ssh(self, deadline: float, timeout: float) -> None:
         last_error = "no answer yet"
@@ -318,7 +333,30 @@ class Machine:
         facts = self._facts(self.guest.restored(time.time(), mount_share=self.project_dir is not None))
         if self.image.desktop and not facts.desktop:
             return None
-        self.facts = facts
+        self.facts = self._share_checked(facts)
+        self.facts.seconds = round(time.monotonic() - self.started, 1)
+        return self.facts
+
+    def _ready_parked(self) -> Facts | None:
+        """A parked slot handed out (vmd/machines/parked_slot.py): woken and its desktop seen
+        before it was paused, its SSH transport and a command runner kept open; here its clock
+        is set and its share looked at in one command through that runner. Its other facts
+        are those of the parking: the guest ran nothing since. Once: after a reboot the
+        usual checks run. None when that command failed: then a restored guest's checks
+        follow (a new connection, the clock, the share, the facts)."""
+        woken, self.woken = self.woken, None
+        try:
+            mounted = self.guest.resumed(time.time())
+        except (GuestError, OSError, paramiko.SSHException, EOFError) as exc:
+            log.warning("the parked guest %s did not answer through its kept connection (%s); it is woken "
+                        "as a restored one", self.name, exc)
+            self.restored = True
+            return None
+        if not mounted and self.project_dir is not None:
+            self.guest.mount_share()
+            self.facts = self.read_facts()
+        else:
+            self.facts = woken.model_copy(update={"project_mounted": mounted})
         self.facts.seconds = round(time.monotonic() - self.started, 1)
         return self.facts
 
@@ -398,10 +436,32 @@ class Machine:
         # The domain goes first: a boot thread may hold the SSH lock while it connects to a
         # guest still booting (up to its connect timeout), and the guest's end is what
         # frees it. A close during boot must not wait for that.
+        back = self._disk_back_for_libvirt()
         _remove(self.domain, self.workdir, self.host)
+        if back is not None:
+            back.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                back.parent.rmdir()
         self.ssh.close()
         if self.smb_relay is not None:
             self.smb_relay.stop()
+
+    def _disk_back_for_libvirt(self) -> Path | None:
+        """A parked slot's disk, for its destroy, moved back to the path libvirt started it with
+        (its folder was renamed at the hand-out: `moved_to`), or None. libvirt removes its own
+        attributes from a disk by that path when the guest stops, and logged two errors and a
+        warning for each parked guest's disk it did not find there. The guest goes away next
+        whatever happens: a vmd that dies meanwhile leaves a `.parked` folder that the next
+        one's pool removes with what it finds of the guest."""
+        old, here = self.libvirt_disk, self.workdir / "overlay.qcow2"
+        if old is None or not here.exists() or old.parent.exists():
+            return None
+        try:
+            old.parent.mkdir(mode=0o700)
+            os.rename(here, old)
+        except OSError:
+            return None
+        return old
 
     @staticmethod
     def discard(name: str, workdir: Path, host: Host) -> bool:
@@ -445,6 +505,7 @@ def _remove(domain: libvirt.virDomain, workdir: Path, host: Host) -> None:
         except libvirt.libvirtError:
             pass
     (workdir / "overlay.qcow2").unlink(missing_ok=True)
+    release_share(workdir)  # its uid free again, its password gone
     screen_dir = host.screen_dir(workdir)
     if screen_dir is not None:
         shutil.rmtree(screen_dir, ignore_errors=True)

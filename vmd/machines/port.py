@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from vmd.contract.results import Facts  # part of the contract: the agent reads it (session_ready)
 from vmd.errors import WordedError
-from vmd.verbs import Facts  # part of the contract: the agent reads it (session_ready)
 from vmd.machines.host import Host
 
 if TYPE_CHECKING:  # lazily: a session over another factory never imports paramiko or libvirt

@@ -205,7 +205,7 @@ class RoomTemplates:
         if (template / NVRAM_FILE).exists():
             shutil.copy2(template / NVRAM_FILE, workdir / NVRAM_FILE)
         if smb_socket_of(xml) is not None:
-            share_for(image, share, workdir, share_owner(self.config.share_user), self.config.share_user, "smb")
+            share_for(image, share, workdir, share_owner(self.config.share_user), "smb")
         # A port of its own: the template's was free when it was made, not necessarily now.
         port = free_port()
         xml = with_ssh_port(restore_xml(xml, info, workdir, share, session_id), info.ssh_port, port)

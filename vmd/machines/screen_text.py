@@ -1,8 +1,9 @@
 """The screen read as text, for a model that cannot see images.
 
 Two sources, both already in vmd's hands: the screenshot's PNG, read on the host by
-tesseract (OCR), and the guest's own list of its windows (`Guest.list_windows`: X11 on Linux,
-vmd/guests/x11_windows.py; user32 on Windows, vmd/guests/windows_verbs.py). Every point given is in screenshot space, the pixels of the image the
+tesseract (OCR), with the terminal's bitmap-font text read exactly from its cells
+(vmd/machines/terminal_cells.py), and the guest's own list of its windows (`Guest.list_windows`: X11 on Linux,
+vmd/guests/linux/x11_windows.py; user32 on Windows, vmd/guests/windows/verbs.py). Every point given is in screenshot space, the pixels of the image the
 agent was shown (vmd/machines/screen.py): the point of a word is the centre of its box there, so
 `click` at it lands on the word.
 
@@ -24,10 +25,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from PIL import Image as PILImage
-from PIL import ImageChops, ImageFilter, ImageOps
+from PIL import ImageChops, ImageFilter
 
 from vmd.guests.guest import ListedWindow, screen_coordinate
 from vmd.host_env import clean_env
+from vmd.machines.terminal_cells import CellWord, read_cells
 
 if TYPE_CHECKING:
     from vmd.guests.guest import Guest
@@ -37,24 +39,38 @@ TESSERACT = "tesseract"
 MAX_PNG_BYTES = 16 * 1024 * 1024
 MAX_PIXELS = 3840 * 2400
 OCR_TIMEOUT_S = 30.0
-# How the picture is prepared for tesseract, measured on five screens of the debian guest
-# (Tk dialogs, a list, a dark panel, light and dark xterms; 112 words to find): read as
-# it is at twice its size, 19 words were missed; prepared as below, 13, most of them in
-# title bars, whose text the window list gives anyway.
+# How the picture is prepared for tesseract, measured by bench/ocr.py on the debian guest's own
+# desktop drawn on the host (an idle xterm, one with output, a reverse-video xterm, a Tk editor, a
+# Tk dialog, test_ocr_vm's approval window; tests/guest_desktop.py) and on a real guest's
+# screenshot (tests/golden/screens). Read as it was before (twice the size, dark
+# neighbourhoods inverted, each pixel divided by the lightest around it) the idle terminal gave
+# no word: the window's dark border, left dark where a light pixel's box reached the desktop,
+# ran into the prompt's first letter 3 px away, and the title bar into its top.
+# - Each pixel is measured against its background, the median of the box around it, either
+#   way: dark text on light and light on dark give the same ink, and a grey or tinted panel
+#   is its own background. Of four such boxes, shifted half their size left, right, up and
+#   down, the pixel keeps the least ink: next to a window's edge one of them lies wholly on
+#   the pixel's own side, so an edge leaves no dark band beside the text along it.
+BACKGROUND_SIZE = 9  # wider than a stroke, narrower than a 15 px terminal line
+INK_GAIN = 2  # a difference of half the range is black already: anti-aliased text stays crisp
+# - A straight run of ink longer than any glyph's stroke (window borders, title bars'
+#   edges, separators) is a line, not text: it is taken out before tesseract groups it
+#   with the letters beside it.
+#   A run of 29 px: the sides of a button with a 12 pt caption (30 px) are lines, and
+#   tesseract read "Approve" between them as "“povrove" when only runs of 41 px were; a
+#   glyph's stroke is that long only in a font of about 38 px.
+LINE_INK = 60
+LINE_RADIUS = 14
+LINE_SHARE = 245  # of 255: the run is ink all along
 # - Screen fonts are 11-13 px, smaller than the print tesseract is trained on: it reads
-#   at twice the size.
+#   at twice the size (three times lost the Tk menu and buttons), bilinear (bicubic's
+#   ringing made 11 words of junk where bilinear made 5, for the same words read).
 OCR_UPSCALE = 2
 UPSCALE_UP_TO_PIXELS = 1920 * 1200  # beyond that the text is large enough, and OCR slow
-# - Light text on a dark background is invisible to it: where a pixel's neighbourhood is
-#   dark, the picture is inverted. A box blur of radius 8 is wider than a glyph's stroke
-#   at screen sizes, so dark text on light stays as it is.
-INVERT_RADIUS = 8
-INVERT_BELOW = 128
-# - One threshold for the whole screen (Otsu's) loses text on grey or tinted panels: each
-#   pixel is divided by its background, the lightest pixel around it, so every panel
-#   becomes white and its text stays dark.
-BACKGROUND_SIZE = 13
 MIN_CONFIDENCE = 50  # below this tesseract's "words" are mostly icons and borders
+# ... unless it reads as a word: tesseract was as unsure of "Column" on a Tk status bar (4) as
+# of the icons it reads as "l=)", "elm]", "[5" or "ie" (0-40), none of them three letters.
+WORDLIKE = re.compile(r"(?:[A-Z][a-z]{2,}|[a-z]{3,}|[A-Z]{3,})[.,:;!?]?")
 # Words further apart than this many line heights are separate things (buttons, columns).
 ITEM_GAP = 1.5
 WORD_POINTS_UP_TO = 6  # an item of a few words lists each word's point (a menu bar)
@@ -143,18 +159,33 @@ def _decode(png: bytes) -> PILImage.Image:
                               "it was not read as text; take another.") from None
 
 
+def _ink(gray: PILImage.Image) -> PILImage.Image:
+    """How far each pixel lies from its background, dark or light (BACKGROUND_SIZE above)."""
+    background = gray.filter(ImageFilter.MedianFilter(BACKGROUND_SIZE))
+    shift = BACKGROUND_SIZE // 2
+    ink = None
+    for dx, dy in ((shift, 0), (-shift, 0), (0, shift), (0, -shift)):
+        away = ImageChops.difference(gray, ImageChops.offset(background, dx, dy))
+        ink = away if ink is None else ImageChops.darker(ink, away)
+    return ink
+
+
+def _without_lines(ink: PILImage.Image) -> PILImage.Image:
+    """The ink less its long straight runs, across and down (LINE_* above)."""
+    marked = ink.point(lambda v: 255 if v >= LINE_INK else 0)
+    across = marked.filter(ImageFilter.BoxBlur((LINE_RADIUS, 0)))
+    down = marked.filter(ImageFilter.BoxBlur((0, LINE_RADIUS)))
+    lines = ImageChops.lighter(across, down).point(lambda v: 255 if v >= LINE_SHARE else 0)
+    return ImageChops.subtract(ink, lines)
+
+
 def _prepared(gray: PILImage.Image) -> tuple[bytes, int]:
-    """The picture tesseract reads, as PNG bytes of vmd's own encoding, and its upscale."""
-    dark = gray.filter(ImageFilter.BoxBlur(INVERT_RADIUS)).point(lambda v: 255 if v < INVERT_BELOW else 0)
-    positive = PILImage.composite(ImageOps.invert(gray), gray, dark)
-    background = positive.filter(ImageFilter.MaxFilter(BACKGROUND_SIZE))
-    # pixel * 255 / background in 8 bits, with Pillow's core operations only: multiply
-    # by half the gain (which fits in a byte), then double.
-    half_gain = background.point(lambda b: min(255, round(255 * 255 / (2 * max(b, 1)))))
-    image = ImageChops.multiply(positive, half_gain).point(lambda v: min(255, 2 * v))
+    """The picture tesseract reads, as PNG bytes of vmd's own encoding, and its upscale:
+    dark ink on white."""
+    image = _without_lines(_ink(gray)).point(lambda v: 255 - min(255, INK_GAIN * v))
     factor = OCR_UPSCALE if gray.width * gray.height <= UPSCALE_UP_TO_PIXELS else 1
     if factor != 1:
-        image = image.resize((gray.width * factor, gray.height * factor), PILImage.BICUBIC)
+        image = image.resize((gray.width * factor, gray.height * factor), PILImage.BILINEAR)
     buf = io.BytesIO()
     image.save(buf, format="PNG", compress_level=1)
     return buf.getvalue(), factor
@@ -187,11 +218,28 @@ def read_words(png: bytes, *, timeout: float = OCR_TIMEOUT_S) -> list[Word]:
                                   "be read as text; install it there with `apt-get install "
                                   "tesseract-ocr-eng`.")
         raise ScreenTextError(f"tesseract could not read the screen (exit {done.returncode}: {problem}).")
-    return parse_tsv(done.stdout.decode("utf-8", "replace"), factor, gray.size)
+    seen = parse_tsv(done.stdout.decode("utf-8", "replace"), factor, gray.size, min_confidence=0)
+    cells = read_cells(gray, [(w.left, w.top, w.width, w.height) for w in seen if len(w.text) > 1])
+    return merged(cells, [w for w in seen if w.confidence >= MIN_CONFIDENCE or WORDLIKE.fullmatch(w.text)])
 
 
-def parse_tsv(tsv: str, factor: float, size: tuple[int, int]) -> list[Word]:
-    """Words of tesseract's TSV output, boxes divided by the upscale, confident ones only."""
+def merged(cells: list[CellWord], words: list[Word]) -> list[Word]:
+    """The terminal's words read from its cells (exact), and tesseract's words elsewhere: one
+    whose centre lies on a line of cells read, or on the cell just after it (where a
+    cursor sits), read the same text worse."""
+    spans: dict[int, list[tuple[int, int]]] = {}  # each pixel row's stretches of cells read
+    for c in cells:
+        for y in range(c.top, c.top + c.height):
+            spans.setdefault(y, []).append((c.left, c.left + c.width + c.cell))
+    kept = [w for w in words if not any(x0 <= w.centre[0] < x1 for x0, x1 in spans.get(w.centre[1], ()))]
+    exact = [Word(c.text, c.left, c.top, c.width, c.height, 100.0) for c in cells
+             if any(ch.isalnum() for ch in c.text)]
+    return sorted(exact + kept, key=lambda w: (w.top, w.left))
+
+
+def parse_tsv(tsv: str, factor: float, size: tuple[int, int], min_confidence: float = MIN_CONFIDENCE) -> list[Word]:
+    """Words of tesseract's TSV output, boxes divided by the upscale, those it is at least
+    `min_confidence` sure of."""
     words = []
     for row in tsv.splitlines()[1:]:
         fields = row.split("\t")
@@ -204,7 +252,7 @@ def parse_tsv(tsv: str, factor: float, size: tuple[int, int]) -> list[Word]:
         except ValueError:
             continue
         # A word needs a letter or a digit: the rest are icons, borders and cursors.
-        if not text or confidence < MIN_CONFIDENCE or not any(c.isalnum() for c in text):
+        if not text or confidence < min_confidence or not any(c.isalnum() for c in text):
             continue
         left, top = round(left / factor), round(top / factor)
         width, height = max(1, round(width / factor)), max(1, round(height / factor))

@@ -16,6 +16,10 @@ other file paths; the domain's name and devices must stay those saved). The slot
 stays the domain's name; the session learns it from the machine (`name`). The session's
 `ready` then mounts the share, sets the guest's clock and reads the same facts a boot does.
 
+Up to `warm_parked` of the slots wait restored, woken and paused (vmd/machines/parked_slot.py):
+a hand-out takes one of those first (a resume and a few renames, well under a second), then a
+saved one (the restore above), then the slot being made or parked, else the session boots cold.
+
 A restore that fails discards the slot, and the session boots cold instead, with a note
 in the record. Slots of an older build of the image are discarded (the image folder's
 name carries its recipe's hash). The refill runs in the background at low priority
@@ -45,6 +49,8 @@ from vmd.machines.domain_xml import VmdOwner, smb_socket_of
 from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
 from vmd.machines.machine import Machine, accel, connect, timeout_scale
+from vmd.machines.parked_slot import (PARKED_SUFFIX, ParkedSlot, ParkFailed, discard, hand_out_parked, park,
+                                      parkable, unlabelled)
 from vmd.machines.port import MachineError
 from vmd.machines.warm_slot import SLOT_FILES, SlotInfo, ready_slots_in, restore_xml, undefine_saved
 from vmd.private_fs import passable_dir, private_dir, private_file, qemu_gid, write_private
@@ -55,10 +61,14 @@ log = logging.getLogger("vmd.machines.warm_pool")
 SLOT_PREFIX = "vmagent-w-"
 # A slot's bounds (its boot to a ready desktop, its whole making) are VmdConfig.slot_ready_s
 # and slot_make_s, with their reasons.
-# What makes a booted guest a slot is `Guest.forget_identity` (vmd/guests/os_verbs.py): its
+# What makes a booted guest a slot is `Guest.forget_identity` (vmd/guests/linux/verbs.py): its
 # own SSH host keys and machine-id (every guest of an image would share the image's),
 # nothing of the placeholder share mounted, and no process of ours left in the guest.
 # A slot's folder on disk and its restore XML: vmd/machines/warm_slot.py.
+
+# After a slot could not be parked, the pool parks none for this long (its slots are handed out
+# by a restore meanwhile): a fault that stays would otherwise cost a slot's boot each time.
+PARK_OFF_S = 600.0
 
 # Windows to a ready desktop with sshd: 1-2 minutes with KVM, against the 75 s slot_ready_s
 # allows a Linux desktop (boot_factor).
@@ -80,6 +90,7 @@ class WarmPool:
         self.uri = host.libvirt_uri
         self.qemu_user = config.share_user
         self.size = size
+        self.parked_most = min(config.warm_parked, size)  # of the slots, this many wait parked
         self.made = 0  # slots made by this pool (tests, the benchmark)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,6 +102,11 @@ class WarmPool:
         self._waited_for: str | None = None
         self._quiet_until = 0.0  # no refill before (monotonic): a session boots cold meanwhile
         self._waiting_because: str | None = None  # why the refill waits (no_room): logged once
+        # Parked slots (vmd/machines/parked_slot.py), under _changed: they live in this vmd only.
+        self._parked: list[ParkedSlot] = []
+        self._parking = False  # a slot is being parked now
+        self._parking_name: str | None = None  # its domain, once its slot is claimed
+        self._park_off_until = 0.0  # no parking before (monotonic): the last one failed
         # Slot domains restored for a session in the last few minutes: the session may not
         # have stored its machine's name yet, and the sweep must not take them meanwhile.
         self._handing_out: dict[str, float] = {}
@@ -187,9 +203,10 @@ class WarmPool:
         return None
 
     def hand_out(self, claimed: Path, image: Image, *, workdir: Path, project_dir: Path | None,
-                 session_id: str | None = None):
+                 session_id: str | None = None, own_disk: bool = False):
         """Restores the claimed slot as a session's machine (vmd.machines.machine.Machine). The slot
-        is gone afterwards, handed out or discarded (WarmFailed)."""
+        is gone afterwards, handed out or discarded (WarmFailed). `own_disk`: its disk is given
+        to QEMU's user by vmd, not relabelled by libvirt (a parking: parked_slot.py `unlabelled`)."""
 
         try:
             info = SlotInfo.model_validate_json((claimed / "slot.json").read_text())
@@ -208,10 +225,14 @@ class WarmPool:
                 # smbd's configuration for the session's project, in its workdir, where the
                 # restored QEMU listens (_restore_xml) and the relay finds it (relay_for).
                 try:
-                    share_for(image, share, workdir, share_owner(self.qemu_user), self.qemu_user, "smb")
+                    share_for(image, share, workdir, share_owner(self.qemu_user), "smb")
                 except MachineError as exc:
                     raise WarmFailed(str(exc)) from None
             xml = restore_xml(xml, info, workdir, share, session_id)
+            owner = share_owner(self.qemu_user)
+            if own_disk and owner is not None:
+                xml = unlabelled(xml)
+                os.chown(workdir / "overlay.qcow2", *owner)
             write_private(workdir / "domain.xml", xml)
             try:
                 conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
@@ -237,12 +258,21 @@ class WarmPool:
         """(a warm machine, None), or (None, why not): then the session boots cold, and
         the refill waits that boot out rather than compete with it."""
 
-        claimed = self.take(image) or self._wait_for_the_slot_being_made(image)
+        failed = None
+        claimed = self.claim_parked(image) or self.take(image) or self._wait_for_a_slot(image)
+        while isinstance(claimed, ParkedSlot):
+            self._handing(claimed.name)
+            try:
+                return hand_out_parked(claimed, workdir=workdir, project_dir=project_dir,
+                                       session_id=session_id), None
+            except ParkFailed as exc:
+                log.warning("a parked warm machine could not be handed out (%s); it was destroyed", exc)
+                failed = f"the warm machine could not be handed out ({exc}); it was discarded"
+            claimed = self.claim_parked(image) or self.take(image)
         if claimed is None:
-            note = "no warm machine was ready, so this one booted cold"
+            note = f"{failed} and this one booted cold" if failed else "no warm machine was ready, so this one booted cold"
         else:
-            with self._handing_lock:
-                self._handing_out[SLOT_PREFIX + claimed.name.removesuffix(".taken")] = time.monotonic()
+            self._handing(SLOT_PREFIX + claimed.name.removesuffix(".taken"))
             try:
                 return self.hand_out(claimed, image, workdir=workdir, project_dir=project_dir,
                                      session_id=session_id), None
@@ -251,12 +281,17 @@ class WarmPool:
         self.defer(30 * self.timeout_scale())  # about a cold boot
         return None, note
 
-    def _wait_for_the_slot_being_made(self, image: Image) -> Path | None:
-        """Claims the slot being made once it is saved, for one session that found none
-        ready: the slot has booted for a while already, so it is ready sooner than a cold
+    def _handing(self, name: str) -> None:
+        with self._handing_lock:
+            self._handing_out[name] = time.monotonic()
+
+    def _wait_for_a_slot(self, image: Image) -> "ParkedSlot | Path | None":
+        """Claims the slot being made (or parked) once it is ready, for one session that found
+        none ready: the slot has booted for a while already, so it is ready sooner than a cold
         boot started now, which would also compete with it for the cores. It boots at the
-        sessions' priority from here. None when no slot is being made, another session
-        waits for it, or its making fails or runs past its own bounds (make_slot).
+        sessions' priority from here. None when no slot is being made or parked, another
+        session waits for it, or its making fails or runs past its own bounds (make_slot;
+        its parking, a restore and a wake, within slot_ready_s).
 
         The wait is not cut shorter than that: a session that gave up on a slot at its
         last slot's pace then boots cold beside the slot it gave up on (seen in
@@ -264,22 +299,133 @@ class WarmPool:
 
         with self._changed:
             name = self._making
-            if name is None or self._waited_for is not None:
+            if (name is None and not self._parking) or self._waited_for is not None:
                 return None
-            self._waited_for = name
-            deadline = self._making_since + self.config.slot_make_s * self.timeout_scale() * boot_factor(image)
+            self._waited_for = name or "parking"
+            # After the claim: the accelerator's probe may take a while, and a second session
+            # asking meanwhile must find this one waiting.
+            scale = self.timeout_scale() * boot_factor(image)
+            made_by = self._making_since + self.config.slot_make_s * scale
+        parked_by = None  # set when the wait for a parking begins: a restore and a wake, within slot_ready_s
         try:
-            _renice(name, 0)
-            with self._changed:
-                while self._making == name and not self._stop.is_set():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None
-                    self._changed.wait(min(left, 2.0))
-            return self.take(image)
+            if name is not None:
+                _renice(name, 0)
+            while True:
+                with self._changed:
+                    while not self._stop.is_set():
+                        if name is not None and self._making == name:
+                            deadline = made_by
+                        elif self._parking:
+                            parked_by = parked_by or time.monotonic() + self.config.slot_ready_s * scale
+                            deadline = parked_by
+                        else:
+                            break
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return None
+                        self._changed.wait(min(left, 2.0))
+                got = self.claim_parked(image) or self.take(image)
+                with self._changed:
+                    # None, and the refill began to park the slot just made as this looked: its turn.
+                    if got is not None or not self._parking or self._stop.is_set():
+                        return got
         finally:
             with self._changed:
                 self._waited_for = None
+
+    # --- parked slots (vmd/machines/parked_slot.py) ------------------------------------------
+
+    def claim_parked(self, image: Image) -> ParkedSlot | None:
+        """Takes a parked slot of `image` out of the pool (one session's only), or None."""
+        with self._changed:
+            for parked in self._parked:
+                if parked.image_dir == image.dir.name:
+                    self._parked.remove(parked)
+                    return parked
+        return None
+
+    def parked(self, image: Image) -> int:
+        with self._changed:
+            return sum(1 for p in self._parked if p.image_dir == image.dir.name)
+
+    def park_one(self, image: Image) -> ParkedSlot | None:
+        """Parks a ready slot of `image`: restored into `<id>.parked` with an empty share of its
+        own, woken, paused. None when there is no slot to park or one is being parked now;
+        ParkFailed when the slot could not be parked (it is gone)."""
+        with self._changed:
+            if self._parking:
+                return None
+            self._parking = True
+        try:
+            claimed = self.take(image)
+            if claimed is None:
+                return None
+            folder = claimed.with_name(claimed.name.removesuffix(".taken") + PARKED_SUFFIX)
+            self._parking_name = SLOT_PREFIX + claimed.name.removesuffix(".taken")
+            passable_dir(folder, qemu_gid(self.qemu_user))
+            give_to_qemu(folder / "share", self.qemu_user)
+            try:
+                machine = self.hand_out(claimed, image, workdir=folder, project_dir=folder / "share", own_disk=True)
+            except WarmFailed as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise ParkFailed(str(exc)) from None
+            parked = park(machine, folder, image, self.config.slot_ready_s * timeout_scale(machine.accel))
+            return parked if self.add_parked(parked) else None
+        finally:
+            with self._changed:
+                self._parking, self._parking_name = False, None
+                self._changed.notify_all()
+
+    def add_parked(self, parked: ParkedSlot) -> bool:
+        """Offers `parked` to the sessions; False (and it is destroyed) once the pool stopped."""
+        with self._changed:
+            if not self._stop.is_set():
+                self._parked.append(parked)
+                self._changed.notify_all()
+                return True
+        self._drop(parked)
+        return False
+
+    def _should_park(self, image: Image) -> bool:
+        return (self.parked_most > 0 and parkable(image) and time.monotonic() >= self._park_off_until
+                and self.parked(image) < self.parked_most and bool(self.ready_slots(image)))
+
+    def _park(self, image: Image) -> None:
+        """The refill's parking of one slot; one that fails turns parking off for PARK_OFF_S."""
+        started = time.monotonic()
+        try:
+            parked = self.park_one(image)
+        except ParkFailed as exc:
+            self._park_off_until = time.monotonic() + PARK_OFF_S
+            log.warning("a warm slot could not be parked (%s); it was discarded, and for %.0f s slots are "
+                        "handed out by a restore", exc, PARK_OFF_S)
+            return
+        if parked is not None:
+            log.info("warm slot %s parked in %.1f s", parked.name, time.monotonic() - started)
+
+    @staticmethod
+    def _drop(parked: ParkedSlot) -> None:
+        discard(parked.machine, parked.folder)
+
+    def _drop_parked(self, keep_image_dir: str | None = None) -> None:
+        """This pool's parked slots destroyed (all, or those of other builds than `keep_image_dir`)."""
+        with self._changed:
+            gone = [p for p in self._parked if p.image_dir != keep_image_dir]
+            self._parked = [p for p in self._parked if p.image_dir == keep_image_dir]
+        for parked in gone:
+            self._drop(parked)
+
+    def _discard_parked_folder(self, folder: Path) -> None:
+        """A `<id>.parked` folder no parked slot of this pool owns: an earlier vmd's, whose guest
+        (paused, its SSH connection gone with that vmd) can serve no one."""
+        with self._changed:
+            if any(p.folder == folder for p in self._parked):
+                return
+        try:
+            Machine.discard(SLOT_PREFIX + folder.name.removesuffix(PARKED_SUFFIX), folder, self.host)
+        except Exception as exc:
+            log.warning("could not destroy the parked guest of %s: %s", folder.name, exc)
+        shutil.rmtree(folder, ignore_errors=True)
 
     def handing_out(self, name: str, window_s: float = 300) -> bool:
         """Whether `name` is a slot handed to a session in the last `window_s` seconds."""
@@ -294,10 +440,13 @@ class WarmPool:
         off must not keep an earlier pool's saved guests on disk (each ~a guest's memory)."""
         if not self.dir.is_dir():
             return
+        self._drop_parked()
         for image_dir in self.dir.iterdir():
             for slot in image_dir.iterdir() if image_dir.is_dir() else ():
                 if slot.name.endswith(".making"):
                     self._discard_half_made(slot)
+                elif slot.name.endswith(PARKED_SUFFIX):
+                    self._discard_parked_folder(slot)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # --- the refill ------------------------------------------------------------------------
@@ -311,14 +460,20 @@ class WarmPool:
         """Slots of other builds of the image, claimed or half-made ones of an earlier vmd."""
         if not self.dir.is_dir():
             return
+        self._drop_parked(keep_image_dir=image.dir.name)  # parked guests of an older build
         for folder in self.dir.iterdir():
             if folder.name != image.dir.name and folder.name.startswith(image.name + "-"):
+                for slot in folder.iterdir() if folder.is_dir() else ():
+                    if slot.name.endswith(PARKED_SUFFIX):
+                        self._discard_parked_folder(slot)
                 shutil.rmtree(folder, ignore_errors=True)
         mine = self._image_dir(image)
         if mine.is_dir():
             for slot in mine.iterdir():
                 if slot.name.endswith(".making"):  # an earlier vmd died while it booted: its guest goes too
                     self._discard_half_made(slot)
+                if slot.name.endswith(PARKED_SUFFIX):
+                    self._discard_parked_folder(slot)
                 if slot.name.endswith(".taken") or slot.name.endswith(".making"):
                     shutil.rmtree(slot, ignore_errors=True)
 
@@ -338,14 +493,18 @@ class WarmPool:
 
     def stop(self) -> None:
         self._stop.set()
-        making = self._making
-        if making is not None:  # a slot booting now: its create or ready fails and cleans up
-            try:
-                connect(self.uri).lookupByName(making).destroy()
-            except Exception:
-                pass
+        # A slot booting or being parked now: its create, restore or ready fails and cleans up.
+        for name in (self._making, self._parking_name):
+            if name is not None:
+                try:
+                    connect(self.uri).lookupByName(name).destroy()
+                except Exception:
+                    pass
         if self._thread is not None:
             self._thread.join(60)
+        # A parked guest lives only with this vmd (its SSH connection and runner are this
+        # process's): gone with it; its slot's boot is the next vmd's to make again.
+        self._drop_parked()
 
     def _loop(self, find_image) -> None:
         try:
@@ -365,13 +524,18 @@ class WarmPool:
                 if unpoolable(image) is not None:
                     self._stop.wait(30)  # until the default image changes
                     continue
-                if len(self.ready_slots(image)) < self.size and time.monotonic() >= self._quiet_until:
+                ready = len(self.ready_slots(image)) + self.parked(image)
+                make = ready < self.size
+                if (make or self._should_park(image)) and time.monotonic() >= self._quiet_until:
                     why_not = self.host.room.no_room(self.dir, self.config.guest_memory_mib)
                     if why_not != self._waiting_because and why_not is not None:
                         log.info("the warm pool waits to refill: %s", why_not)
                     self._waiting_because = why_not
                     if why_not is None:
-                        self.make_slot(image)
+                        if make:
+                            self.make_slot(image)
+                        else:
+                            self._park(image)
                         continue
             except Exception as exc:
                 if self._stop.is_set():
@@ -386,7 +550,7 @@ def unpoolable(image) -> str | None:
     """Why slots of `image` cannot be made, or None. A slot is saved and restored into a
     session's folder with a new identity in place: a Linux guest that boots the host's
     kernel and gets its folder over 9p or SMB, or a Windows guest (disk boot, UEFI store
-    and TPM, the folder over SMB: vmd/guests/windows_verbs.py `forget_identity`). Any other
+    and TPM, the folder over SMB: vmd/guests/windows/verbs.py `forget_identity`). Any other
     kind would have its slots made and thrown away for ever, so the pool makes none."""
     linux = image.boot == "kernel" and image.share in ("9p", "smb")
     windows = image.os_family == "windows" and image.boot == "disk" and image.share == "smb"

@@ -16,46 +16,28 @@ terminal user's name. That is rarely a Gitea account, so vmd maps it:
 
 vmd's own repository stays keyed by vmd's owner and project (vmd/projects/repository.py repository_path);
 only the Gitea side is mapped. Gitea compares owner and repository names case-insensitively
-and refuses a few names; `gitea_name_problem` says so when a session opens, before any work.
+and refuses a few names (its rules: vmd/config/gitea_names.py, which vmd's settings check
+too); `gitea_name_problem` says so when a session opens, before any work.
+
+This module plans and asks nothing of Gitea: `plan_place` says where a project goes,
+`user_names_for` what a created user would be called. Finding or making that place on
+Gitea is publishing's I/O (vmd/projects/publish.py `resolve_place`).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import re
-import secrets
-from dataclasses import dataclass, replace
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, ConfigDict
 
-from vmd.projects.gitea import GiteaClient, GiteaError
-from vmd.verbs import LOCAL_OWNER
+from vmd.config.gitea_names import (DEFAULT_ORG, GiteaOrgName, OwnerMode, PersonMap, owner_name_problem,
+                                    repository_name_problem)
+from vmd.contract.bounds import LOCAL_OWNER
 
-# --- Gitea's name rules ------------------------------------------------------------------
-# From Gitea's source (models/repo/repo.go, models/user/user.go, models/db/name.go): names
-# are compared lowercased and trimmed; a reserved name is refused exactly, a pattern
-# `*.x` as a suffix. Gitea answers 422 "name is reserved [name: …]" or "name pattern is
-# not allowed [pattern: …]" when such a repository or user is created.
-RESERVED_REPO_NAMES = (".", "..", "-")
-RESERVED_REPO_PATTERNS = ("*.git", "*.wiki", "*.rss", "*.atom")
-RESERVED_USER_NAMES = (
-    ".", "..", ".well-known", "admin", "api", "assets", "attachments", "avatar", "avatars",
-    "captcha", "commits", "debug", "error", "explore", "favicon.ico", "ghost", "issues",
-    "login", "manifest.json", "metrics", "milestones", "new", "notifications", "org", "pulls",
-    "raw", "repo", "repo-avatars", "robots.txt", "search", "serviceworker.js", "ssh_info",
-    "swagger.v1.json", "user", "v2", "gitea-actions")
-RESERVED_USER_PATTERNS = ("*.keys", "*.gpg", "*.rss", "*.atom", "*.png")
-# CreateRepoOption's binding: AlphaDashDot, MaxSize(100); newer Gitea also refuses "..".
-REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-# Gitea's validUsernamePattern (organisations follow the user rule); 40 is its MaxSize.
-USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
-# Gitea's topic rule (models/repo/topic.go): lowercase, 35 characters at most.
-TOPIC = re.compile(r"^[a-z0-9][a-z0-9.-]{0,34}$")
-
-DEFAULT_ORG = "vmagent-projects"
 SERVICE_TOPIC = "vmagent"
 # The readable part of a person's slug; the rest is a hash of the whole id. 12 keeps the
 # first group of a UUID and leaves a project name 60 of Gitea's 100 characters.
@@ -65,53 +47,8 @@ SLUG_READABLE = 12
 # same bits but push the topic, person-<hash>, past Gitea's 35 characters).
 DIGEST_CHARS = 26
 # What vmd used before: 8 characters, 40 bits, which a person choosing ids can collide with
-# another's in about 2^20 tries. Repositories named so are found and renamed (`resolve_place`).
+# another's in about 2^20 tries. Repositories named so are found and renamed (publish.py `resolve_place`).
 LEGACY_DIGEST_CHARS = 8
-
-
-def _reserved(name: str, names: tuple[str, ...], patterns: tuple[str, ...]) -> str | None:
-    lowered = name.strip().lower()
-    if lowered in names:
-        return f"Gitea reserves the name {lowered!r}"
-    for pattern in patterns:
-        if lowered.endswith(pattern[1:]):
-            return f"Gitea refuses names ending in {pattern[1:]!r}"
-    return None
-
-
-def repository_name_problem(name: str, what: str = "repository name") -> str | None:
-    """None when Gitea accepts `name` as a repository name, else a sentence."""
-    if not REPO_NAME.fullmatch(name):
-        return (f"{what} {name!r} is not a name Gitea accepts for a repository: use up to 100 "
-                "letters, digits, '-', '_' and '.'.")
-    reason = _reserved(name, RESERVED_REPO_NAMES, RESERVED_REPO_PATTERNS)
-    if reason is None and ".." in name:
-        reason = "Gitea refuses names with two dots in a row"
-    if reason:
-        return (f"{what} {name!r} cannot be a Gitea repository: {reason} (it keeps '.', '..', "
-                "'-' and names ending in .git, .wiki, .rss or .atom for itself). Choose another "
-                f"name, for example {_suggestion(name)!r}.")
-    return None
-
-
-def owner_name_problem(name: str, what: str = "Gitea owner") -> str | None:
-    """None when `name` can be a Gitea user or organisation name, else a sentence."""
-    if not USER_NAME.fullmatch(name) or re.search(r"[-._]{2}", name):
-        return (f"{what} {name!r} is not a name Gitea accepts for a user or organisation: use "
-                "up to 40 letters, digits, '-', '_' and '.', starting with a letter or digit, "
-                "without two punctuation marks in a row.")
-    reason = _reserved(name, RESERVED_USER_NAMES, RESERVED_USER_PATTERNS)
-    if reason:
-        return (f"{what} {name!r} cannot be a Gitea user or organisation: {reason}. Choose "
-                f"another name, for example {_suggestion(name)!r}.")
-    return None
-
-
-def _suggestion(name: str) -> str:
-    head, dot, tail = name.rpartition(".")
-    candidate = f"{head}-{tail}" if dot and head else name
-    candidate = re.sub(r"\.{2,}", ".", candidate).strip(".-") or "project"
-    return candidate if candidate.lower() not in RESERVED_USER_NAMES else f"{candidate}-1"
 
 
 # --- people ---------------------------------------------------------------------------
@@ -159,48 +96,6 @@ def org_repo_name(person: str, project: str, digest_chars: int = DIGEST_CHARS) -
     return f"{slug}-{project[:keep].rstrip('.-_')}-{_digest(project)}"
 
 
-def parse_person_map(value: object) -> object:
-    """`gitea_users` from the environment: a JSON object, or `id=name,id=mail@host`."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if not text:
-        return {}
-    if text.startswith("{"):
-        return json.loads(text)
-    pairs = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        person, sep, target = item.partition("=")
-        if not sep or not person.strip() or not target.strip():
-            raise ValueError(f"gitea_users entry {item!r} is not `person=gitea-user-or-email`.")
-        pairs[person.strip()] = target.strip()
-    return pairs
-
-
-def _check_person_map(value: dict[str, str]) -> dict[str, str]:
-    for person, target in value.items():
-        if "@" in target:
-            local, _, domain = target.rpartition("@")
-            if not local or "." not in domain:
-                raise ValueError(f"gitea_users maps {person!r} to {target!r}, which is not an "
-                                 "e-mail address or a Gitea username.")
-        elif problem := owner_name_problem(target, what=f"gitea_users[{person!r}]"):
-            raise ValueError(problem)
-    return value
-
-
-def _check_org(value: str) -> str:
-    if problem := owner_name_problem(value, what="gitea_org"):
-        raise ValueError(problem)
-    return value
-
-
-PersonMap = Annotated[dict[str, str], BeforeValidator(parse_person_map),
-                      AfterValidator(_check_person_map)]
-GiteaOrgName = Annotated[str, AfterValidator(_check_org)]
-OwnerMode = Literal["org", "user"]
-
-
 class OwnerPolicy(BaseModel):
     """How a person maps to a Gitea owner; `from_config` reads vmd's configuration."""
 
@@ -235,7 +130,7 @@ class GiteaPlace:
     topics: tuple[str, ...] = (SERVICE_TOPIC,)
     email: str = ""
     # kind "org": (name, person topic) of the same project as an older vmd named it, which
-    # `resolve_place` renames to `repo` when only that one exists.
+    # publish.py `resolve_place` renames to `repo` when only that one exists.
     legacy: tuple[str, str] | None = None
 
     @property
@@ -258,70 +153,15 @@ def plan_place(policy: OwnerPolicy, person: str, project: str) -> GiteaPlace:
     return GiteaPlace(owner=person, repo=project, kind="owner")
 
 
-def resolve_place(client: GiteaClient, policy: OwnerPolicy, place: GiteaPlace,
-                  create: bool) -> GiteaPlace | None:
-    """The place with an owner Gitea has. `create=False` (opening) reads only and returns
-    None when the owner does not exist yet; `create=True` (pushing) creates the
-    organisation, or the mapped user when `policy.create_users` allows it, and raises
-    GiteaError with a sentence when it cannot."""
-    if place.kind == "org":
-        found = client.get_org(place.owner)
-        if found is None and place.owner.lower() == client.current_user().lower():
-            return replace(place, owner=client.current_user(), kind="owner")
-        if found is None:
-            if not create:
-                return None
-            found = client.create_org(place.owner)
-        place = replace(place, owner=found)
-        _rename_legacy(client, place)
-        return place
-    if place.kind == "email":
-        login = client.find_user_by_email(place.email)
-        if login is None and create:
-            if not policy.create_users:
-                raise GiteaError(
-                    f"Gitea has no user with the e-mail {place.email}, which gitea_users maps this "
-                    "person to. Create that user in Gitea, map the person to a username, or set "
-                    "GITEA_CREATE_USERS=true with a site admin's token so vmd creates it.")
-            login = _create_user_for(client, place.email)
-        return replace(place, owner=login, kind="owner") if login else None
-    return place
-
-
-def _rename_legacy(client: GiteaClient, place: GiteaPlace) -> None:
-    """The person's repository as an older vmd named it (a 40-bit hash), renamed to its
-    name now and given the new person topic, so that the history carries on in one
-    repository rather than a second, empty one beside it. Found by its old name and
-    confirmed by its old person topic: a repository that lacks the topic is not one vmd
-    made for this person and is left alone. Done at open as well as at push, since the
-    open must restore that history into the folder."""
-    if place.legacy is None or client.get_repo(place.owner, place.repo) is not None:
-        return
-    old_name, old_topic = place.legacy
-    info = client.get_repo(place.owner, old_name)
-    if info is None or info.owner.lower() != place.owner.lower():
-        return
-    topics = client.get_topics(info.owner, info.name)
-    if old_topic not in topics:
-        return
-    client.rename_repo(info.owner, info.name, place.repo)
-    person = next(t for t in place.topics if t.startswith("person-"))
-    client.set_topics(info.owner, place.repo, sorted({*topics, person} - {old_topic}))
-
-
-def _create_user_for(client: GiteaClient, email: str) -> str:
+def user_names_for(email: str) -> tuple[str, str]:
+    """The names vmd tries, in order, for a Gitea user it creates for `email` (a person the
+    mapping names by e-mail, with `gitea_create_users`): the address's local part as Gitea
+    takes a name, then the same with a hash of the address."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", email.partition("@")[0])
     base = re.sub(r"[-._]{2,}", "-", base).strip("-._")[:30] or "person"
     if owner_name_problem(base):
         base = f"u-{base}"[:30].strip("-._")
-    for name in (base, f"{base}-{_digest(email, 6)}"):
-        # A password nobody knows: the person sets their own (Gitea asks at the first sign-in,
-        # or an admin resets it); vmd keeps none.
-        created = client.create_user(name, email, password=secrets.token_urlsafe(24))
-        if created:
-            return created
-    raise GiteaError(f"Gitea already has users named {base!r} and {base}-…, so vmd could not create "
-                     f"one for {email}; create it in Gitea and map the person to its username.")
+    return base, f"{base}-{_digest(email, 6)}"
 
 
 # --- when a session opens -----------------------------------------------------------------
@@ -329,7 +169,7 @@ def _create_user_for(client: GiteaClient, email: str) -> str:
 def gitea_name_problem(config, owner: str, project: str | None) -> str | None:
     """A sentence when `owner`'s `project` cannot be kept on Gitea as vmd would name it
     (a name Gitea reserves or refuses), else None. vmd calls it when a session opens, after
-    vmd's own name rule (vmd.verbs.name_problem), so that nothing is worked on that could
+    vmd's own name rule (vmd/contract/bounds.py name_problem), so that nothing is worked on that could
     never be pushed. Without Gitea configured, or without a project, there is nothing to
     check."""
     if not project or not (config.gitea_url and config.gitea_token.get_secret_value()):

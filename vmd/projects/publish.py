@@ -11,10 +11,14 @@ vmd's (vmd/projects/repository.py, a bare repository under the state dir). The f
   that into vmd's repository. Nothing in the folder is read as configuration.
 - `push_project`: push vmd's branch to a URL vmd builds; the token reaches only that
   one git process, through its environment.
+- `resolve_place`: the place on Gitea that vmd/projects/owners.py planned, found (at open,
+  reading only) or made (at a push: the service's organisation, a mapped user); a
+  repository an older vmd named otherwise is renamed to it.
 
-On Gitea, the person (the job's owner) maps to a Gitea owner by vmd's configuration
-(vmd/projects/owners.py): by default one organisation of the service, with per-person repository
-names. The branch is Gitea's default branch as read at open (a repository on `master` is
+Every call here takes the project's `Remote` (vmd/projects/remote.py): vmd's repository and
+Gitea's place, by the owner mapping of vmd's configuration (by default one organisation of
+the service, with per-person repository names). This module does the I/O; owners.py only
+plans. The branch is Gitea's default branch as read at open (a repository on `master` is
 restored from and pushed back to `master`). Renamed repositories are followed through the
 API, which answers with their new name; git itself never follows a redirect
 (`http.followRedirects=false`), because git would send the token's header to wherever it
@@ -30,125 +34,24 @@ import re
 import secrets
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
+from pydantic import BaseModel
 
-from vmd import verbs as V
+from vmd.contract.bounds import LOCAL_OWNER
 from vmd.errors import WordedError
 from vmd.private_fs import passable_dir, private_dir
 from vmd.projects.gitea import GiteaClient, GiteaError, GiteaUnavailable, RepoInfo, StatusState
-from vmd.projects.owners import GiteaPlace, OwnerPolicy, plan_place, resolve_place
-from vmd.projects.repository import BRANCH, Identity, Repository, RepositoryError, repository_path, tail
+from vmd.projects.owners import GiteaPlace, OwnerPolicy, user_names_for
+from vmd.projects.remote import Remote
+from vmd.projects.repository import BRANCH, Identity, Repository, RepositoryError, tail
 from vmd.projects.tree import Limits, present_to_guest, walk
-
-LOCAL_OWNER = V.LOCAL_OWNER
 
 
 class PublishError(WordedError):
     """The project folder could not be committed or restored; the message is a sentence."""
-
-
-class Remote(BaseModel):
-    """Where a project lives: vmd's repository under `state_dir`, and Gitea when
-    `gitea_url` and `gitea_token` are set."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    owner: str = ""  # the person; empty: LOCAL_OWNER in vmd's repositories
-    project: str
-    # How the owner maps to a Gitea owner (vmd/projects/owners.py). vmd passes its configured
-    # policy (`remote_for`); a Remote made by hand treats the owner as the Gitea owner itself
-    # (an empty one as the token's user).
-    people: OwnerPolicy = OwnerPolicy(mode="user")
-    description: str = ""
-    gitea_url: str | None = None
-    gitea_token: SecretStr | None = None
-    state_dir: Path
-    # A push of a large project over a slow link is the longest git call here.
-    git_timeout_s: float = 300.0
-    # The group given read access to vmd's repository folders (VmdConfig.repos_group); None: none.
-    repos_gid: int | None = None
-    # API calls: tries in all and the first backoff; see GiteaClient.
-    gitea_retries: int = 4
-    gitea_backoff_s: float = 0.5
-
-    @field_validator("owner", "project")
-    @classmethod
-    def _safe_name(cls, value: str, info) -> str:
-        if value == "" and info.field_name == "owner":
-            return value
-        problem = V.name_problem(info.field_name, value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @field_validator("gitea_url")
-    @classmethod
-    def _plain_url(cls, value: str | None) -> str | None:
-        if not value:
-            return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"gitea_url {value!r} must be an http:// or https:// URL")
-        if parts.username or parts.password:
-            raise ValueError("gitea_url must not carry credentials; put the token in gitea_token")
-        return value.rstrip("/")
-
-    @property
-    def uses_gitea(self) -> bool:
-        return bool(self.gitea_url and self.gitea_token and self.gitea_token.get_secret_value())
-
-    @property
-    def repo_path(self) -> Path:
-        return repository_path(self.state_dir, self.owner, self.project)
-
-    def repository(self) -> Repository:
-        return Repository(self.repo_path, timeout_s=self.git_timeout_s, readers_gid=self.repos_gid)
-
-    def token(self) -> str:
-        return self.gitea_token.get_secret_value() if self.gitea_token else ""
-
-    def auth(self) -> dict[str, str]:
-        """Git config for the one process that talks to Gitea: the token as a header,
-        scoped to Gitea's URL, and no redirects followed. git applies the header to every
-        request of the process, so after a redirect to another host it would go there too;
-        vmd asks the API for the repository's current name instead (`place`)."""
-        if not self.uses_gitea:
-            return {}
-        return {f"http.{self.gitea_url}/.extraHeader": f"Authorization: token {self.token()}",
-                "http.followRedirects": "false"}
-
-    def place(self) -> GiteaPlace:
-        """Where the project goes on Gitea, by the policy alone (no network)."""
-        return plan_place(self.people, self.owner, self.project)
-
-
-def remote_for(config, owner: str, project: str, description: str = "") -> Remote:
-    """The Remote of `owner`'s `project` under vmd's configuration (`VmdConfig`): vmd's
-    repository keyed by owner and project, Gitea's place by the configured owner mapping."""
-    token = config.gitea_token.get_secret_value()
-    return Remote(owner=owner, project=project, description=description[:250],
-                  gitea_url=config.gitea_url or None,
-                  gitea_token=config.gitea_token if token else None,
-                  state_dir=config.state_dir, people=OwnerPolicy.from_config(config),
-                  repos_gid=group_id(config.repos_group))
-
-
-def group_id(group: str) -> int | None:
-    """A group name or number as a gid; None for none. An unknown name is a setting to fix,
-    said when the first repository is written."""
-    if not group:
-        return None
-    if group.isdigit():
-        return int(group)
-    import grp
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise ValueError(f"VMD_REPOS_GROUP names the group {group!r}, which this host does not have: "
-                         "give a group name that exists or a numeric gid.") from None
 
 
 class Prepared(BaseModel):
@@ -357,6 +260,71 @@ def _push_failure(result, where: str, branch: str, remote: Remote) -> tuple[str,
                 "that it is valid and has the write:repository scope (Gitea → Settings → "
                 f"Applications). git said: {text}"), False
     return f"The push to {where} failed: {text}", True
+
+
+# --- the place on Gitea: found, or made at a push ------------------------------------
+
+def resolve_place(client: GiteaClient, policy: OwnerPolicy, place: GiteaPlace,
+                  create: bool) -> GiteaPlace | None:
+    """The place with an owner Gitea has. `create=False` (opening) reads only and returns
+    None when the owner does not exist yet; `create=True` (pushing) creates the
+    organisation, or the mapped user when `policy.create_users` allows it, and raises
+    GiteaError with a sentence when it cannot."""
+    if place.kind == "org":
+        found = client.get_org(place.owner)
+        if found is None and place.owner.lower() == client.current_user().lower():
+            return replace(place, owner=client.current_user(), kind="owner")
+        if found is None:
+            if not create:
+                return None
+            found = client.create_org(place.owner)
+        place = replace(place, owner=found)
+        _rename_legacy(client, place)
+        return place
+    if place.kind == "email":
+        login = client.find_user_by_email(place.email)
+        if login is None and create:
+            if not policy.create_users:
+                raise GiteaError(
+                    f"Gitea has no user with the e-mail {place.email}, which gitea_users maps this "
+                    "person to. Create that user in Gitea, map the person to a username, or set "
+                    "GITEA_CREATE_USERS=true with a site admin's token so vmd creates it.")
+            login = _create_user_for(client, place.email)
+        return replace(place, owner=login, kind="owner") if login else None
+    return place
+
+
+def _rename_legacy(client: GiteaClient, place: GiteaPlace) -> None:
+    """The person's repository as an older vmd named it (a 40-bit hash), renamed to its
+    name now and given the new person topic, so that the history carries on in one
+    repository rather than a second, empty one beside it. Found by its old name and
+    confirmed by its old person topic: a repository that lacks the topic is not one vmd
+    made for this person and is left alone. Done at open as well as at push, since the
+    open must restore that history into the folder."""
+    if place.legacy is None or client.get_repo(place.owner, place.repo) is not None:
+        return
+    old_name, old_topic = place.legacy
+    info = client.get_repo(place.owner, old_name)
+    if info is None or info.owner.lower() != place.owner.lower():
+        return
+    topics = client.get_topics(info.owner, info.name)
+    if old_topic not in topics:
+        return
+    client.rename_repo(info.owner, info.name, place.repo)
+    person = next(t for t in place.topics if t.startswith("person-"))
+    client.set_topics(info.owner, place.repo, sorted({*topics, person} - {old_topic}))
+
+
+def _create_user_for(client: GiteaClient, email: str) -> str:
+    names = user_names_for(email)
+    for name in names:
+        # A password nobody knows: the person sets their own (Gitea asks at the first sign-in,
+        # or an admin resets it); vmd keeps none.
+        created = client.create_user(name, email, password=secrets.token_urlsafe(24))
+        if created:
+            return created
+    raise GiteaError(f"Gitea already has users named {names[0]!r} and {names[0]}-…, so vmd could not create "
+                     f"one for {email}; create it in Gitea and map the person to its username.")
 
 
 def _client(remote: Remote) -> GiteaClient:

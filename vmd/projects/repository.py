@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmd import verbs as V
+from vmd.contract.bounds import LOCAL_OWNER, name_problem
 from vmd.host_env import clean_env
 from vmd.private_fs import private_dir
 from vmd.projects.tree import Walk, read_file
@@ -51,11 +51,11 @@ _SAFE_CONFIG = {
 def repository_path(state_dir, owner: str, project: str) -> Path:
     """vmd's own bare repository of a project, `<state_dir>/repos/<owner>/<project>.git`.
     vmd commits into it from bytes it reads itself; the guest never reaches it; the job
-    service reads its history only through vmd (the `history` verb, vmd/server/history.py).
-    Raises ValueError for a name that breaks the rule (vmd/verbs.py name_problem)."""
-    owner = owner or V.LOCAL_OWNER
+    service reads its history only through vmd (the `history` verb, vmd/session/handlers/history_verbs.py).
+    Raises ValueError for a name that breaks the rule (vmd/contract/bounds.py name_problem)."""
+    owner = owner or LOCAL_OWNER
     for what, value in (("owner", owner), ("project", project)):
-        problem = V.name_problem(what, value)
+        problem = name_problem(what, value)
         if problem:
             raise ValueError(problem)
     return Path(state_dir) / "repos" / owner / f"{project}.git"

@@ -8,11 +8,11 @@ import signal
 import sys
 
 from vmd.config import VmdConfig
+from vmd.images.build import cli_build, cli_list
+from vmd.images.windows.build import cli_build_windows
 from vmd.machines.egress_guard import EgressGuard, EgressGuardError
-from vmd.machines.images import cli_build, cli_list
 from vmd.server import doctor
 from vmd.server.session_list import list_sessions, render
-from vmd.windows_image.build import cli_build_windows
 
 
 def _serve(args) -> int:

@@ -14,7 +14,7 @@ sentence saying what is there, or what is missing and what to do about it. The c
   VMAGENT_MODEL_API=openai), has the model, and it can call tools and see (or vmd can read
   the screen for it with OCR): vmd/server/model_check.py.
 - `windows`: Windows guests can run here (KVM, OVMF, swtpm) and an image is built, or what is
-  missing (vmd/windows_image/readiness.py); a warning at worst, since Windows is optional.
+  missing (vmd/images/windows/readiness.py); a warning at worst, since Windows is optional.
 
 A status is `ok`, `warn` (works, but worse than it could: TCG, no eyes for the model),
 `wait` (not yet: an image being built) or `fail`. The exit code is 0 when nothing waits
@@ -43,12 +43,12 @@ from typing import Callable
 from pydantic import SecretStr
 
 from vmd.config import VmdConfig
+from vmd.images.windows.readiness import windows_readiness
 from vmd.machines.accel import choose_accel, kvm_works
 from vmd.machines.egress_guard import EgressGuard
 from vmd.machines.images import ImageMissing, recipe_hash
 from vmd.server.findings import HTTP_TIMEOUT_S, Finding, Status, one_line as _one_line  # noqa: F401 (Status: the doctor's API)
 from vmd.server.model_check import OPENAI_DEFAULT_URL, check_ollama, check_openai_model
-from vmd.windows_image.readiness import windows_readiness
 
 CHECKS = ("libvirtd", "accel", "egress", "image", "socket", "gitea", "ollama", "windows")
 # A repository name nobody has: the write probe on it answers 404 with the scope and 403
@@ -124,7 +124,7 @@ _STEP = re.compile(r"^STEP (\d+)/(\d+) (.*)$", re.M)
 
 
 def _build_running(partial: Path, proc_root: Path = Path("/proc")) -> bool:
-    """Whether a recipe's build.sh is writing `partial` now (vmd.machines.images.build runs it with
+    """Whether a recipe's build.sh is writing `partial` now (vmd.images.build.build runs it with
     the partial folder as its argument); only processes this one can see count."""
     needle = str(partial).encode()
     for cmdline in proc_root.glob("[0-9]*/cmdline"):

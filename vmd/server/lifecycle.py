@@ -24,13 +24,13 @@ import threading
 import time
 
 from vmd.config import VmdConfig
+from vmd.contract.policy import WAITING_STATES
 from vmd.server.guard_watch import GuardWatch, Target
 from vmd.server.push_retrier import PushRetrier
 from vmd.session.handlers.end_verbs import close
 from vmd.session.registry import Sessions
 from vmd.session.session import Session
 from vmd.session.state import SessionState
-from vmd.verbs import WAITING_STATES
 
 log = logging.getLogger("vmd.server.lifecycle")
 

@@ -66,7 +66,7 @@ class PushRetrier:
         """One try now; updates and saves the session's push state, records the end."""
         s = session.s
         try:
-            result = session.store.push(s.owner, s.project or "", s.task, s.branch, s.outcome)
+            result = session.publication().push(s.branch, s.outcome)
         except Exception as exc:
             result = {"pushed": False, "retry": True, "error": sentence(exc, "the push failed")}
         now = time.time()

@@ -3,10 +3,13 @@
 `{"id", "method", "params"}` -> `{"id", "result"}` or `{"id", "error": {"code", "message"}}`
 (with `"data"` in the error when the verb gives more than a sentence: a refused finish
 gives its attempt). Every refusal is an error with code REFUSED.
-A connection binds to one session with session_open or session_attach; every other verb
-acts on it, but those vmd answers from its own state without a session (POLICY: `session`
-False, `SESSIONLESS` below: `history`, `host_info`). While `run` works, vmd sends notifications without an id:
-`{"method": "output", "params": {"stream": "stdout", "line": "..."}}`.
+Every verb is served by its handler (vmd/session/handlers/, three tables): a connection
+binds to one session with session_open or session_attach (`BINDING`); every other verb acts
+on that session (`HANDLERS`, through vmd/session/serving.py), but those vmd answers from its
+own state without a session (POLICY `session` False: `SESSIONLESS`, `history` and
+`host_info`). This module reads the line, validates the params against the contract, binds
+the connection and writes the reply; it serves no verb itself. While `run` works, vmd sends
+notifications without an id: `{"method": "output", "params": {"stream": "stdout", "line": "..."}}`.
 
 No input loses a connection: every line gets one reply, under the request's id when it
 can be read (else null), and the next line is served. Requests are cleaned at the edge
@@ -26,26 +29,23 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.errors import (BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION,
-                        VerbError, checked_result)
+from vmd.contract.errors import BUSY, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NO_SESSION
+from vmd.contract.params import VERBS
+from vmd.contract.policy import POLICY
+from vmd.contract.shown_text import one_line, printable
+from vmd.errors import VerbError, checked_result
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.machines.port import MachineFactory
 from vmd.projects.store import ProjectStore
-from vmd.server.history import answer_history
-from vmd.server.host_info import answer_host_info
 from vmd.server.lifecycle import Lifecycle
 from vmd.server.wire import (MAX_LINE, clean_request, encode, error_reply, id_of, leading_id, params_error, read_json,
                              shape)
+from vmd.session.handlers import BINDING, SESSIONLESS
 from vmd.session.registry import Sessions
 from vmd.session.serving import serve
 from vmd.session.session import Session
 
-# The verbs served with no session (POLICY `session=False`): verb -> handler(server, params).
-SESSIONLESS = {"history": lambda server, p: answer_history(server.config, p), "host_info": answer_host_info}
-if set(SESSIONLESS) != {verb for verb, policy in V.POLICY.items() if not policy.session}:
-    raise RuntimeError("every verb with session=False in vmd/verbs.py POLICY needs one handler in SESSIONLESS")
 
 class Connection:
     """One client: reads requests, writes replies and notifications, holds the binding."""
@@ -140,9 +140,9 @@ class Connection:
         return {"id": request_id, "result": result}
 
     def dispatch(self, verb: str, raw_params) -> dict:
-        model = V.VERBS.get(verb)
+        model = VERBS.get(verb)
         if model is None:
-            raise VerbError(f"unknown verb {verb!r}; the verbs are: {', '.join(V.VERBS)}.", METHOD_NOT_FOUND)
+            raise VerbError(f"unknown verb {verb!r}; the verbs are: {', '.join(VERBS)}.", METHOD_NOT_FOUND)
         if raw_params is None:
             raw_params = {}
         if not isinstance(raw_params, dict):
@@ -152,27 +152,15 @@ class Connection:
             params = model.model_validate(raw_params)
         except ValidationError as exc:
             message = params_error(verb, exc, model)
-            if self.session is not None and V.POLICY[verb].session:
+            if self.session is not None and POLICY[verb].session:
                 self.session.record.verb(verb, raw_params, error=message, code=INVALID_PARAMS)
             raise VerbError(message, INVALID_PARAMS) from None
-        if verb == "session_open":
-            self.bind(self.server.sessions.open(params))
-            s = self.session.s
-            return checked_result(verb, {
-                "session_id": s.id, "os": s.os, "os_family": s.os_family, "desktop": s.desktop,
-                "project": s.project,
-                "project_share": bool(s.project_dir),
-                "storage": s.storage, "state": s.state,
-                "text": f"Session {s.id} is open; the {s.os} machine boots in the background. "
-                        f"Storage: {s.storage}. Plan first with plan_tasks."})
-        if verb == "session_attach":
-            self.bind(self.server.sessions.attach(params.session_id))
-            s = self.session.s
-            return checked_result(verb, {
-                "session_id": s.id, "state": s.state,
-                "text": f"Attached to session {s.id} ({s.state}).\n{self.session.tasks.render()}"})
-        if not V.POLICY[verb].session:
-            return checked_result(verb, SESSIONLESS[verb](self.server, params))
+        if verb in BINDING:
+            session, result = BINDING[verb](self.server.sessions, params)
+            self.bind(session)
+            return checked_result(verb, result)
+        if verb in SESSIONLESS:
+            return checked_result(verb, SESSIONLESS[verb](self.server.sessions, params))
         if self.session is None:
             raise VerbError(f"no session on this connection: call session_open or session_attach before "
                             f"{verb}.", NO_SESSION)
@@ -188,11 +176,11 @@ def _log_record_factory(base):
         record = base(*args, **kwargs)
         if record.name == "vmd" or record.name.startswith("vmd."):
             try:
-                record.msg, record.args = V.one_line(record.getMessage()), None
+                record.msg, record.args = one_line(record.getMessage()), None
             except Exception:  # a message that does not format: logging reports it as ever
                 pass
             if record.exc_info and record.exc_info[0] is not None:
-                record.exc_text = V.printable("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
+                record.exc_text = printable("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
         return record
 
     factory.vmd_clean = True

@@ -11,14 +11,16 @@ import typing
 
 from pydantic import ValidationError
 
-from vmd import json_depth
-from vmd import verbs as V
-from vmd.errors import INVALID_REQUEST, PARSE_ERROR, VerbError
+from vmd.contract import json_depth
+from vmd.contract.errors import INVALID_REQUEST, PARSE_ERROR
+from vmd.contract.params import Params
+from vmd.contract.shown_text import printable
+from vmd.errors import VerbError
 
 # A request line longer than this is refused: write_file bodies are the largest thing
 # sent, and 64 MiB is far past any source file an agent should write in one call.
 MAX_LINE = 64 * 1024 * 1024
-# Requests nested deeper than this are refused before they are parsed (vmd/json_depth.py
+# Requests nested deeper than this are refused before they are parsed (vmd/contract/json_depth.py
 # says why a RecursionError is no bound). vmd's deepest request is 3 levels (request ->
 # params -> verification).
 MAX_DEPTH = 64
@@ -43,12 +45,12 @@ def _type_name(annotation) -> str:
         return f"list[{_type_name(args[0])}]" if args else "list"
     if annotation is type(None):
         return "null"
-    if isinstance(annotation, type) and issubclass(annotation, V.Params):
+    if isinstance(annotation, type) and issubclass(annotation, Params):
         return "{" + shape(annotation) + "}"
     return getattr(annotation, "__name__", str(annotation))
 
 
-def shape(model: type[V.Params]) -> str:
+def shape(model: type[Params]) -> str:
     """`command: str, timeout: float = 300, cwd: str|null = null` for a verb's params."""
     parts = []
     for name, field in model.model_fields.items():
@@ -60,7 +62,7 @@ def shape(model: type[V.Params]) -> str:
     return ", ".join(parts) or "no params"
 
 
-def params_error(verb: str, exc: ValidationError, model: type[V.Params]) -> str:
+def params_error(verb: str, exc: ValidationError, model: type[Params]) -> str:
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "params"
@@ -76,7 +78,7 @@ def params_error(verb: str, exc: ValidationError, model: type[V.Params]) -> str:
 def error_reply(request_id, code: int, message: str, data: dict | None = None) -> dict:
     # The one place every error reply's message is made: guest text in it (a path, a
     # command's stderr, an SFTP server's status) reaches a terminal as data, escapes gone.
-    error = {"code": code, "message": V.printable(message)}
+    error = {"code": code, "message": printable(message)}
     if data is not None:  # JSON-RPC: `data` is absent, not null, when there is none
         error["data"] = data
     return {"id": request_id, "error": error}

@@ -16,10 +16,10 @@ from __future__ import annotations
 import threading
 import time
 
+from vmd.contract.policy import WAITING_STATES
 from vmd.errors import sentence
 from vmd.machines.port import SessionMachine
 from vmd.session.session import Session
-from vmd.verbs import WAITING_STATES
 
 # How long a close waits for a boot in progress to stop: a create under way (qemu-img, the
 # domain's definition and start: seconds) must return before its domain can be destroyed,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,12 @@ def lay_out(repo: Repository, commit: str | None, folder: Path, overlay: dict[st
 
 class CleanRoom:
     """One fresh machine for one run: `with CleanRoom(session, label) as room: room.run(...)`.
-    `label` names the room's folder and its guest (`<session's machine>-<label>`)."""
+    `label` names the room's folder and its guest (`<session's machine>-<label>`).
+
+    `boot_beside()` starts the machine's boot in a thread of its own, so that the finish's
+    baseline room comes up while the candidate's check runs; a room left before that boot
+    ended (the check failed: no baseline is needed) is torn down by that thread once it
+    ends, so the refusal never waits for a boot it does not use."""
 
     def __init__(self, session: Session, label: str):
         self.session = session
@@ -113,6 +119,10 @@ class CleanRoom:
         self.project = self.dir / "project"
         self.machine: SessionMachine | None = None
         self.started = time.monotonic()
+        self._booting: threading.Thread | None = None
+        self._boot_error: RoomUnavailable | None = None
+        self._left = False  # the room's user is done with it (its `with` ended)
+        self._state = threading.Lock()
 
     def __enter__(self) -> "CleanRoom":
         gid = qemu_gid(self.session.config.share_user)
@@ -121,6 +131,13 @@ class CleanRoom:
         return self
 
     def __exit__(self, *exc) -> None:
+        with self._state:
+            self._left = True
+            if self._booting is not None and self._booting.is_alive():
+                return  # the boot's thread tears the room down when the boot ends
+        self._tear_down()
+
+    def _tear_down(self) -> None:
         machine, self.machine = self.machine, None
         if machine is not None:
             try:
@@ -129,6 +146,31 @@ class CleanRoom:
                 self.session.record.append("machine", event="room_not_destroyed", room=self.label,
                                            error=sentence(error, "destroy failed"))
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def boot_beside(self, desktop: bool = False) -> None:
+        """Boot the room's machine in a thread of its own; `run` waits for it."""
+
+        def boot() -> None:
+            try:
+                self.boot(desktop)
+            except RoomUnavailable as exc:
+                self._boot_error = exc
+            except Exception as exc:  # never lost in the thread: `run` raises it as the room's
+                self._boot_error = RoomUnavailable(sentence(exc, "the fresh machine did not boot"))
+            with self._state:
+                left = self._left
+            if left:
+                self._tear_down()
+
+        self._booting = threading.Thread(target=boot, name=f"room-{self.label}", daemon=True)
+        self._booting.start()
+
+    def _booted(self) -> SessionMachine:
+        if self._booting is not None:
+            self._booting.join()
+            if self._boot_error is not None:
+                raise self._boot_error
+        return self.machine or self.boot()
 
     def lay_out(self, repo: Repository, commit: str | None, overlay: dict[str, bytes] | None = None) -> None:
         try:
@@ -152,7 +194,7 @@ class CleanRoom:
             sink: check.OutputSink, tail_chars: int) -> RoomRun:
         """Boot the room's machine, run `setup` (its exit is reported, never taken as the
         check's) and then the check in the project folder."""
-        machine = self.machine or self.boot()
+        machine = self._booted()
         cwd = machine.project_path
         setup_run = None
         try:

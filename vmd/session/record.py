@@ -34,7 +34,7 @@ SECRET_ASSIGNMENT = re.compile(
 SECRET_HEADER = re.compile(r"(?i)(authorization:\s*(?:bearer|token|basic)\s+)(\S+)")
 SECRET_PREFIXED = re.compile(r"\b(ghp_|gho_|github_pat_|glpat-|sk-|xox[abp]-)[A-Za-z0-9_-]{8,}")
 # Long strings in the record are cut to this many characters, and the keys below to
-# theirs: the defaults of vmd/config.py's record_output_chars and record_output_tail_chars,
+# theirs: the defaults of vmd/config/settings.py's record_output_chars and record_output_tail_chars,
 # which vmd passes in.
 TEXT_LIMIT = 2000
 LONG_KEYS = {"output_tail": 8000}

@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 import time
 
-from vmd import verbs as V
 from vmd.config import VmdConfig
+from vmd.contract.params import SESSION_ID, SessionOpen
 from vmd.machines.port import MachineFactory
 from vmd.private_fs import passable_dir, qemu_gid, state_root
 from vmd.projects.store import ProjectStore
 from vmd.session import boot
 from vmd.session.session import Session
-from vmd.session.state import SESSION_ID, SessionState
+from vmd.session.state import SessionState
 
 
 class Sessions:
@@ -28,7 +28,7 @@ class Sessions:
         state_root(config.state_dir)
         passable_dir(config.sessions_dir, qemu_gid(config.share_user))
 
-    def open(self, params: V.SessionOpen) -> Session:
+    def open(self, params: SessionOpen) -> Session:
         session = Session.open(params, self.config, self.machines, self.store)
         boot.start_machine(session, attach=False)
         if params.wait:

@@ -11,22 +11,25 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from vmd.contract.errors import REFUSED
+from vmd.contract.policy import POLICY
+from vmd.contract.shown_text import fence, one_line
+from vmd.contract.verdict import Verdict
 from vmd.session.record import read_record
 from vmd.session.tasks import TaskList
-from vmd.verbs import POLICY, REFUSED, Verdict, fence, one_line
 
 FILE_VERBS = ("write_file", "append_file", "edit_file")
-# Reads of the session, not steps of the work (vmd/verbs.py POLICY).
+# Reads of the session, not steps of the work (vmd/contract/policy.py POLICY).
 UNCOUNTED = tuple(verb for verb, policy in POLICY.items() if not policy.counts_as_step)
-# The headline's mark before the verdict's words (vmd/verdict.py Verdict.label).
+# The headline's mark before the verdict's words (vmd/contract/verdict.py Verdict.label).
 MARKS = {"passed": "✅", "passed_not_proven": "⚠️", "failed": "❌", "unverified": "⚠️"}
 
 
 @dataclass
 class Report:
     markdown: str
-    # status (vmd/verdict.py Verdict.status), proven, attempts, and the verification if any
-    # (vmd/verb_results.py ReportOutcome)
+    # status (vmd/contract/verdict.py Verdict.status), proven, attempts, and the verification if any
+    # (vmd/contract/results.py ReportOutcome)
     outcome: dict
 
 
@@ -283,7 +286,7 @@ def _refused(event: dict) -> bool:
 
 def _counts(events: list[dict], served: int) -> str:
     """The agent's model turns and tool calls as it last told them (session_status's params,
-    vmd/verbs.py SessionStatus), else the calls vmd served."""
+    vmd/contract/params.py SessionStatus), else the calls vmd served."""
     told = next((e["args"] for e in reversed(events) if e["kind"] == "verb" and e.get("verb") == "session_status"
                  and (e.get("args") or {}).get("turns") is not None), None)
     if told:

@@ -1,6 +1,6 @@
-"""Serving one verb of a session: the gate (the table `POLICY` of vmd/verbs.py says when a
+"""Serving one verb of a session: the gate (the table `POLICY` of vmd/contract/policy.py says when a
 session serves the verb and whether it is a step), the handler (vmd/session/handlers/),
-the check of its result against the contract (vmd/verb_results.py), the count and the
+the check of its result against the contract (vmd/contract/results.py), the count and the
 record. The rules of the verbs themselves (finish refused while a task is open, the check
 re-run by vmd) live in their handlers. A full disk on the host ends the session here: the
 verb answers with that sentence (vmd/session/disk.py)."""
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import time
 
-from vmd import verbs as V
-from vmd.errors import FAILED, VerbError, checked_result, refused, sentence
+from vmd.contract.errors import FAILED
+from vmd.contract.params import Params
+from vmd.contract.policy import POLICY, WAITING_STATES
+from vmd.errors import VerbError, checked_result, refused, sentence
 from vmd.session import disk
 from vmd.session.handlers import HANDLERS
 from vmd.session.handlers.end_verbs import close
@@ -18,10 +20,10 @@ from vmd.session.handlers.output import Notify
 from vmd.session.session import Session
 
 
-def serve(session: Session, verb: str, params: V.Params, notify: Notify | None = None) -> dict:
+def serve(session: Session, verb: str, params: Params, notify: Notify | None = None) -> dict:
     """One verb of `session`, as a client called it: the gate, the handler, the check of its
     result against the contract, the count and the record; a full disk ends the session."""
-    if not V.POLICY[verb].recorded:  # a watcher's look (peek): not a step, not in the record
+    if not POLICY[verb].recorded:  # a watcher's look (peek): not a step, not in the record
         gate(session, verb)
         return checked_result(verb, HANDLERS[verb](session, params, notify))
     # Open when the verb came: a full disk found meanwhile (by this verb, or by the
@@ -58,7 +60,7 @@ def _end_on_full_disk(session: Session) -> VerbError:
                      "then open a new session to carry on.")
 
 
-def _serve(session: Session, verb: str, params: V.Params, notify: Notify | None) -> dict:
+def _serve(session: Session, verb: str, params: Params, notify: Notify | None) -> dict:
     started = time.monotonic()
     args = params.model_dump()
     try:
@@ -75,7 +77,7 @@ def _serve(session: Session, verb: str, params: V.Params, notify: Notify | None)
         if disk.full(exc):  # an OSError of this host (never a guest's own full disk)
             session.note_full(disk.sentence(f"{verb} could not write on the host", exc))
             message = session.disk_full or message
-        if V.POLICY[verb].needs_machine and not session.machine_alive():
+        if POLICY[verb].needs_machine and not session.machine_alive():
             message = ("the machine is gone (destroyed or crashed), so nothing more can run in this "
                        "session. The project folder is kept on the host: call session_close to "
                        f"commit it. ({message})")
@@ -88,12 +90,12 @@ def _serve(session: Session, verb: str, params: V.Params, notify: Notify | None)
 
 def gate(session: Session, verb: str) -> None:
     """Refuses `verb` when the session's state or its lack of a plan says no (POLICY)."""
-    policy, state = V.POLICY[verb], session.s.state
+    policy, state = POLICY[verb], session.s.state
     if state == "closed" and policy.when_closed == "refuse":
         raise refused(f"session {session.s.id} is closed; read its report(), or open a new session to do more.")
     if state == "cancelled" and policy.when_cancelled == "refuse":
         raise refused("the session was cancelled; stop and call session_close.")
-    if state in V.WAITING_STATES and policy.when_waiting == "refuse":
+    if state in WAITING_STATES and policy.when_waiting == "refuse":
         waiting = session.s.question if state == "question" else session.s.unfreeze_request
         raise refused(f"the session waits for a person ({state}: {waiting!r}); the machine is "
                       "suspended until session_resume brings the answer.")

@@ -24,30 +24,33 @@ import threading
 import time
 from pathlib import Path
 
-from vmd import verbs as V
 from vmd.config import VmdConfig
-from vmd.errors import INVALID_PARAMS, NOT_READY, VerbError, sentence
+from vmd.contract.bounds import LOCAL_OWNER, name_problem
+from vmd.contract.errors import INVALID_PARAMS, NOT_READY
+from vmd.contract.params import SESSION_ID, SessionOpen
+from vmd.contract.policy import POLICY, WAITING_STATES
+from vmd.errors import VerbError, sentence
 from vmd.machines.port import MachineFactory, MachineSpec, SessionMachine, Stall
 from vmd.private_fs import passable_dir, qemu_gid
 from vmd.projects.owners import gitea_name_problem
-from vmd.projects.store import ProjectStore
+from vmd.projects.store import ProjectStore, Publication
 from vmd.session import disk
 from vmd.session.record import Record, Redactor
-from vmd.session.state import SESSION_ID, SessionState, new_session_id
+from vmd.session.state import SessionState, new_session_id
 from vmd.session.tasks import TaskList
 
 
 class Session:
     """One session, live in this vmd: its state, record, task list and machine. The verb
     handlers (vmd/session/handlers/) read and change it through `s`, `tasks`, `record`, `lock`,
-    `save()`, `ready_machine()` and `frozen()`."""
+    `save()`, `ready_machine()`, `frozen()` and `publication()`."""
 
     def __init__(self, state: SessionState, config: VmdConfig, machines: MachineFactory,
                  store: ProjectStore):
         self.s = state
         self.config = config
         self.machines = machines
-        self.store = _WatchedStore(store, self)
+        self.store = store
         self.dir = config.sessions_dir / state.id
         # 0710 with QEMU's group: QEMU reaches the guest's disk below it, lists nothing.
         passable_dir(self.dir, qemu_gid(config.share_user))
@@ -83,10 +86,10 @@ class Session:
     # --- opening, loading, saving -----------------------------------------------------------
 
     @classmethod
-    def open(cls, params: V.SessionOpen, config: VmdConfig, machines: MachineFactory,
+    def open(cls, params: SessionOpen, config: VmdConfig, machines: MachineFactory,
              store: ProjectStore) -> "Session":
         for what, value in (("project", params.project), ("owner", params.owner)):
-            problem = value and V.name_problem(what, value)
+            problem = value and name_problem(what, value)
             if problem:
                 raise VerbError(problem, INVALID_PARAMS)
         # Names Gitea reserves (`notes.wiki`, `api`, …) fail here with a sentence, not at close.
@@ -102,7 +105,7 @@ class Session:
         session = cls(state, config, machines, store)
         started = time.monotonic()
         if state.project:
-            project_dir = config.projects_dir / (state.owner or V.LOCAL_OWNER) / state.project
+            project_dir = config.projects_dir / (state.owner or LOCAL_OWNER) / state.project
             state.project_dir = str(project_dir)
             try:
                 prepared = store.prepare(project_dir, state.owner, state.project, state.task)
@@ -205,7 +208,7 @@ class Session:
     # --- what serving a verb changes (vmd/session/serving.py) ------------------------------
 
     def count(self, verb: str) -> None:
-        if V.POLICY[verb].counts_as_step:
+        if POLICY[verb].counts_as_step:
             with self.lock:
                 self.s.steps += 1
                 self.save()
@@ -214,7 +217,7 @@ class Session:
         """When the session began to wait for a person: the reaper keeps its guest
         question_keep_s from then."""
         with self.lock:
-            waiting = self.s.state in V.WAITING_STATES
+            waiting = self.s.state in WAITING_STATES
             if waiting == (self.s.waiting_since is not None):
                 return
             self.s.waiting_since = time.time() if waiting else None
@@ -273,13 +276,19 @@ class Session:
             raise VerbError("this session has no machine (it was closed).", NOT_READY)
         return self.machine
 
+    def publication(self) -> Publication:
+        """The session's project on its way out, its remote resolved once: what a close, a
+        checkpoint or a git_commit commits (and pushes) through."""
+        return _WatchedPublication(self.store.publication(self.s.owner, self.s.project or "", self.s.task),
+                                   self)
+
     @contextlib.contextmanager
     def frozen(self):
         """The guest paused while vmd reads the project folder, so the tree cannot change
         under the commit; resumed after, unless it was paused already (a question)."""
         machine = self.machine
         paused = False
-        if machine is not None and self.boot_done.is_set() and self.s.state not in V.WAITING_STATES:
+        if machine is not None and self.boot_done.is_set() and self.s.state not in WAITING_STATES:
             try:
                 machine.suspend()
                 paused = True
@@ -295,23 +304,22 @@ class Session:
                     self.record.append("machine", event="resume_failed", error=sentence(exc, "resume failed"))
 
 
-class _WatchedStore:
-    """The project store as one session uses it: a commit that finds the host's disk full
-    is noted on the session (`note_full`) whoever catches the error (a checkpoint keeps
-    its task update), so that the session ends with a report saying so."""
+class _WatchedPublication:
+    """A publication as one session uses it: a commit that finds the host's disk full is
+    noted on the session (`note_full`) whoever catches the error (a checkpoint keeps its
+    task update), so that the session ends with a report saying so."""
 
-    def __init__(self, store: ProjectStore, session: Session):
-        self._store = store
+    def __init__(self, publication: Publication, session: Session):
+        self._publication = publication
         self._session = session
 
     def __getattr__(self, name: str):
-        return getattr(self._store, name)
+        return getattr(self._publication, name)
 
     def commit(self, *args, **kwargs) -> dict:
         try:
-            return self._store.commit(*args, **kwargs)
+            return self._publication.commit(*args, **kwargs)
         except Exception as exc:
             if disk.full(exc, by_text=True):  # git on this host says so in words
                 self._session.note_full(disk.sentence("a commit into vmd's repository failed", exc))
             raise
-

@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from vmd.contract.policy import SessionStateName
 from vmd.machines.host import LOCAL
 from vmd.projects.push_state import PushState
-from vmd.verbs import SESSION_ID, SessionStateName  # noqa: F401  (SESSION_ID: its readers import it here)
 
 
 def new_session_id() -> str:

@@ -16,7 +16,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Callable
 
-from vmd.verb_results import CheckRunResult
+from vmd.contract.check import CheckRunResult
 
 if TYPE_CHECKING:
     from vmd.guests.guest import CommandResult, Guest
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 OutputSink = Callable[[str, str], None] | None
 
 
-# One run of the check is what the contract says it is (vmd/verb_results.py).
+# One run of the check is what the contract says it is (vmd/contract/results.py).
 CheckRun = CheckRunResult
 
 

@@ -1,24 +1,13 @@
-"""The verb handlers, grouped as in the verb table (docs/architecture.md), and the one
-table vmd/session/serving.py serves from: verb name -> handler(session, params, notify) -> dict.
-
-session_open and session_attach are served by vmd/server/rpc.py (they bind the connection);
-every other verb in vmd/verbs.py that a session serves (POLICY `session`) has exactly one
-handler here; the verbs that need no session are vmd/server/rpc.py's (SESSIONLESS).
+"""The verb handlers: every verb of the contract is served from here, one module per group
+of the verb table (docs/architecture.md): opening_verbs.py (session_open, session_attach),
+session_verbs.py, task_verbs.py, shell_verbs.py, screen_verbs.py, people_verbs.py,
+end_verbs.py (finish, and `close`, the one way a session ends), eval_verbs.py, and vmd's own
+reads that need no session, history_verbs.py and host_verbs.py; output.py streams a
+command's output to the client. Handed on: the three tables of table.py, `HANDLERS` (a
+session's verbs, served by vmd/session/serving.py), `BINDING` and `SESSIONLESS` (served by
+vmd/server/rpc.py).
 """
 
-from __future__ import annotations
+from vmd.session.handlers.table import BINDING, HANDLERS, SESSIONLESS
 
-from vmd import verbs as V
-from vmd.session.handlers import (end_verbs, eval_verbs, people_verbs, screen_verbs, session_verbs, shell_verbs,
-                                  task_verbs)
-
-HANDLERS = {}
-for _group in (session_verbs, task_verbs, shell_verbs, screen_verbs, people_verbs, end_verbs, eval_verbs):
-    for _verb, _handler in _group.HANDLERS.items():
-        if _verb in HANDLERS:
-            raise RuntimeError(f"{_verb} has two handlers")
-        HANDLERS[_verb] = _handler
-
-_UNSERVED = {verb for verb in V.VERBS if V.POLICY[verb].session} - set(HANDLERS) - {"session_open", "session_attach"}
-if _UNSERVED:
-    raise RuntimeError(f"verbs without a handler: {sorted(_UNSERVED)}")
+__all__ = ["HANDLERS", "BINDING", "SESSIONLESS"]

@@ -11,9 +11,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from vmd import verbs as V
+from vmd.contract.params import Finish
+from vmd.contract.verdict import Verdict
 from vmd.errors import refused, sentence
 from vmd.projects.push_state import after_close, pending_text
+from vmd.projects.store import Publication
 from vmd.session import boot as session_boot
 from vmd.session import disk
 from vmd.session import check_flow
@@ -22,7 +24,7 @@ from vmd.session.clean_room import RoomUnavailable
 from vmd.session.session import Session
 
 
-def finish(session: Session, p: V.Finish, notify) -> dict:
+def finish(session: Session, p: Finish, notify) -> dict:
     open_tasks = session.tasks.open_tasks()
     if open_tasks:
         names = "; ".join(f"{t.id}. {t.title} ({t.status.replace('_', ' ')})" for t in open_tasks)
@@ -37,7 +39,7 @@ def finish(session: Session, p: V.Finish, notify) -> dict:
     return _verify_and_finish(session, p, notify)
 
 
-def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
+def _verify_and_finish(session: Session, p: Finish, notify) -> dict:
     """vmd runs the check itself, on a fresh machine holding the candidate commit
     (vmd/session/check_flow.py). A failure is work left (refused) until the allowed
     failures are spent; a pass is checked against the baseline. A refusal after the run is
@@ -91,17 +93,13 @@ def _verify_and_finish(session: Session, p: V.Finish, notify) -> dict:
             session.s.state = "finished"
         session.save()
     session.record.append("outcome", **outcome, summary=p.summary)
-    verdict = V.Verdict.of_outcome(outcome).sentence()
+    verdict = Verdict.of_outcome(outcome).sentence()
     if passed and proven is None and baseline is not None and baseline.error:
         verdict += f" ({baseline.error})"
-    where = V.Verdict.of_outcome(outcome).place(got.candidate)
+    where = Verdict.of_outcome(outcome).place(got.candidate)
     text = (f"Finished. vmd ran `{command}` itself{where}: exit {run.exit_code} (expected {expect}"
             f"{', timed out' if run.timed_out else ''}): {verdict}.\nOutput tail:\n{run.output_tail[-1500:]}")
     return {"accepted": True, "outcome": outcome, "text": text}
-
-
-def _repository(session: Session):
-    return session.store.remote(session.s.owner, session.s.project or "").repository()
 
 
 def session_close(session: Session, p, notify) -> dict:
@@ -135,16 +133,16 @@ def _close(session: Session, reason: str | None) -> dict:
     left_out: list[str] = []
     push_state = None
     if session.s.project_dir:
-        project_dir = Path(session.s.project_dir)
-        owner, project = session.s.owner, session.s.project or ""
+        # One publication for the whole close: the remote resolved once, commit then push.
+        publication = session.publication()
         try:
             with session.frozen():
-                committed = session.store.commit(project_dir, owner, project, _commit_message(session),
-                                                 allow_empty=True)
+                committed = publication.commit(Path(session.s.project_dir), _commit_message(session),
+                                               allow_empty=True)
             commit, left_out = committed["sha"], committed["left_out"]
-            changed_after = _changed_after(session, commit)
+            changed_after = _changed_after(session, publication, commit)
             if changed_after:
-                commit = session.store.reword_head(owner, project, _commit_message(session, changed_after))
+                commit = publication.reword_head(_commit_message(session, changed_after))
         except Exception as exc:
             commit_failed = True
             error = sentence(exc, "committing the project folder failed")
@@ -152,25 +150,23 @@ def _close(session: Session, reason: str | None) -> dict:
                 error = disk.sentence("vmd could not commit the project folder", exc)
         if error is None:
             try:
-                files = session.store.changed_files(owner, project, session.s.base_commit)
+                files = publication.changed_files(session.s.base_commit)
             except Exception as exc:  # the list is for the report; the commit stands
                 session.record.append("close", event="files_unknown", error=sentence(exc, "git diff failed"))
             try:
-                push = session.store.push(owner, project, session.s.task, session.s.branch, session.s.outcome,
-                                          changed_after=changed_after)
+                push = publication.push(session.s.branch, session.s.outcome, changed_after=changed_after)
             except Exception as exc:
                 push = {"pushed": False, "retry": True, "error": sentence(exc, "the push failed")}
             web_url = push.get("web_url")
             error = push.get("error")
             if commit is not None or push.get("sha"):
-                gitea = session.store.remote(owner, project).uses_gitea
-                push_state = after_close(push, session.config, gitea)
+                push_state = after_close(push, session.config, publication.uses_gitea)
     destroyed, machine = session_boot.stop_machine(session)
     if not session.s.project_dir:
         body = "This session had no project folder: nothing was committed."
     elif commit_failed:
         try:
-            kept = session.store.last_commit(owner, project)
+            kept = publication.last_commit()
         except Exception:
             kept = None
         body = (f"The project folder could not be committed now: {error}. "
@@ -213,13 +209,13 @@ def _close(session: Session, reason: str | None) -> dict:
     return closed
 
 
-def _changed_after(session: Session, commit: str | None) -> str | None:
+def _changed_after(session: Session, publication: Publication, commit: str | None) -> str | None:
     """The verified commit, when the close's commit holds other files than it (a process
     the model left running changed the folder after the check): those are not verified."""
     candidate = (session.s.outcome or {}).get("candidate")
     if not candidate or not commit:
         return None
-    if session.store.same_tree(session.s.owner, session.s.project or "", commit, candidate):
+    if publication.same_tree(commit, candidate):
         return None
     return candidate
 
@@ -233,10 +229,10 @@ def _commit_message(session: Session, changed_after: str | None = None) -> str:
                      "and the project folder changed after it; these files were never checked."]
     elif session.s.outcome:
         o = session.s.outcome
-        where = V.Verdict.of_outcome(o).place(o.get("candidate"))
+        where = Verdict.of_outcome(o).place(o.get("candidate"))
         setup = f" after the setup `{o['setup_command']}`" if o.get("setup_command") else ""
         body += ["", f"Verification by vmd: `{o['command']}`{setup} exited {o['exit_code']} (expected "
-                     f"{o['expect_exit']}){where}: {V.Verdict.of_outcome(o).sentence()}; "
+                     f"{o['expect_exit']}){where}: {Verdict.of_outcome(o).sentence()}; "
                      f"{o.get('attempts', 1)} attempt(s)."]
     else:
         body += ["", "Not verified by vmd: the session did not finish."]

@@ -16,7 +16,7 @@ import base64
 import secrets
 import shlex
 
-from vmd import verbs as V
+from vmd.contract.params import HiddenCheck
 from vmd.errors import refused
 from vmd.guests.guest import GuestError
 from vmd.session.check_flow import candidate_commit
@@ -28,7 +28,7 @@ from vmd.session.session import Session
 CHECK_ROOT = "/var/tmp"
 
 
-def hidden_check(session: Session, p: V.HiddenCheck, notify) -> dict:
+def hidden_check(session: Session, p: HiddenCheck, notify) -> dict:
     if (session.s.os_family or "linux") != "linux":
         raise refused(f"a hidden check runs on Linux guests only; this session's guest is "
                       f"{session.s.os_family}. Run the eval on a Linux image (--os debian).")
@@ -38,8 +38,9 @@ def hidden_check(session: Session, p: V.HiddenCheck, notify) -> dict:
     result_file = f"{folder}/.result"
     timeout = min(p.timeout, session.verify_timeout)
     try:
-        candidate, _left_out = candidate_commit(session) if session.s.project_dir else (None, [])
-        repo = session.store.remote(session.s.owner, session.s.project or "").repository()
+        publication = session.publication()
+        candidate, _left_out = candidate_commit(session, publication) if session.s.project_dir else (None, [])
+        repo = publication.repository()
         with CleanRoom(session, "eval") as room:
             room.lay_out(repo, candidate)
             machine = room.boot(desktop=p.desktop)

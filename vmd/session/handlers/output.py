@@ -14,7 +14,7 @@ import contextlib
 import time
 from typing import Callable, Iterator
 
-from vmd.verbs import printable
+from vmd.contract.shown_text import printable
 
 Notify = Callable[[str, dict], None]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vmd import verbs as V
+from vmd.contract.params import AskUser, RequestUnfreeze
+from vmd.contract.policy import WAITING_STATES
 from vmd.errors import sentence
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
 def _wait_for_person(session: Session, state: str, field: str, value: str) -> None:
     with session.lock:
-        if session.s.state not in V.WAITING_STATES:
+        if session.s.state not in WAITING_STATES:
             session.s.resume_state = session.s.state
         session.s.state = state
         setattr(session.s, field, value)
@@ -37,13 +38,13 @@ def _keep_frame(session: Session) -> None:
         session.record.append("machine", event="frame_not_kept", error=sentence(exc, "screenshot failed"))
 
 
-def ask_user(session: Session, p: V.AskUser, notify) -> dict:
+def ask_user(session: Session, p: AskUser, notify) -> dict:
     _wait_for_person(session, "question", "question", p.question)
     return {"state": "question", "text": "Your question is with the user. Stop here: the session "
                                          "resumes with their answer."}
 
 
-def request_unfreeze(session: Session, p: V.RequestUnfreeze, notify) -> dict:
+def request_unfreeze(session: Session, p: RequestUnfreeze, notify) -> dict:
     _wait_for_person(session, "unfreeze", "unfreeze_request", p.reason)
     return {"state": "unfreeze", "text": "Your request is with the user. Stop here: the session "
                                          "resumes when they decide."}

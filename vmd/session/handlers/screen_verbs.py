@@ -8,14 +8,14 @@ import base64
 import time
 from typing import TYPE_CHECKING
 
-from vmd import verbs as V
+from vmd.contract.params import Click, Key, LaunchApp, Move, Screenshot, Scroll, TypeText, Wait
 from vmd.machines.screen_text import read_screen
 
 if TYPE_CHECKING:
     from vmd.session.session import Session
 
 
-def screenshot(session: Session, p: V.Screenshot, notify) -> dict:
+def screenshot(session: Session, p: Screenshot, notify) -> dict:
     machine = session.ready_machine()
     shot = machine.screen.screenshot()  # the screen now: never an older look
     path = session.record.save_screenshot(shot.png)
@@ -28,36 +28,36 @@ def screenshot(session: Session, p: V.Screenshot, notify) -> dict:
     return result
 
 
-def click(session: Session, p: V.Click, notify) -> dict:
+def click(session: Session, p: Click, notify) -> dict:
     session.ready_machine().screen.click(p.x, p.y, button=p.button, double=p.double)
     return {"ok": True, "text": f"{'double-' if p.double else ''}clicked {p.button} at ({p.x}, {p.y})."}
 
 
-def move(session: Session, p: V.Move, notify) -> dict:
+def move(session: Session, p: Move, notify) -> dict:
     session.ready_machine().screen.move(p.x, p.y)
     return {"ok": True, "text": f"moved the pointer to ({p.x}, {p.y})."}
 
 
-def type_text(session: Session, p: V.TypeText, notify) -> dict:
+def type_text(session: Session, p: TypeText, notify) -> dict:
     session.ready_machine().screen.type(p.text)
     return {"ok": True, "text": f"typed {len(p.text)} characters."}
 
 
-def key(session: Session, p: V.Key, notify) -> dict:
+def key(session: Session, p: Key, notify) -> dict:
     session.ready_machine().screen.key(p.keys)
     return {"ok": True, "text": f"pressed {p.keys}."}
 
 
-def scroll(session: Session, p: V.Scroll, notify) -> dict:
+def scroll(session: Session, p: Scroll, notify) -> dict:
     session.ready_machine().screen.scroll(p.x, p.y, p.amount)
     return {"ok": True, "text": f"scrolled {p.amount} at ({p.x}, {p.y})."}
 
 
-def launch_app(session: Session, p: V.LaunchApp, notify) -> dict:
+def launch_app(session: Session, p: LaunchApp, notify) -> dict:
     return {"ok": True, "text": session.ready_machine().guest.launch_app(p.path, p.args)}
 
 
-def wait(session: Session, p: V.Wait, notify) -> dict:
+def wait(session: Session, p: Wait, notify) -> dict:
     time.sleep(p.seconds)
     return {"seconds": p.seconds, "text": f"waited {p.seconds:g} s."}
 

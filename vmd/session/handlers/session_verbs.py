@@ -7,8 +7,10 @@ import base64
 import time
 from typing import TYPE_CHECKING
 
-from vmd import verbs as V
-from vmd.errors import NOT_READY, VerbError, refused
+from vmd.contract.errors import NOT_READY
+from vmd.contract.params import Answer, Note, SessionReady, SessionStatus, WebSource
+from vmd.contract.policy import WAITING_STATES
+from vmd.errors import VerbError, refused
 from vmd.session.report import build_report
 
 if TYPE_CHECKING:
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 PEEK_MAX_AGE_S = 1.0
 
 
-def session_ready(session: Session, p: V.SessionReady, notify) -> dict:
+def session_ready(session: Session, p: SessionReady, notify) -> dict:
     started = time.monotonic()
     if not session.boot_done.wait(p.timeout):
         raise VerbError(f"the machine is still booting ({time.time() - session.s.created:.0f} s since the "
@@ -55,8 +57,8 @@ def _minutes(seconds: float) -> str:
     return f"{seconds // 60} m {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
-def session_status(session: Session, p: V.SessionStatus, notify) -> dict:
-    if p.turns is not None:  # the agent's counts (vmd/verbs.py SessionStatus); kept with the next save
+def session_status(session: Session, p: SessionStatus, notify) -> dict:
+    if p.turns is not None:  # the agent's counts (vmd/contract/params.py SessionStatus); kept with the next save
         with session.lock:
             session.s.turns, session.s.tool_calls = p.turns, p.tool_calls
     return status(session)
@@ -80,7 +82,7 @@ def status(session: Session) -> dict:
         machine = f"failed: {session.boot_error}"
     elif s.state == "closed":
         machine = "destroyed"
-    elif s.state in V.WAITING_STATES:
+    elif s.state in WAITING_STATES:
         machine = "suspended"
     elif session.boot_done.is_set() and session.machine is not None:
         machine = "ready" if session.machine_alive() else "destroyed"
@@ -122,10 +124,10 @@ def session_cancel(session: Session, p, notify) -> dict:
                                        "the project folder and ends it."}
 
 
-def session_resume(session: Session, p: V.Answer, notify) -> dict:
+def session_resume(session: Session, p: Answer, notify) -> dict:
     with session.lock:
         state = session.s.state
-        if state not in V.WAITING_STATES:
+        if state not in WAITING_STATES:
             raise refused(f"the session is {state}, not waiting for an answer; nothing to resume.")
     # After a vmd restart the machine is re-attached by a thread that session_attach
     # started; resuming before it is done would skip waking the paused guest.
@@ -172,7 +174,7 @@ def session_resume(session: Session, p: V.Answer, notify) -> dict:
 def peek(session: Session, p, notify) -> dict:
     machine = session.machine
     kept = session.kept_frame
-    if session.s.state in V.WAITING_STATES and kept is not None:
+    if session.s.state in WAITING_STATES and kept is not None:
         return {"available": True, "kept": True, "png_base64": base64.b64encode(kept.png).decode(),
                 "width": kept.width, "height": kept.height,
                 "text": "the screen as it was when the session stopped to wait for a person."}
@@ -184,12 +186,12 @@ def peek(session: Session, p, notify) -> dict:
             "width": shot.width, "height": shot.height, "text": "the screen now."}
 
 
-def note(session: Session, p: V.Note, notify) -> dict:
+def note(session: Session, p: Note, notify) -> dict:
     session.record.append("note", turn=p.turn, text=p.text)
     return {"ok": True, "text": "noted."}
 
 
-def web_source(session: Session, p: V.WebSource, notify) -> dict:
+def web_source(session: Session, p: WebSource, notify) -> dict:
     session.record.append("web", source=p.kind, target=p.target, title=p.title, detail=p.detail, ok=p.ok)
     return {"ok": True, "text": "recorded."}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vmd import verbs as V
+from vmd.contract.params import EditFile, GitCommit, ListDir, ReadFile, Run, WriteFile
 from vmd.errors import refused
 from vmd.session.handlers.output import streamed
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from vmd.session.session import Session
 
 
-def run(session: Session, p: V.Run, notify) -> dict:
+def run(session: Session, p: Run, notify) -> dict:
     with streamed(notify) as sink:
         result = session.ready_machine().guest.run(p.command, timeout=p.timeout, cwd=p.cwd, on_output=sink)
     with session.lock:
@@ -25,7 +25,7 @@ def run(session: Session, p: V.Run, notify) -> dict:
     return {**result.model_dump(), "text": _run_text(result)}
 
 
-def read_file(session: Session, p: V.ReadFile, notify) -> dict:
+def read_file(session: Session, p: ReadFile, notify) -> dict:
     chunk = session.ready_machine().guest.read_file(p.path, p.offset, p.limit)
     text = chunk.content
     if chunk.truncated:
@@ -34,22 +34,22 @@ def read_file(session: Session, p: V.ReadFile, notify) -> dict:
     return {**chunk.model_dump(), "text": text}
 
 
-def write_file(session: Session, p: V.WriteFile, notify) -> dict:
+def write_file(session: Session, p: WriteFile, notify) -> dict:
     n = session.ready_machine().guest.write_file(p.path, p.content)
     return {"path": p.path, "bytes": n, "text": f"wrote {n} bytes to {p.path}."}
 
 
-def append_file(session: Session, p: V.WriteFile, notify) -> dict:
+def append_file(session: Session, p: WriteFile, notify) -> dict:
     n = session.ready_machine().guest.append_file(p.path, p.content)
     return {"path": p.path, "bytes": n, "text": f"appended {n} bytes to {p.path}."}
 
 
-def edit_file(session: Session, p: V.EditFile, notify) -> dict:
+def edit_file(session: Session, p: EditFile, notify) -> dict:
     session.ready_machine().guest.edit_file(p.path, p.old, p.new)
     return {"path": p.path, "text": f"edited {p.path}: replaced the one match."}
 
 
-def list_dir(session: Session, p: V.ListDir, notify) -> dict:
+def list_dir(session: Session, p: ListDir, notify) -> dict:
     entries = session.ready_machine().guest.list_dir(p.path)
     lines = [f"{e.name}{'/' if e.type == 'dir' else ''}  {e.size}" for e in entries]
     note = getattr(entries, "note", "")  # the guest's listing was cut (vmd/guests/guest.py DirListing)
@@ -58,12 +58,11 @@ def list_dir(session: Session, p: V.ListDir, notify) -> dict:
     return {"entries": [e.model_dump() for e in entries], "text": "\n".join(lines) or f"{p.path} is empty."}
 
 
-def git_commit(session: Session, p: V.GitCommit, notify) -> dict:
+def git_commit(session: Session, p: GitCommit, notify) -> dict:
     if not session.s.project_dir:
         raise refused("this session has no project folder to commit; open the session with a project.")
     with session.frozen():
-        committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
-                                         p.message)
+        committed = session.publication().commit(Path(session.s.project_dir), p.message)
     sha = committed["sha"]
     if sha is None:
         text = "nothing to commit: the project folder is empty."

@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vmd import verbs as V
-from vmd.errors import INVALID_PARAMS, VerbError, sentence
+from vmd.contract.errors import INVALID_PARAMS
+from vmd.contract.params import AddTask, PlanTasks, UpdateTask
+from vmd.errors import VerbError, sentence
 from vmd.session.tasks import TaskError
 
 if TYPE_CHECKING:
+    from vmd.projects.store import Publication
     from vmd.session.session import Session
 
 
@@ -19,7 +21,7 @@ def _task_change(session: Session, change: str, **fields) -> None:
     session.save()
 
 
-def plan_tasks(session: Session, p: V.PlanTasks, notify) -> dict:
+def plan_tasks(session: Session, p: PlanTasks, notify) -> dict:
     with session.lock:
         had_plan = session.tasks.planned
         added = session.tasks.plan(p.tasks)
@@ -33,7 +35,7 @@ def plan_tasks(session: Session, p: V.PlanTasks, notify) -> dict:
     return {"tasks": rendered, "text": text + rendered}
 
 
-def add_task(session: Session, p: V.AddTask, notify) -> dict:
+def add_task(session: Session, p: AddTask, notify) -> dict:
     with session.lock:
         try:
             task = session.tasks.add(p.title)
@@ -44,7 +46,7 @@ def add_task(session: Session, p: V.AddTask, notify) -> dict:
     return {"id": task.id, "tasks": rendered, "text": f"Added task {task.id}.\n{rendered}"}
 
 
-def update_task(session: Session, p: V.UpdateTask, notify) -> dict:
+def update_task(session: Session, p: UpdateTask, notify) -> dict:
     with session.lock:
         try:
             was = session.tasks.get(p.id).status
@@ -66,12 +68,12 @@ def _checkpoint(session: Session, task) -> str:
     if not session.s.project_dir or session.machine is None or not session.boot_done.is_set():
         return ""
     # The session's id in the body: a job run again elsewhere after its host was lost tells
-    # its own checkpoints from an older job's commits (vmagent/rerun.py).
+    # its own checkpoints from an older job's commits (vmagent/loop/rerun.py).
     message = f"Task {task.id} done: {task.title}"[:200] + f"\n\nvmagent session {session.s.id}"
+    publication = session.publication()
     try:
         with session.frozen():
-            committed = session.store.commit(Path(session.s.project_dir), session.s.owner, session.s.project or "",
-                                             message, allow_empty=True)
+            committed = publication.commit(Path(session.s.project_dir), message, allow_empty=True)
     except Exception as exc:
         session.record.append("checkpoint", task=task.id, title=task.title,
                               error=sentence(exc, "the checkpoint commit failed"))
@@ -79,21 +81,20 @@ def _checkpoint(session: Session, task) -> str:
     session.record.append("checkpoint", task=task.id, title=task.title, commit=committed["sha"])
     if not committed["sha"]:
         return ""
-    return f" Checkpoint {committed['sha'][:10]} committed." + _push_checkpoint(session, task, committed["sha"])
+    return f" Checkpoint {committed['sha'][:10]} committed." + _push_checkpoint(session, publication, task, committed["sha"])
 
 
-def _push_checkpoint(session: Session, task, sha: str) -> str:
+def _push_checkpoint(session: Session, publication: Publication, task, sha: str) -> str:
     """The checkpoint on Gitea as soon as it is made (after the freeze: the guest runs on
     while git talks to Gitea), so that when this host is lost another host's vmd opens the
     project at it. Its commit status is pending until the close's push says what the check
     found; the close pushes again, a fast-forward from here. A push that fails is a line in
     the record and a sentence in the answer: the commit stays in vmd's repository, and the
     close pushes it with the rest."""
-    owner, project = session.s.owner, session.s.project or ""
     try:
-        if not session.store.uses_gitea(owner, project):
+        if not publication.uses_gitea:
             return ""  # vmd's own repository is where the project lives
-        pushed = session.store.push_checkpoint(owner, project, session.s.task, session.s.branch)
+        pushed = publication.push_checkpoint(session.s.branch)
         error = None if pushed.get("pushed") else (pushed.get("error") or "the push did not land")
     except Exception as exc:
         pushed, error = {}, sentence(exc, "the push failed")
