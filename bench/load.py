@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/load.py [--jobs 6] [--pool 2] [--only off|on] [--max-concurrent 2] [--keep]
                                    [--executor local|ray] [--dry-run]
+    .venv/bin/python bench/load.py --fleet [--jobs 4]    # the compose fleet: two hosts, then one
 
 Each configuration runs the whole stack as processes, as tests/test_openwebui_vm.py does:
 `vmd serve` (with VMD_WARM_POOL_SIZE=0, then =--pool), the job service with the real
@@ -23,6 +24,11 @@ labelled as a host whose vmd is the bench's one vmd, so Ray's slots are the limi
 each job's worker runs in a JobHost actor (docs/scale-out.md). The host a job ran on is
 in its row. --dry-run starts no vmd and no guest: it prints the configurations, and with
 --executor ray starts the cluster, lists its hosts as `vmagent hosts` does and stops it.
+
+--fleet runs the jobs on the compose fleet instead (bench/fleet_load.py: separate host
+containers, each its own vmd and Ray node): N jobs on both hosts, then the same N on one,
+and prints the ratio, the scheduling overhead per job and the time to a free slot. Needs
+root and dockerd, as tests/test_fleet_stack.py.
 """
 
 from __future__ import annotations
@@ -261,10 +267,18 @@ def main() -> None:
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
                         help="the job service's executor; ray: a local cluster of one node per "
                              "--max-concurrent slot, beside the bench's vmd")
+    parser.add_argument("--fleet", action="store_true",
+                        help="the compose fleet: --jobs jobs on two host containers, then on one "
+                             "(bench/fleet_load.py)")
     parser.add_argument("--dry-run", action="store_true",
                         help="start no vmd and no guest: print the configurations (and, with --executor "
                              "ray, start the cluster and list its hosts)")
     args = parser.parse_args()
+    if args.fleet:
+        from bench.fleet_load import fleet_main
+
+        fleet_main(args.jobs, args.timeout)
+        return
     if args.executor == "ray":
         # Before Ray is imported: its nodes and driver stay on 127.0.0.1 (tests/ray_harness.py).
         from vmagent.fleet.placement import keep_loopback

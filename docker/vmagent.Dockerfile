@@ -23,8 +23,16 @@ RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --upgr
     && /opt/venv/bin/pip install --no-cache-dir "pydantic>=2.6" "httpx>=0.27" "ollama>=0.5.2" \
         "json-repair>=0.30" "fastapi>=0.110" "uvicorn>=0.29" "PyYAML>=6" "Pillow>=10" \
         "httpcore>=1.0" "certifi" "trafilatura>=2.0" "readability-lxml>=0.8" "markdownify>=0.13" "pypdf>=4"
+# The head of the compose fleet (docker-compose.fleet.yml) runs the Ray head beside the job
+# service: with RAY_VERSION set, Ray, and the folder its token is made in (a volume the
+# hosts mount read-only; a new volume takes this folder's owner and mode). The one-host
+# stack leaves it empty.
+ARG RAY_VERSION=
+RUN if [ -n "$RAY_VERSION" ]; then /opt/venv/bin/pip install --no-cache-dir "ray==$RAY_VERSION"; fi
 RUN groupadd --gid 1001 vmagent && useradd --create-home --uid 1001 --gid 1001 vmagent \
-    && mkdir -p /var/lib/vmagent/service && chown vmagent:vmagent /var/lib/vmagent/service
+    && mkdir -p /var/lib/vmagent/service /var/lib/vmagent/ray \
+    && chown vmagent:vmagent /var/lib/vmagent/service /var/lib/vmagent/ray && chmod 0700 /var/lib/vmagent/ray
+COPY docker/fleet-head.sh /app/docker/fleet-head.sh
 USER vmagent
 ENV PATH=/opt/venv/bin:$PATH VMAGENT_PROMPTS=/app/configs/agent
 EXPOSE 8700

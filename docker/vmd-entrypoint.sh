@@ -47,4 +47,8 @@ if [ -z "${VMD_APT_MIRROR:-}" ]; then
     apt-get update -qq || echo "vmd: apt-get update failed; set VMD_APT_MIRROR to a Debian mirror"
 fi
 vmd images build debian || echo "vmd: building the debian image failed; \`docker compose exec vmd python -m vmd.server.doctor\` says why"
+if [ -n "${VMAGENT_FLEET_HEAD:-}" ]; then
+    # A host of the compose fleet (docker-compose.fleet.yml): its Ray node beside vmd.
+    /bin/sh /usr/local/bin/fleet-host-node.sh &
+fi
 exec vmd serve

@@ -35,6 +35,13 @@ RUN python3 -m venv --system-site-packages /opt/venv && /opt/venv/bin/pip instal
     && mkdir -p /var/lib/vmagent/images /var/lib/vmagent/state /var/lib/vmagent/projects /run/vmd \
     && chmod 0755 /var/lib/vmagent /var/lib/vmagent/images /var/lib/vmagent/state /var/lib/vmagent/projects
 ENV PATH=/opt/venv/bin:$PATH
-COPY docker/vmd-entrypoint.sh /usr/local/bin/vmd-entrypoint.sh
+# A host of the compose fleet (docker-compose.fleet.yml) runs a Ray node beside vmd, as the
+# user 1001 (vmd's socket group, as the job service is on one host): with RAY_VERSION set,
+# Ray and that user; the one-host stack leaves it empty and gets neither. Last, so that both
+# stacks share every layer above.
+ARG RAY_VERSION=
+RUN if [ -n "$RAY_VERSION" ]; then /opt/venv/bin/pip install --no-cache-dir "ray==$RAY_VERSION" \
+        && groupadd --gid 1001 vmagent && useradd --create-home --uid 1001 --gid 1001 vmagent; fi
+COPY docker/vmd-entrypoint.sh docker/fleet-host-node.sh /usr/local/bin/
 VOLUME ["/var/lib/vmagent/images", "/var/lib/vmagent/state", "/var/lib/vmagent/projects", "/run/vmd"]
 ENTRYPOINT ["/bin/sh", "/usr/local/bin/vmd-entrypoint.sh"]

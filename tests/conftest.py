@@ -22,6 +22,35 @@ from vmd.machines.images import ImageMissing, find_image
 os.environ.setdefault("VMD_WARM_POOL_SIZE", "0")
 
 
+def _ray_token_for_the_session() -> None:
+    """Every Ray process the tests start (the harness's clusters, the services' shims and the
+    nodes' workers inherit it) runs with token authentication, as a deployment does
+    (vmagent/fleet/cluster_auth.py): one token for the session, in a private temp file. Set
+    here, before any test module imports Ray (Ray reads RAY_AUTH_MODE when it starts)."""
+    if os.environ.get("RAY_AUTH_MODE") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    from vmagent.fleet.cluster_auth import make_token
+
+    folder = tempfile.mkdtemp(prefix="vmagent-test-ray-")
+    atexit.register(shutil.rmtree, folder, True)
+    make_token(Path(folder) / "token")
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(Path(folder) / "token")
+
+
+_ray_token_for_the_session()
+# Every test cluster is on 127.0.0.1: Ray, when first imported, must not swap it for the
+# machine's public address (vmagent/fleet/placement.py keep_loopback). Here, before any test
+# module imports Ray: a module that set it itself came too late when another module, collected
+# before it, had imported Ray first (tests/test_hosts.py after tests/test_ray_executor.py hung
+# on a driver connecting to the swapped address).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def _unavailable(reason: str):
     if os.environ.get("CI"):
         pytest.fail(f"vm tests must run in CI, but {reason}", pytrace=False)
@@ -98,9 +127,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- the counts CI checks: for each marker that must run there (real guests, a real Open
-# WebUI, the compose stack, a real Ray cluster), how many of its tests ran and how many were skipped ---------
+# WebUI, the compose stack, a real Ray cluster, the compose fleet), how many of its tests ran and how many were skipped ---------
 
-COUNTED_MARKERS = ("vm", "openwebui", "compose", "ray")
+COUNTED_MARKERS = ("vm", "openwebui", "compose", "ray", "fleet")
 _outcomes: dict[str, dict[str, str]] = {marker: {} for marker in COUNTED_MARKERS}
 
 

@@ -1,6 +1,6 @@
 """Two lanes for the suite under pytest-xdist (`pytest -n 2`, the README's test command).
 
-The guest lane holds every module with a test that boots a real guest (`vm`, `compose`)
+The guest lane holds every module with a test that boots a real guest (`vm`, `compose`, `fleet`)
 or that uses this host's guest-side plumbing (the egress guard's one nftables table): its
 tests run one after another on one worker, as they would without xdist. Every other test
 runs on the other worker, beside them. Guests under TCG are CPU-bound while they boot and
@@ -29,11 +29,13 @@ from xdist.scheduler import LoadScopeScheduling
 
 GUEST_LANE = "guests"
 LATE_GUEST_LANE = "guests, late"
-# About 14 minutes of guests in CI (agent faults ~8, eval ~4, the Ray cluster ~2.5).
-LATE_GUEST_MODULES = ("test_agent_faults_vm.py", "test_eval_vm.py", "test_ray_cluster_vm.py")
+# About 14 minutes of guests in CI (agent faults ~8, eval ~4, the Ray cluster ~2.5), and the
+# compose fleet (four guests in its hosts' containers; its bounds are outcomes too).
+LATE_GUEST_MODULES = ("test_agent_faults_vm.py", "test_eval_vm.py", "test_ray_cluster_vm.py",
+                      "test_fleet_stack.py")
 # Modules in the guest lane although none of their tests boots a guest.
 HOST_PLUMBING_MODULES = ("test_egress_guard.py",)
-_GUEST_MARK = re.compile(r"\bmark\.(vm|compose)\b")
+_GUEST_MARK = re.compile(r"\bmark\.(vm|compose|fleet)\b")
 
 
 def guest_lane_modules(tests_dir: Path) -> set[str]:

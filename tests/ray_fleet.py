@@ -34,7 +34,10 @@ def ray_service(tmp_path: Path, fleet) -> Iterator[tuple]:
     cluster, _, server = fleet
     env = {**real_worker_env(server.url), "VMAGENT_EXECUTOR": "ray", "RAY_ADDRESS": cluster.address,
            "VMAGENT_MAX_STEPS": "2000"}
-    svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, env=env, max_concurrent=8).start()
+    # ray_node_verdict_s: the harness's nodes are found dead within 2 s (FAST_DEATH), so an
+    # actor whose node lives 10 s on died alone.
+    svc = ServiceProcess(tmp_path / "svc", worker_command=REAL_WORKER, env=env, max_concurrent=8,
+                         ray_node_verdict_s=10).start()
     try:
         yield svc, svc.client()
     finally:

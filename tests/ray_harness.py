@@ -6,6 +6,10 @@
         cluster.remove_host("a")   # host "a" dies: its raylet and workers are killed
         cluster.add_host("c", socket)
 
+Every process of the cluster runs with token authentication (RAY_AUTH_MODE and the token's
+path, set for the whole test session by tests/conftest.py before Ray is imported), as
+`vmagent ray-node` starts a real one.
+
 The head offers no `vm_slot` (as in a deployment, where the head is the service's machine
 and runs no guests). Each host is a node with {"vm_slot": 1, "os_linux": 1} (or the
 resources given) and the labels vmagent reads on a host (vmagent/fleet/host_labels.py):
@@ -61,12 +65,23 @@ class RayCluster:
         return self.cluster.address
 
     def add_host(self, name: str, vmd_socket: str, resources: dict[str, float] | None = None,
-                 num_cpus: int = 1) -> RayHost:
-        """A node for vmd host `name`; it is alive in Ray when this returns."""
-        node = self.cluster.add_node(
-            num_cpus=num_cpus, node_ip_address="127.0.0.1",
-            resources=host_resources() if resources is None else resources,
-            labels={HOST_LABEL: name, VMD_SOCKET_LABEL: str(vmd_socket)})
+                 num_cpus: int = 1, env: dict[str, str] | None = None) -> RayHost:
+        """A node for vmd host `name`; it is alive in Ray when this returns. `env`: set in
+        the node's environment (its raylet and workers inherit it), as in `ray start`'s on a
+        host (PYTHONPATH: what that host has installed)."""
+        before = {key: os.environ.get(key) for key in env or {}}
+        os.environ.update(env or {})
+        try:
+            node = self.cluster.add_node(
+                num_cpus=num_cpus, node_ip_address="127.0.0.1",
+                resources=host_resources() if resources is None else resources,
+                labels={HOST_LABEL: name, VMD_SOCKET_LABEL: str(vmd_socket)})
+        finally:
+            for key, value in before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         host = RayHost(name, str(vmd_socket), node, node.node_id)
         self.hosts[name] = host
         return host

@@ -8,10 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,8 +17,9 @@ import httpx
 import pytest
 
 from tests.service_harness import ALICE, BOB, REPO, ServiceProcess
-from tests.vmd_fakes import RpcClient, local_vmd, short_socket_dir
-from vmagent.fleet.hosts import RayHosts, local_hosts
+from tests.vmd_fakes import RpcClient, SilentVmd, local_vmd, short_socket_dir
+from vmagent.fleet.host_labels import vmagent_version
+from vmagent.fleet.hosts import RayHosts, local_hosts, render
 from vmagent.fleet.placement import keep_loopback
 from vmd.contract.results import result_problem
 
@@ -160,7 +159,8 @@ def test_get_hosts_lists_the_local_vmd_for_an_operator_only(tmp_path):
                                  timeout=60, env=_env_without_settings())
             assert cli.returncode == 0, cli.stderr
             header, row = cli.stdout.splitlines()[1:3]
-            assert header.split()[:2] == ["HOST", "ALIVE"] and row.split()[:5] == ["local", "yes", "1/2", "1", "1"]
+            assert header.split()[:3] == ["HOST", "ALIVE", "USABLE"]
+            assert row.split()[:6] == ["local", "yes", "yes", "1/2", "1", "1"]
         finally:
             svc.stop()
 
@@ -178,27 +178,6 @@ def _env_without_settings() -> dict[str, str]:
 
 
 # --- the Ray executor: a head and two vmd hosts ----------------------------------------------
-
-class SilentVmd:
-    """A socket that takes connections and never answers: a stuck vmd."""
-
-    def __init__(self):
-        self.path = short_socket_dir() / "stuck.sock"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(self.path))
-        self.sock.listen(8)
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        with contextlib.suppress(OSError):
-            while True:
-                self.held.append(self.sock.accept()[0])
-
-    def close(self):
-        for s in [self.sock, *self.held]:
-            s.close()
-
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
@@ -227,13 +206,20 @@ def test_ray_lists_each_vmd_host_with_its_slots_and_its_own_vmds_sessions(fleet)
     import ray
 
     lister = RayHosts(fleet.address, wait_s=20)
-    hosts = by_name(lister.list())
+    listing = lister.listing()
+    hosts = by_name(listing.hosts)
     assert set(hosts) == {"a", "b"}  # the head offers no guest slots and is no host
     for name in ("a", "b"):
         host = hosts[name]
         assert host.alive and host.error is None and host.node_id == fleet.hosts[name].node_id
         assert (host.slots_total, host.slots_used, host.slots_free) == (1, 0, 1)
         assert host.images == ["linux"] and host.warm_slots == 0 and host.last_seen is not None
+        # Each host's own word on its vmagent and its Ray node's auth; the same version: usable.
+        assert (host.vmagent_version, host.ray_auth, host.usable) == (vmagent_version(), "token", True)
+    # The cluster turns away a driver without the token (tests/conftest.py runs every test
+    # cluster with token auth, as ray_node does a real one).
+    assert (listing.cluster_auth, listing.version) == ("token", vmagent_version())
+    assert "cluster auth: token" in render(listing)
     assert (hosts["a"].sessions, hosts["b"].sessions) == (0, 1)
 
     # A job's hold on a slot, as the shim's JobHost actor takes it: Ray counts it on that host.
@@ -266,6 +252,10 @@ def test_a_host_whose_vmd_is_stuck_or_absent_is_listed_with_its_error_in_bounded
         assert hosts["a"].alive and hosts["a"].error is None and hosts["b"].sessions == 1
         assert hosts["stuck"].alive and hosts["stuck"].sessions is None and "timed out" in hosts["stuck"].error
         assert hosts["novmd"].sessions is None and "nothing.sock" in hosts["novmd"].error
+        # Both listed unusable, with the reason; the hosts whose vmd answers are usable.
+        for name in ("stuck", "novmd"):
+            assert not hosts[name].usable and hosts[name].problem == hosts[name].error
+        assert hosts["a"].usable and hosts["b"].usable
     finally:
         for name in ("stuck", "novmd"):
             if name in fleet.hosts:

@@ -281,3 +281,191 @@ def test_a_job_whose_host_dies_runs_again_elsewhere_and_after_two_losses_fails_n
     for name, vmd in vmds.items():  # later tests (if any) get their hosts back
         if name not in cluster.hosts:
             cluster.add_host(name, vmd.socket)
+
+
+# --- capacity that tells the truth, and hosts that cannot take a job (issue 38) -------------
+
+def old_vmagent_on_path(tmp_path) -> str:
+    """A folder that, first on a host's PYTHONPATH, makes the vmagent there another version:
+    the package metadata `pip install vmagent==0.0.1` would leave."""
+    dist = tmp_path / "old-vmagent" / "vmagent-0.0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vmagent\nVersion: 0.0.1\n")
+    return str(dist.parent)
+
+
+def hosts_listing(client) -> dict[str, dict]:
+    return {h["name"]: h for h in client.get("/hosts", timeout=60).json()["hosts"]}
+
+
+def counts_become(client, expected: dict[str, tuple], timeout: float = 30) -> dict[str, dict]:
+    """GET /hosts until each host's (slots used, slots total) is as expected (Ray's free counts
+    reach its GCS a moment after a placement). Sessions are the hosts' vmds' own count, which
+    the module's earlier tests add to (a lost host's session waits for vmd's reaper)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        hosts = hosts_listing(client)
+        seen = {n: (hosts[n]["slots_used"], hosts[n]["slots_total"]) for n in expected if n in hosts}
+        if seen == expected or time.monotonic() > deadline:
+            assert seen == expected, hosts
+            return hosts
+        time.sleep(1)
+
+
+def test_hosts_that_cannot_take_a_job_are_listed_unusable_and_get_none(tmp_path, fleet):
+    from tests.vmd_fakes import SilentVmd, short_socket_dir
+
+    cluster, vmds, _ = fleet
+    stuck = SilentVmd()
+    bad = {"old": (vmds["a"].socket, {"PYTHONPATH": old_vmagent_on_path(tmp_path)}),
+           "nosock": (str(short_socket_dir() / "nothing.sock"), None),
+           "stuck": (str(stuck.path), None)}
+    try:
+        for name, (socket_path, env) in bad.items():
+            cluster.add_host(name, socket_path, env=env)
+        with ray_service(tmp_path, fleet) as (svc, alice):
+            first = start(alice, "keep working u1", project="u1")
+            second = start(alice, "keep working u2", project="u2")
+            one, two = running_session(alice, first["id"], 180), running_session(alice, second["id"], 180)
+            assert {host_of(fleet, one), host_of(fleet, two)} == {"a", "b"}
+
+            # Both good hosts busy: Ray offers the third job each bad host in turn; each is
+            # found unusable, said so and avoided, and the job waits for a good one.
+            third = start(alice, "keep working u3", project="u3")
+            reasons = {"old": "it runs vmagent 0.0.1 and the job service", "nosock": "nothing.sock",
+                       "stuck": "timed out"}
+            wait_until(lambda: all(any(str(e.get("text", "")).startswith(f"host {n} is unusable:") and
+                                       reasons[n] in e["text"] for e in events_of(alice, third["id"]))
+                                   for n in bad), 120, "the third job to find each bad host unusable")
+            assert alice.get(f"/jobs/{third['id']}").json()["session_id"] is None
+            texts = [str(e.get("text", "")) for e in events_of(alice, third["id"])]
+            assert not any(t.startswith("running on host") for t in texts), texts
+
+            # The listing says the same, with the reasons, and counts the good hosts full.
+            hosts = counts_become(alice, {"a": (1, 1), "b": (1, 1)})
+            assert hosts["a"]["usable"] and hosts["b"]["usable"]
+            for name, reason in reasons.items():
+                assert not hosts[name]["usable"] and reason.split(" and")[0] in hosts[name]["problem"], hosts[name]
+            assert hosts["old"]["vmagent_version"] == "0.0.1"
+
+            # A good slot frees: the third job runs there, and never on a bad host.
+            alice.post(f"/jobs/{first['id']}/cancel")
+            three = running_session(alice, third["id"], 120)
+            assert host_of(fleet, three) == host_of(fleet, one)
+            for job in (second, third):
+                alice.post(f"/jobs/{job['id']}/cancel")
+            for job in (first, second, third):
+                assert wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=60)["state"] == "cancelled"
+            for job in (first, second, third):
+                assert {r["host"] for r in host_record(svc, job["id"])["runs"]} <= {"a", "b"}
+    finally:
+        for name in bad:
+            if name in cluster.hosts:
+                cluster.remove_host(name, graceful=True)
+        stuck.close()
+
+
+def job_actor_pid(job_session: str) -> int:
+    """The Ray worker process holding the job's JobHost actor: the parent of the job's
+    worker (`vmagent.worker --job-dir .../vmagent-job-...`), found by its session's folder."""
+    from pathlib import Path
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if b"vmagent.worker" not in b" ".join(cmdline) or not any(b"vmagent-job-" in a for a in cmdline):
+            continue
+        job_dir = Path(cmdline[cmdline.index(b"--job-dir") + 1].decode())
+        try:
+            transcript = (job_dir / "transcript.json").read_text()
+        except OSError:
+            continue
+        if job_session in transcript:
+            ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+            assert b"JobHost" in (Path(f"/proc/{ppid}") / "cmdline").read_bytes()
+            return ppid
+    raise AssertionError(f"no worker of session {job_session} found")
+
+
+def test_an_actor_killed_on_a_live_host_is_told_apart_from_a_lost_host(tmp_path, fleet):
+    import os
+    import signal
+
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        job = start(alice, "keep working after its actor dies", project="actor")
+        session = running_session(alice, job["id"])
+        host = host_of(fleet, session)
+        os.kill(job_actor_pid(session), signal.SIGKILL)  # the actor's process alone; the host lives
+        wait_for_event(alice, job["id"], lambda e: str(e.get("text", "")).startswith(
+            f"the job's process on host {host} died while the host lives"), timeout=90)
+        wait_until(lambda: len(host_record(svc, job["id"])["runs"]) == 2, 60, "the job's second run")
+        texts = [str(e.get("text", "")) for e in events_of(alice, job["id"])]
+        assert not any(t.startswith(f"host {host} lost") for t in texts), texts
+        runs = host_record(svc, job["id"])["runs"]
+        assert runs[0]["why"].startswith("actor died, host alive: ")
+        # The guest the dead worker drove is closed on its live host before the re-run: the
+        # host never runs it beside the re-run's.
+        assert f"closed the job's session on host {host}" in texts
+        assert machine_destroyed(fleet, host, session)
+        wait_until(lambda: alice.get(f"/jobs/{job['id']}").json()["session_id"] not in (None, session), 90,
+                   "a new session for the re-run")
+        alice.post(f"/jobs/{job['id']}/cancel")
+        assert wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=60)["state"] == "cancelled"
+
+
+def test_an_answer_takes_back_a_slot_on_its_host_before_its_guest_resumes(tmp_path, fleet):
+    """A job waiting for a person holds no slot (its guest is suspended): another job may
+    take it. The answer then waits for a slot on that host, the guest suspended meanwhile,
+    so a host never runs more guests than its slots. GET /hosts counts what runs."""
+    _, vmds, _ = fleet
+    with ray_service(tmp_path, fleet) as (svc, alice):
+        sessions_before = {n: h["sessions"] for n, h in hosts_listing(alice).items()}
+        asked = start(alice, "ask first, then wait for its slot", project="slot")
+        waiting = wait_for_state(alice, asked["id"], {"needs_input", "failed"}, timeout=90)
+        assert waiting["state"] == "needs_input", waiting["report"]
+        host = host_record(svc, asked["id"])["host"]
+        other = "b" if host == "a" else "a"
+        busy_jobs = [start(alice, f"keep working s{n}", project=f"s{n}") for n in (1, 2)]
+        sessions = [running_session(alice, j["id"]) for j in busy_jobs]
+        beside = busy_jobs[[host_of(fleet, s) for s in sessions].index(host)]
+        # Each host runs one guest in its one slot; the host of the question keeps the
+        # suspended guest too, counted as a session, not a slot.
+        hosts = counts_become(alice, {host: (1, 1), other: (1, 1)})
+        assert hosts[host]["sessions"] - sessions_before[host] == 2
+        assert hosts[other]["sessions"] - sessions_before[other] == 1
+
+        alice.post(f"/jobs/{asked['id']}/answer", json={"answer": "3, please"})
+        wait_for_event(alice, asked["id"], lambda e: e.get("text") == f"waiting for host {host} to have a free slot",
+                       timeout=60)
+        time.sleep(2)
+        machine = vmds[host].machines.machines[f"vmagent-{waiting['session_id']}"]
+        assert machine.suspended and not machine.destroyed  # not resumed without a slot
+
+        alice.post(f"/jobs/{beside['id']}/cancel")
+        done = wait_for_state(alice, asked["id"], {"done", "failed"}, timeout=120)
+        assert done["state"] == "done" and done["session_id"] == waiting["session_id"], done["report"]
+        assert [r["host"] for r in host_record(svc, asked["id"])["runs"]] == [host, host]
+        counts_become(alice, {host: (0, 1), other: (1, 1)})
+        for job in busy_jobs:
+            alice.post(f"/jobs/{job['id']}/cancel")
+        for job in busy_jobs:
+            assert wait_for_state(alice, job["id"], {"cancelled", "failed"}, timeout=60)["state"] == "cancelled"
+
+
+def test_ray_calling_an_actor_unavailable_is_no_verdict_but_its_death_is():
+    """The shim waits on ActorUnavailableError while the actor's node lives (a restart or a
+    network hiccup of Ray's), and takes ActorDiedError to Ray's word on the node."""
+    from ray import exceptions
+
+    from vmagent.fleet import placement
+
+    unavailable = exceptions.ActorUnavailableError("The actor is temporarily unavailable", None)
+    died = exceptions.ActorDiedError()
+    assert placement.is_unavailable(unavailable) and not placement.is_unavailable(died)
+    assert isinstance(unavailable, placement.lost_errors()) and isinstance(died, placement.lost_errors())
+    assert not placement.creation_failed(died)

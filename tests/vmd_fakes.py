@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -385,3 +386,24 @@ class RpcClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class SilentVmd:
+    """A socket that takes connections and never answers: a stuck vmd."""
+
+    def __init__(self):
+        self.path = short_socket_dir() / "stuck.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.path))
+        self.sock.listen(8)
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.sock.accept()[0])
+
+    def close(self):
+        for s in [self.sock, *self.held]:
+            s.close()

@@ -228,6 +228,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("eval", help="run the eval task set and score the model (options: vmagent eval --help)",
                    add_help=False)
     sub.add_parser("hosts", help="list the vmd hosts jobs run on (options: vmagent hosts --help)", add_help=False)
+    sub.add_parser("ray-node", help="start this machine's Ray node of the fleet, the head or a host, with "
+                                    "token auth (options: vmagent ray-node --help)", add_help=False)
     return p
 
 
@@ -241,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return eval_main(argv[1:])
     if argv[:1] == ["hosts"]:
         return _hosts(argv[1:])
+    if argv[:1] == ["ray-node"]:
+        from vmagent.fleet.ray_node import main as ray_node_main  # as eval: `vmagent run` need not load it
+        return ray_node_main(argv[1:])
     args = parser().parse_args(argv)  # exits 2 on a usage error
     if not args.task.strip():
         show("vmagent run: the task is empty; say what the agent should do.", sys.stderr)

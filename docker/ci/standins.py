@@ -5,6 +5,7 @@ API vmd uses and git's smart HTTP) and Ollama (tests/ollama_server.py, playing o
     python3 standins.py gitea        # on :3000, token from GITEA_STANDIN_TOKEN
     python3 standins.py gitea-init   # writes that token where gitea-init writes Gitea's
     python3 standins.py ollama       # on :11434, the model VMAGENT_MODEL, the job below
+    python3 standins.py ollama-fleet # on :11434, the compose fleet's jobs (tests/fleet_jobs.py)
 
 They run from the repository's tests/ (mounted at /app/tests) on the local Debian base with
 python3 and git: both modules need only the standard library.
@@ -88,5 +89,19 @@ def ollama() -> None:
     serve_forever(server)
 
 
+def ollama_fleet() -> None:
+    """The compose fleet's model: the jobs of tests/fleet_jobs.py, each turn from its own
+    conversation (tests/test_fleet_stack.py)."""
+    from tests.fleet_jobs import model as fleet_model
+    from tests.ollama_server import OllamaScriptServer, _Handler
+
+    script = OllamaScriptServer([], models=[os.environ.get("OLLAMA_MODEL", "qwen3:32b")], default=fleet_model)
+    handler = type("Handler", (_Handler,), {"script_server": script})
+    server = ThreadingHTTPServer(("0.0.0.0", 11434), handler)
+    server.daemon_threads = True
+    script._httpd = server
+    serve_forever(server)
+
+
 if __name__ == "__main__":
-    {"gitea": gitea, "gitea-init": gitea_init, "ollama": ollama}[sys.argv[1]]()
+    {"gitea": gitea, "gitea-init": gitea_init, "ollama": ollama, "ollama-fleet": ollama_fleet}[sys.argv[1]]()

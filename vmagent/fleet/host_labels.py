@@ -30,6 +30,18 @@ SLOT_RESOURCE = "vm_slot"
 OS_RESOURCES = {"linux": "os_linux", "windows": "os_windows"}
 
 
+def vmagent_version() -> str:
+    """The version of vmagent installed in this Python, as its package metadata says: the
+    head and every host must run the same one (a job's worker, the loop and the verbs it
+    sends are the host's code)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vmagent")
+    except PackageNotFoundError:
+        return "unknown (vmagent is not installed as a package here)"
+
+
 class MissingHostLabels(RuntimeError):
     """This Ray node was started without vmagent's labels."""
 

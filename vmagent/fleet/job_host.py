@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from vmagent.job_file import JobFile
+from vmagent.link import Vmd
 
-from .host_labels import HostLabels, MissingHostLabels
+from .host_labels import HostLabels, MissingHostLabels, vmagent_version
 
 # Transcript snapshots go back at most this often while the job runs (and always at its end):
 # the loop saves after every step, and a transcript grows to megabytes.
@@ -38,6 +39,9 @@ READ_BYTES = 8 * 1024 * 1024
 # What a failed worker's report quotes from its stderr.
 LOG_TAIL_CHARS = 3000
 PR_SET_PDEATHSIG = 1
+# vmd answers host_info from its own state in milliseconds (as hosts.VMD_WAIT_S): a vmd that
+# takes longer is stuck, and the host unusable for a job now.
+VMD_WAIT_S = 3.0
 
 
 def _die_with_parent() -> None:
@@ -77,9 +81,15 @@ class JobHost:
     # --- called by the shim ----------------------------------------------------------
 
     def where(self) -> dict:
+        """Where the actor runs and whether a job can run there: the shim compares the
+        version with its own, and takes any problem as "this host is unusable" (its labels,
+        or its vmd not answering at the labelled socket)."""
+        problem = self.label_problem
+        if problem is None and self.labels is not None:
+            problem = _vmd_problem(self.labels.vmd_socket)
         return {"node_id": self.node_id, "host": self.labels.host if self.labels else None,
                 "vmd_socket": self.labels.vmd_socket if self.labels else None,
-                "problem": self.label_problem}
+                "vmagent_version": vmagent_version(), "problem": problem}
 
     def start(self, job: dict, transcript_text: str | None, worker_command: list[str] | None,
               env: dict[str, str]) -> dict:
@@ -201,6 +211,17 @@ class JobHost:
         except OSError:
             return ""
         return text[-LOG_TAIL_CHARS:]
+
+
+def _vmd_problem(vmd_socket: str) -> str | None:
+    """Why this host's vmd cannot take a job (no socket there, or no answer to host_info
+    within VMD_WAIT_S); None when it answered."""
+    try:
+        with Vmd(vmd_socket, timeout=VMD_WAIT_S) as vmd:
+            vmd.call("host_info")
+    except Exception as exc:  # VmdUnavailable, VmdError, OSError: said, not raised
+        return f"its vmd did not answer host_info at {vmd_socket}: {' '.join(str(exc).split())[:300]}"
+    return None
 
 
 def _mtime(path: Path) -> float | None:

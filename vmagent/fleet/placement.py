@@ -11,6 +11,9 @@ from typing import Any
 
 from .host_labels import job_resources
 
+# Every Ray node carries its id as this label (Ray 2.49+): a job's actor avoids the nodes
+# found unusable by it.
+NODE_ID_LABEL = "ray.io/node-id"
 RAY_MISSING = ("the job service's executor is \"ray\" but Ray is not installed in its Python: "
                "pip install 'vmagent[ray]' (or set executor: local)")
 # Ray swaps a loopback head address for this machine's public one (and so does its driver's
@@ -60,10 +63,11 @@ def job_host_class() -> Any:
     return ray.remote(JobHost)
 
 
-def actor_options(os_name: str, node_id: str | None = None) -> dict:
+def actor_options(os_name: str, node_id: str | None = None, avoid: list[str] | tuple = ()) -> dict:
     """A job's actor: one guest slot of its OS family, no CPU (the slot is the limit),
     never restarted by Ray (a restart would run the job twice; the shim re-runs it, once,
-    on purpose). With `node_id`: only that node (a resume needs its suspended guest)."""
+    on purpose). With `node_id`: only that node (a resume needs its suspended guest).
+    `avoid`: nodes found unusable (Ray's own node-id label, which every node has)."""
     options: dict[str, Any] = {"resources": job_resources(os_name), "num_cpus": 0,
                                "max_restarts": 0, "max_task_retries": 0,
                                "max_concurrency": ACTOR_THREADS}
@@ -71,6 +75,8 @@ def actor_options(os_name: str, node_id: str | None = None) -> dict:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    if avoid:
+        options["label_selector"] = {NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}
     return options
 
 
@@ -82,10 +88,12 @@ def node_alive(node_id: str | None) -> bool:
     return bool(node_id) and any(node.get("NodeID") == node_id for node in alive_nodes())
 
 
-def offered_by_any(resources: dict[str, float]) -> bool:
-    """True when some live node has every one of `resources` in its total (busy or not):
-    else a job asking for them would wait for ever."""
+def offered_by_any(resources: dict[str, float], avoid: list[str] | tuple = ()) -> bool:
+    """True when some live node (not in `avoid`) has every one of `resources` in its total
+    (busy or not): else a job asking for them would wait for ever."""
     for node in alive_nodes():
+        if node.get("NodeID") in avoid:
+            continue
         total = node.get("Resources") or {}
         if all(total.get(name, 0) >= amount for name, amount in resources.items()):
             return True
@@ -99,6 +107,21 @@ def lost_errors() -> tuple[type[BaseException], ...]:
     names = ("RayActorError", "ActorUnschedulableError", "NodeDiedError", "WorkerCrashedError",
              "OwnerDiedError", "ObjectLostError")
     return tuple(getattr(exceptions, name) for name in names if hasattr(exceptions, name))
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Ray's "the actor cannot be reached just now" (its worker restarting, or the network
+    between here and its node): not a verdict on the host; its node's life decides."""
+    from ray import exceptions
+
+    kind = getattr(exceptions, "ActorUnavailableError", None)
+    return kind is not None and isinstance(exc, kind)
+
+
+def creation_failed(exc: BaseException) -> bool:
+    """The actor died in its creation task (vmagent's code on that node could not make a
+    JobHost): the host is unusable, not lost."""
+    return bool(getattr(exc, "actor_init_failed", False))
 
 
 def why_lost(exc: BaseException) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections import defaultdict
@@ -95,6 +96,10 @@ class EventHub:
 
 def create_app(config: ServiceConfig) -> FastAPI:
     # 0700 and its files 0600 (private_files.py): the database holds every preview secret.
+    if config.executor == "ray":
+        # The service's own Ray calls (GET /hosts, a job's vmd on its host) with token auth,
+        # set before Ray is first imported here (vmagent/fleet/cluster_auth.py).
+        os.environ.update(config.ray_auth_env())
     store = Store(private_dir(config.data_dir))
     hub = EventHub()
     store.listeners.append(hub.notify)

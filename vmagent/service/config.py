@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from vmagent.fleet.cluster_auth import TOKEN_ENV, TOKEN_PATH_ENV, TokenProblem, auth_environment
+
 # With the "ray" executor the hosts' guest slots (Ray's `vm_slot`) are the limit, and a job
 # beyond them waits in Ray, saying so in its events. max_concurrent then bounds only the
 # shims on this machine (one small process each, a Ray driver), so its default is large.
@@ -53,6 +55,19 @@ class ServiceConfig(BaseModel):
     executor: Literal["local", "ray"] = "local"
     # The Ray cluster's head (host:port); empty: RAY_ADDRESS, or the cluster `ray start` made here.
     ray_address: str = ""
+    # The cluster's token file (RAY_AUTH_TOKEN_PATH, Ray's own setting; empty: RAY_AUTH_TOKEN, else
+    # Ray's default ~/.ray/auth_token). The service and its shims run Ray with token auth, and a
+    # job refuses a cluster that lets a driver in without a token (vmagent/fleet/cluster_auth.py).
+    ray_token_file: str = ""
+    # The override for a cluster without auth (VMAGENT_RAY_ALLOW_UNAUTHENTICATED=1): anyone who
+    # reaches its port runs code on every host, every tenant's projects and keys within reach
+    # (CVE-2023-48022). Only for a cluster on a network no one else reaches.
+    ray_allow_unauthenticated: bool = False
+    # When a job's actor dies, how long its shim waits for Ray's word on the actor's node
+    # before it calls the loss the actor's alone (its process killed on a host that lives)
+    # rather than the host's. Ray marks a node dead once its health checks fail (Ray's
+    # defaults: about 15-30 s); a cluster with other health checks sets this to match.
+    ray_node_verdict_s: float = Field(default=60.0, gt=0)
     # A worker gets this long after SIGTERM to write its report before SIGKILL.
     cancel_grace_s: float = 3.0
     # Preview links live this long: a job runs up to two hours and people look later.
@@ -89,11 +104,25 @@ class ServiceConfig(BaseModel):
             if importlib.util.find_spec("ray") is None:
                 raise ValueError("executor \"ray\" needs Ray in the job service's Python: "
                                  "pip install 'vmagent[ray]' (or set executor: local)")
+            try:
+                self.ray_auth_env()
+            except TokenProblem as exc:
+                raise ValueError(f"executor \"ray\" runs Ray with token authentication, and {exc}") from None
             if "max_concurrent" not in self.model_fields_set:
                 self.max_concurrent = RAY_MAX_CONCURRENT
             if "cancel_grace_s" not in self.model_fields_set:
                 self.cancel_grace_s = RAY_CANCEL_GRACE_S
         return self
+
+    def ray_auth_env(self) -> dict[str, str]:
+        """The Ray settings of the service's own Ray calls and of each job's shim: token mode
+        and the token's place (cluster_auth.auth_environment); nothing with the override and
+        no token."""
+        environ = dict(os.environ)
+        if self.ray_token_file:
+            environ.pop(TOKEN_ENV, None)
+            environ[TOKEN_PATH_ENV] = self.ray_token_file
+        return auth_environment(environ, allow_open=self.ray_allow_unauthenticated)
 
     def resolved_worker_command(self) -> list[str]:
         """The job process the service starts: the worker itself, or for "ray" the shim,
@@ -105,6 +134,10 @@ class ServiceConfig(BaseModel):
                 command += ["--ray-address", self.ray_address]
             if self.worker_command:
                 command += ["--worker-command", json.dumps(self.worker_command)]
+            if self.ray_allow_unauthenticated:
+                command.append("--allow-unauthenticated")
+            if "ray_node_verdict_s" in self.model_fields_set:
+                command += ["--node-verdict-s", f"{self.ray_node_verdict_s:g}"]
             return command
         return list(self.worker_command or [sys.executable, "-m", "vmagent.worker"])
 
@@ -133,11 +166,13 @@ def load_config(path: str | os.PathLike | None = None, **overrides) -> ServiceCo
     for key, name in (("public_url", "VMAGENT_PUBLIC_URL"), ("data_dir", "VMAGENT_DATA_DIR"),
                       ("ollama_url", "OLLAMA_URL"), ("ask_model", "VMAGENT_ASK_MODEL"),
                       ("vmd_socket", "VMD_SOCKET"), ("executor", "VMAGENT_EXECUTOR"),
-                      ("ray_address", "RAY_ADDRESS")):
+                      ("ray_address", "RAY_ADDRESS"), ("ray_token_file", TOKEN_PATH_ENV)):
         if env.get(name):
             data[key] = env[name]
     if env.get("VMAGENT_OPERATORS"):
         data["operators"] = [name.strip() for name in env["VMAGENT_OPERATORS"].split(",") if name.strip()]
+    if env.get("VMAGENT_RAY_ALLOW_UNAUTHENTICATED"):
+        data["ray_allow_unauthenticated"] = env["VMAGENT_RAY_ALLOW_UNAUTHENTICATED"].lower() in ("1", "true", "yes")
     if env.get("VMAGENT_MAX_CONCURRENT"):
         data["max_concurrent"] = int(env["VMAGENT_MAX_CONCURRENT"])
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -4,7 +4,7 @@ pending push (app.py) and the project's history for /ask (ask.py).
 
 Local executor: the service's one vmd (config.vmd_socket), as always. Ray executor: no vmd
 is the service's; the job's is the vmd of the host it last ran on (DIR/host.json, written
-by the shim: vmagent/service/ray_worker.py HostRecord), reached through a Ray task pinned
+by the shim: vmagent/service/host_record.py HostRecord), reached through a Ray task pinned
 to that node. Both are a transport of one interface (vmagent/link/calls.py `VmdCalls`: the
 socket's `SocketCalls`, Ray's vmagent/fleet/on_host.py `HostCalls`). A job that never
 reached a host, or whose host is gone, raises VmdUnavailable like a vmd that is not
@@ -19,6 +19,7 @@ from vmagent.fleet.on_host import HostCalls
 from vmagent.link import CallAnswer, SocketCalls, VmdCall, VmdCalls, VmdUnavailable
 
 from .config import ServiceConfig
+from .host_record import HostRecord  # the shim's own reader of host.json
 
 # (calls, timeout, stop_at_error) -> one answer per call made; VmdUnavailable when the
 # job's vmd cannot be asked at all.
@@ -35,8 +36,6 @@ def job_vmd(config: ServiceConfig, job_dir: Path) -> JobVmd:
         return local_vmd(config.vmd_socket)
 
     def call(calls: list[VmdCall], timeout: float, stop_at_error: bool = False) -> list[CallAnswer]:
-        from .ray_worker import HostRecord  # the shim's own reader of host.json
-
         record = HostRecord.load(Path(job_dir))
         if not record.node_id:
             raise VmdUnavailable("the job has not run on any host of the Ray cluster, so no host's "

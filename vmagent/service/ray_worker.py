@@ -25,16 +25,15 @@ import sys
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
-from vmagent.fleet import placement
+from vmagent.fleet import cluster_auth, host_loss, placement
+from vmagent.fleet.host_loss import NODE_VERDICT_S, UNAVAILABLE_GRACE_S, Lost, Unusable, unusable_because
 from vmagent.job_file import JobFile, JobFileUnreadable
 from vmagent.worker import FrameWriter, failed_outcome
 
 from .config import ServiceConfig
+from .host_record import HostRecord, HostRun, now
 from .private_files import write_private
 from .worker_process import worker_environment
 
@@ -49,46 +48,8 @@ WAITING_AFTER_S = 1.0
 MAX_PLACEMENT_TRIES = 5
 
 
-class HostRun(BaseModel):
-    host: str | None = None
-    node_id: str | None = None
-    started: str = ""
-    ended: str = ""
-    why: str = ""
-
-
-class HostRecord(BaseModel):
-    """DIR/host.json: where the job runs (or last ran) and each run before."""
-    node_id: str | None = None
-    host: str | None = None
-    runs: list[HostRun] = Field(default_factory=list)
-
-    @classmethod
-    def load(cls, job_dir: Path) -> "HostRecord":
-        try:
-            return cls.model_validate_json((job_dir / "host.json").read_text())
-        except (OSError, ValueError):
-            return cls()
-
-    def save(self, job_dir: Path) -> None:
-        write_private(job_dir / "host.json", self.model_dump_json(indent=2).encode())
-
-
-class Lost(Exception):
-    """The job's host went away while the job was on it."""
-
-    def __init__(self, host: str | None, why: str):
-        super().__init__(f"host {host} lost: {why}")
-        # What the re-run tells the model (vmagent/loop/words.py host_lost puts it in brackets).
-        self.sentence = f"{why} on host {host}"
-
-
 class Unplaced(Exception):
     """The actor died before it was placed: nothing ran, place it again."""
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def shipped_environment() -> dict[str, str]:
@@ -101,10 +62,17 @@ def shipped_environment() -> dict[str, str]:
 
 class Shim:
     def __init__(self, job_dir: Path, job: JobFile, frames: FrameWriter, cancel: threading.Event,
-                 worker_command: list[str] | None, ray_address: str | None):
+                 worker_command: list[str] | None, ray_address: str | None, allow_open: bool = False,
+                 node_verdict_s: float = NODE_VERDICT_S):
         self.job_dir, self.job, self.frames, self.cancel = job_dir, job, frames, cancel
         self.worker_command = worker_command
         self.ray_address = ray_address
+        self.allow_open = allow_open
+        self.node_verdict_s = node_verdict_s
+        # Nodes found unusable for this job: node id -> "host X: why".
+        self.avoid: dict[str, str] = {}
+        self.last_place_error = ""
+        self.session_id: str | None = None  # the vmd session of the run being followed
         self.record = HostRecord.load(job_dir)
         self.os_name = job.spec.os or "debian"
         self.ray = None
@@ -116,6 +84,11 @@ class Shim:
 
     def run(self) -> dict:
         """Runs the job to its end on the hosts Ray gives it; the outcome of the done frame."""
+        address = self.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            cluster_auth.require_token_cluster(address, self.allow_open)
+        except cluster_auth.OpenCluster as exc:
+            return failed_outcome(f"# Job failed\n\n{exc}.")
         self.ray = placement.connect(self.ray_address)
         # ray.init puts its own SIGTERM handler in (sys.exit): SIGTERM is the job's cancel.
         _cancel_on_signals(self.cancel)
@@ -174,11 +147,18 @@ class Shim:
         return job.model_copy(update={"mode": "rerun", "lost": lost})
 
     def _one_run(self, job: JobFile, affinity: str | None) -> dict:
-        for _ in range(MAX_PLACEMENT_TRIES):
+        tries = 0
+        while tries < MAX_PLACEMENT_TRIES:
+            if not affinity and not placement.offered_by_any(placement.job_resources(self.os_name),
+                                                             list(self.avoid)):
+                return self._no_usable_host()
             try:
                 actor, where = self._place(affinity)
                 break
+            except Unusable:
+                continue  # that node is avoided now: the loop ends when none is left
             except Unplaced:
+                tries += 1
                 if affinity and not placement.node_alive(affinity):
                     # The node was still alive when the resume looked (_resume_target): Ray
                     # had not yet noticed its death, seen when the answer came at once.
@@ -188,7 +168,8 @@ class Shim:
                 continue
         else:
             return failed_outcome("# Job failed\n\nRay could not place the job on any host "
-                                  f"({MAX_PLACEMENT_TRIES} tries); see the job's worker.log.")
+                                  f"({MAX_PLACEMENT_TRIES} tries; the last: {self.last_place_error or 'no error'}); "
+                                  "see the job's worker.log.")
         if actor is None:
             return where  # cancelled while waiting, or a host without labels
         try:
@@ -201,8 +182,11 @@ class Shim:
             self.ray.kill(actor, no_restart=True)
 
     def _place(self, affinity: str | None):
-        """(actor, where) once Ray placed it; (None, outcome) when the job ended meanwhile."""
-        actor = placement.job_host_class().options(**placement.actor_options(self.os_name, affinity)).remote()
+        """(actor, where) once Ray placed it; (None, outcome) when the job ended meanwhile.
+        Unusable when the node cannot take the job (it is avoided from then on)."""
+        avoid = [] if affinity else list(self.avoid)
+        actor = placement.job_host_class().options(
+            **placement.actor_options(self.os_name, affinity, avoid)).remote()
         ref = actor.where.remote()
         began, said_waiting, checked = time.monotonic(), False, time.monotonic()
         while True:
@@ -224,34 +208,58 @@ class Shim:
                     raise Unplaced()
         try:
             where = self.ray.get(ref)
-        except placement.lost_errors():
+        except placement.lost_errors() as exc:
+            self.last_place_error = placement.why_lost(exc)
             raise Unplaced() from None
-        if where.get("problem"):
+        problem = unusable_because(where)
+        if problem:
             self.ray.kill(actor, no_restart=True)
-            return None, failed_outcome(f"# Job failed\n\nThe Ray node chosen for the job is no "
-                                        f"vmd host vmagent knows: {where['problem']}")
+            host = where.get("host") or where["node_id"][:12]
+            if affinity:
+                # The guest that waits is there, and that host cannot run its job now.
+                lost = Lost(self.record.host, f"it is unusable now: {problem}")
+                self._waiting_run_lost(str(lost))
+                raise lost
+            self.avoid[where["node_id"]] = f"host {host}: {problem}"
+            self.emit_status(f"host {host} is unusable: {problem}; the job goes to another host")
+            raise Unusable()
         return actor, where
+
+    def _no_usable_host(self) -> dict:
+        resources = placement.job_resources(self.os_name)
+        lines = "\n".join(f"- {why}" for why in self.avoid.values())
+        if not lines:
+            return failed_outcome(
+                f"# Job failed\n\nNo host in the Ray cluster offers {', '.join(resources)} (a "
+                f"guest slot for {self.os_name!r}), so the job could never start. Start a vmd host "
+                "with those resources (docs/scale-out.md) and run the job again.")
+        return failed_outcome(
+            f"# Job failed\n\nNo usable host offers {', '.join(resources)} (a guest slot for "
+            f"{self.os_name!r}). The hosts that do cannot take a job:\n\n{lines}\n\n"
+            "`vmagent hosts` lists every host and why it is unusable; fix one and run the job again.")
 
     def _follow(self, actor, where: dict, job: JobFile) -> dict:
         host, node_id = where["host"], where["node_id"]
         self.record.node_id, self.record.host = node_id, host
-        self.record.runs.append(HostRun(host=host, node_id=node_id, started=_now()))
+        self.record.runs.append(HostRun(host=host, node_id=node_id, started=now()))
         self.record.save(self.job_dir)
         self.emit_status(f"running on host {host}")
+        if job.mode != "resume":
+            self.session_id = None  # a new session comes (its frame names it); a resume keeps its own
         transcript = self._local_transcript() if job.mode != "run" else None
         lost = (placement.lost_errors())
         try:
             started = self.ray.get(actor.start.remote(job.model_dump(mode="json"), transcript,
                                                       self.worker_command, shipped_environment()), timeout=120)
         except lost as exc:
-            self._end_run(why=f"lost: {placement.why_lost(exc)}")
-            raise Lost(host, placement.why_lost(exc)) from None
+            raise self._lost(host, node_id, exc) from None
         if started.get("problem"):
             self._end_run(why="the worker did not start")
             return failed_outcome(f"# Job failed\n\nOn host {host}, {started['problem']}.")
         # A job sent with cancel set (to close its waiting guest) is cancelled by its job.json;
         # a SIGTERM could reach its worker before the worker's handler is in and kill it.
         cursor, done, cancel_sent = 0, None, job.cancel
+        unavailable_since: float | None = None
         while True:
             if self.cancel.is_set() and not cancel_sent:
                 actor.cancel.remote()
@@ -266,12 +274,19 @@ class Shim:
                 self._end_run(why=f"lost: {why}")
                 raise Lost(host, why) from None
             except lost as exc:
-                self._end_run(why=f"lost: {placement.why_lost(exc)}")
-                raise Lost(host, placement.why_lost(exc)) from None
+                if placement.is_unavailable(exc) and placement.node_alive(node_id):
+                    # Not a verdict: the actor may answer again (a network hiccup, a restart).
+                    unavailable_since = unavailable_since or time.monotonic()
+                    if time.monotonic() - unavailable_since < UNAVAILABLE_GRACE_S:
+                        time.sleep(1.0)
+                        continue
+                raise self._lost(host, node_id, exc) from None
+            unavailable_since = None
             for line in answer["frames"]:
                 if _is_done(line):
                     done = line  # written last, after the final transcript
                 else:
+                    self.session_id = _session_of(line) or self.session_id
                     self.frames.write_line(line)
             if answer.get("transcript") is not None:
                 write_private(self.job_dir / "transcript.json", answer["transcript"].encode("utf-8"))
@@ -288,11 +303,23 @@ class Shim:
         self._end_run(why=str(outcome.get("state") or "ended"))
         return outcome
 
+    def _lost(self, host: str, node_id: str, exc: BaseException) -> Lost:
+        """Host lost or actor died (host_loss.verdict); for the actor alone, the session it
+        left on the live host is closed before the re-run."""
+        lost = host_loss.verdict(host, node_id, exc, self.node_verdict_s)
+        self._end_run(why=lost.record_why)
+        if lost.kind == "actor" and self.session_id:
+            problem = host_loss.close_left_session(node_id, host, self.session_id, self.ray_address)
+            self.emit_status(f"closed the job's session on host {host}" if problem is None else
+                             f"the job's session on host {host} could not be closed ({problem}); its vmd "
+                             "closes it once it has had no client for its orphan_grace_s")
+        return lost
+
     # --- records and outcomes --------------------------------------------------------
 
     def _end_run(self, why: str) -> None:
         if self.record.runs and not self.record.runs[-1].ended:
-            self.record.runs[-1].ended, self.record.runs[-1].why = _now(), why
+            self.record.runs[-1].ended, self.record.runs[-1].why = now(), why
             self.record.save(self.job_dir)
 
     def _local_transcript(self) -> str | None:
@@ -313,6 +340,19 @@ class Shim:
             f"(at most {MAX_RERUNS} re-runs):\n\n{lines}\n\nWhat it did before is in the "
             "project's pushed checkpoints and in its transcript; start it again when the hosts "
             "are steady.")
+
+
+def _session_of(line: str) -> str | None:
+    """The session id of a worker's `session` frame (the service reads the same)."""
+    if '"session"' not in line:
+        return None
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(frame, dict) and frame.get("type") == "session" and frame.get("session_id"):
+        return str(frame["session_id"])
+    return None
 
 
 def _is_done(line: str) -> bool:
@@ -348,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None)
     parser.add_argument("--worker-command", default=None,
                         help="the job's worker command on the host, a JSON list")
+    parser.add_argument("--node-verdict-s", type=float, default=NODE_VERDICT_S,
+                        help="how long to wait for Ray's word on the node of an actor that died")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="use a Ray cluster that lets a driver in without a token (the service's "
+                             "ray_allow_unauthenticated)")
     args = parser.parse_args(argv)
     frames = LineFrameWriter()
     cancel = threading.Event()
@@ -362,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     if job.cancel:
         cancel.set()
     try:
-        shim = Shim(args.job_dir, job, frames, cancel, worker_command, args.ray_address)
+        shim = Shim(args.job_dir, job, frames, cancel, worker_command, args.ray_address,
+                    allow_open=args.allow_unauthenticated, node_verdict_s=args.node_verdict_s)
         outcome = shim.run()
     except placement.RayMissing as exc:
         outcome = failed_outcome(f"# Job failed\n\n{exc}.")

@@ -120,6 +120,10 @@ class WorkerPool:
         frames_path = job_dir / "frames.ndjson"
         command = self.config.resolved_worker_command() + ["--job-dir", str(job_dir)]
         env = worker_environment(self.config)
+        if self.config.executor == "ray":
+            # The shim is a Ray driver: token auth and the token's place, which a local worker,
+            # and the worker the shim starts on a host, never get (shipped_environment).
+            env.update(self.config.ray_auth_env())
         frames = errors = None
         # A job that cannot start fails with the reason: raised, the error would end whichever
         # thread pumped, a request for some other job (a 500) or a job's follower.
