@@ -77,136 +77,196 @@ class VmdConfigError(ValueError):
 class VmdConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    socket: Path = Path("/run/vmd/vmd.sock")
-    state_dir: Path = Path("/var/lib/vmagent/state")
-    images_dir: Path = Path("/var/lib/vmagent/images")
-    # Host folders shared into guests as the project; defaults to <state_dir>/projects.
-    projects_dir: Path | None = None
-    libvirt_uri: str = "qemu:///system"
-    gitea_url: str = ""
-    gitea_token: SecretStr = SecretStr("")
-    # Where people browse the repositories, when it differs from the API address
-    # (e.g. the API is reached inside a compose network, people use a public name).
-    gitea_web_url: str = ""
-    # Where a person's projects go on Gitea (vmd/projects/owners.py). A job's owner is an Open WebUI
-    # user id or a terminal user's name, rarely a Gitea account. "org": one organisation of
-    # the service holds every project, named <person>-<project> with a topic naming the
-    # person, so nobody needs an account. "user": the owner is a Gitea user or organisation
-    # name (terminal setups whose users are named like their Gitea logins).
-    gitea_owner_mode: Literal["org", "user"] = "org"
-    # The service's organisation; vmd creates it (private) on the first push when missing.
-    # Not "vmagent": that is the compose setup's admin user, and Gitea users and
-    # organisations share one namespace.
-    gitea_org: GiteaOrgName = DEFAULT_ORG
-    # A person's id -> a Gitea username or e-mail, for people with a Gitea account: their
-    # projects go there, under the project's own name. A TOML table, or GITEA_USERS as a JSON
-    # object or "id=name,id=mail@host".
-    gitea_users: PersonMap = {}
-    # Create a mapped person's Gitea user (by e-mail) when none has that address; needs a
-    # site admin's token. Off: vmd creates no accounts unless told to.
-    gitea_create_users: bool = False
-    # New repositories are private: a project holds whatever a guest wrote, and a person's
-    # work is theirs to publish. Existing repositories keep what their owners chose.
-    gitea_private: bool = True
-    default_os: str = "debian"
+    socket: Path = Field(Path("/run/vmd/vmd.sock"), description=(
+        "vmd's Unix socket: where vmd listens, and where `vmagent run` and each job's worker connect"))
+    state_dir: Path = Field(Path("/var/lib/vmagent/state"), description=(
+        "session records, project folders, and vmd's own repository of each project "
+        "(`repos/<owner>/<project>.git`); the job service reads none of it: `/jobs/{id}/ask` asks vmd "
+        "(`history`)"))
+    images_dir: Path = Field(Path("/var/lib/vmagent/images"), description=(
+        "built guest images (a cache outside the clone)"))
+    projects_dir: Path | None = Field(None, description=(
+        "the host folders shared into guests as their project"),
+        json_schema_extra={"shown_default": "`<state dir>/projects`"})
+    libvirt_uri: str = Field("qemu:///system", description="libvirt connection")
+    gitea_url: str = Field("", description=(
+        "where `session_close` pushes vmd's repository (Gitea's address as vmd reaches it); unset: the "
+        "project lives in vmd's repository only"))
+    gitea_token: SecretStr = Field(SecretStr(""), description="Gitea's token for those pushes; a secret")
+    gitea_web_url: str = Field("", description=(
+        "where people browse the repositories, when it differs from `GITEA_URL` (the API reached inside a"
+        " compose network, people using a public name): the links in reports use it"),
+        json_schema_extra={"shown_default": "`GITEA_URL`"})
+    # vmd/projects/owners.py. A job's owner is an Open WebUI user id or a terminal user's name,
+    # rarely a Gitea account: hence "org" unless told otherwise.
+    gitea_owner_mode: Literal["org", "user"] = Field("org", description=(
+        "where a person's projects go on Gitea: `org`: one organisation of the service (`GITEA_ORG`) "
+        "holds every project, named `<person>-<project>` with a topic naming the person, so nobody needs "
+        "an account; `user`: the owner is a Gitea user or organisation name (terminal setups whose users "
+        "are named like their Gitea logins)"))
+    gitea_org: GiteaOrgName = Field(DEFAULT_ORG, description=(
+        "the service's organisation in the `org` mode; vmd creates it (private) on the first push when it"
+        " is missing. Not `vmagent`: that is the compose setup's admin user, and Gitea users and "
+        "organisations share one namespace"))
+    gitea_users: PersonMap = Field({}, description=(
+        "people with a Gitea account: a person's id to a Gitea username or e-mail, whose projects go "
+        "there under the project's own name; a JSON object or `id=name,id=mail@host` (a TOML table in the"
+        " file)"))
+    # Off: vmd creates no accounts unless told to.
+    gitea_create_users: bool = Field(False, description=(
+        "create a mapped person's Gitea user (by e-mail) when none has that address; needs a site admin's"
+        " token"))
+    # A person's work is theirs to publish.
+    gitea_private: bool = Field(True, description=(
+        "new repositories are private (a project holds whatever a guest wrote); existing ones keep what "
+        "their owners chose"))
+    default_os: str = Field("debian", description="the guest image a session gets when it names none")
     # Timeouts are given for a KVM host and multiplied by vmd.machines.machine.timeout_scale()
     # (4 without KVM). The Debian guest with its desktop boots in ~10 s with KVM and in
     # 30-40 s under TCG; 150 s (600 s under TCG) leaves room for a loaded host.
-    boot_timeout_s: float = Field(default=150, gt=0)
-    # How guests are run: "auto" asks QEMU whether it can really start a KVM guest here
-    # (vmd/machines/accel.py), "kvm" or "qemu" (also "tcg") force one without asking: a host whose
-    # probe is wrong, or a KVM host made to show how a TCG-only one behaves.
-    accel: Literal["auto", "kvm", "qemu", "tcg"] = "auto"
+    boot_timeout_s: float = Field(default=150, gt=0, description=(
+        "how long a guest's boot may take, in KVM seconds (x4 under TCG)"))
+    # "auto" asks QEMU (vmd/machines/accel.py); the others force one without asking: for a host
+    # whose probe is wrong, or a KVM host made to show how a TCG-only one behaves.
+    accel: Literal["auto", "kvm", "qemu", "tcg"] = Field("auto", description=(
+        "`auto` probes; `kvm`, or `qemu`/`tcg` (TCG), forces one; any other value is refused at start "
+        "with a sentence"))
     # The verification command vmd re-runs at finish: a project's test suite can take
     # minutes; past this (x4 under TCG) it counts as failed (timed out).
-    verify_timeout_s: float = Field(default=300, gt=0)
-    # Characters of output kept as the verification's tail in the outcome and report:
-    # enough for a test runner's summary and the last failure.
-    output_tail_chars: int = Field(default=4000, gt=0)
+    verify_timeout_s: float = Field(default=300, gt=0, description=(
+        "how long the check vmd runs again at `finish` may take, in KVM seconds (x4 under TCG); past it "
+        "the check failed (timed out)"))
+    # Enough for a test runner's summary and the last failure.
+    output_tail_chars: int = Field(default=4000, gt=0, description=(
+        "characters of the check's output kept as its tail in the outcome and the report"))
     # Output of one `run` returned to the agent and kept in the record is capped by the
     # guest layer; the record keeps this many characters of each stream.
-    record_output_chars: int = Field(default=2000, gt=0)
+    record_output_chars: int = Field(default=2000, gt=0, description=(
+        "characters of each output stream of a command that the session record keeps"))
     # Connections served at once; each holds a thread. Past this a client gets one error
     # line saying so and is closed. An agent or a watcher holds one or two, so 256 is
     # many busy jobs; without a cap, a flood of idle connections grew threads unbounded.
-    max_connections: int = Field(default=256, gt=0)
+    max_connections: int = Field(default=256, gt=0, description=(
+        "connections vmd serves at once (a thread each); past it a client gets one error line and is "
+        "closed"))
 
     # A failed verification is work left: finish is refused and the agent goes on, until
     # this many have failed (models often get their first check wrong; three is plenty to
     # fix a check, and stops a loop that cannot).
-    max_failed_verifications: int = Field(default=3, ge=1)
+    max_failed_verifications: int = Field(default=3, ge=1, description=(
+        "failed checks at `finish` before the session may end with its check failed; until then each "
+        "failure refuses `finish` and the agent goes on"))
     # QEMU runs as this unprivileged user (libvirt's DAC label on every guest), and the
     # project share stores the guest's owners and modes as metadata on files it owns: a
     # guest's root can then make neither root-owned nor setuid files on the host.
-    share_user: str = "libvirt-qemu"
+    share_user: str = Field("libvirt-qemu", description=(
+        "the unprivileged user QEMU runs as; it owns the project folders on the host (the guest's owners "
+        "and modes are xattr metadata)"))
     # vmd's repositories are its own (0700). Naming a group (a name or a gid) gives that
     # group read access to repos/ (the job service no longer needs it: /ask asks vmd's
     # `history` verb; setup.sh --start still names the service's user here):
     # folders 0750, files 0640, kept so by git (core.sharedRepository). Empty: vmd's user
     # only (0700/0600). The guest never reaches repos/ either way.
-    repos_group: str = ""
+    repos_group: str = Field("", description=(
+        "a group (name or gid) that may read vmd's repositories (folders 0750, files 0640, that group), "
+        "for tools of the operator's (the job service no longer needs it: `/ask` asks vmd); empty: vmd's "
+        "alone (0700/0600). The rest of vmd's state is 0700/0600 whatever the umask"))
     # One git command of the `history` verb (vmd/session/handlers/history_verbs.py, the job service's /ask):
     # a log of a large project on a slow disk takes seconds; past this the answer is what
     # git wrote so far, cut, and says so.
-    history_timeout_s: float = Field(default=20, gt=0)
+    history_timeout_s: float = Field(default=20, gt=0, description=(
+        "how long one git command of the `history` verb (the job service's `/ask`) may take; past it the "
+        "answer is what git wrote so far, cut, and says so"))
     # What one commit takes from the project folder. 100 MiB is where GitHub refuses a
     # file and far past any source file; a larger one (a build output, a disk image) is
     # left out with a note in the report instead of failing the close.
-    commit_max_file_mib: float = Field(default=100, gt=0)
-    commit_max_total_mib: float = Field(default=1024, gt=0)
+    commit_max_file_mib: float = Field(default=100, gt=0, description=(
+        "the largest file one commit takes from the project folder; a larger one is left out with a note "
+        "in the report"))
+    commit_max_total_mib: float = Field(default=1024, gt=0, description=(
+        "what one commit takes from the project folder in all; files past it are left out with a note"))
     # How long the desktop may take after SSH answers, for a KVM host (x4 under TCG, like
     # the timeouts above); it took 5-8 s under TCG here. A desktop that misses it leaves a
     # shell-only machine, not a failed boot.
-    desktop_wait_s: float = Field(default=30, gt=0)
-    # Where check_internet tries to connect: any public host answering on port 80 will do
-    # (another for a host behind a proxy).
-    internet_probe: str = Field(default="example.com", min_length=1)
+    desktop_wait_s: float = Field(default=30, gt=0, description=(
+        "how long the desktop may take after SSH answers, in KVM seconds (x4 under TCG); one that misses "
+        "it leaves a shell-only machine, not a failed boot"))
+    # Any public host answering on port 80 will do (another for a host behind a proxy).
+    internet_probe: str = Field(default="example.com", min_length=1, description=(
+        "the host `check_internet` connects to on port 80"))
     # Approved egress reaches public addresses only (vmd/machines/egress_guard.py): never the host,
     # its networks, or private and link-local ranges. An operator lets guests reach a range
     # here anyway, each with its reason: `CIDR[:PORT]=why` entries, separated by `;` in the
     # variable (a package mirror or a proxy on the LAN). The reason is kept in the rules.
-    egress_allow: list[str] = Field(default_factory=list)
+    egress_allow: list[str] = Field(default_factory=list, description=(
+        "ranges a guest with approved egress may reach although they are private (a package mirror, a "
+        "proxy): `CIDR[:PORT]=reason;…`. Otherwise approved egress reaches public addresses only, never "
+        "this host, its networks or private ranges: vmd keeps an nftables table for QEMU's user (`vmd "
+        "guard install|check|show`, `vmd doctor`), and refuses egress where it cannot (no nftables, no "
+        "`CAP_NET_ADMIN`)"))
     # The record cuts long strings to record_output_chars; the verification's output tail
     # gets this larger budget there, enough for a test runner's summary and a failure.
-    record_output_tail_chars: int = Field(default=8000, gt=0)
+    record_output_tail_chars: int = Field(default=8000, gt=0, description=(
+        "characters of the check's output tail that the session record keeps"))
 
     # vmd owns the end of every session (vmd/server/lifecycle.py). A session whose clients have
     # all gone is closed by vmd (commit, push, destroy) once none came back for this long.
     # It must outlast the agent's own reconnecting (vmagent's vmd_reconnect_s, 180 s: a
     # worker restarted by the service, a vmd restart) so that vmd never closes a session
     # that is coming back.
-    orphan_grace_s: float = Field(default=600, gt=0)
+    orphan_grace_s: float = Field(default=600, gt=0, description=(
+        "a session whose clients have all gone is closed by vmd (commit, push, destroy) once none came "
+        "back for this long; it outlasts the agent's `vmd_reconnect_s`"))
     # A session waiting for a person (a question, an unfreeze request) keeps its suspended
     # guest this long, then is closed the same way: people answer after a weekend, but a
     # guest nobody answers for must not hold the host's memory and disk forever.
-    question_keep_s: float = Field(default=7 * 24 * 3600, gt=0)
+    question_keep_s: float = Field(default=7 * 24 * 3600, gt=0, description=(
+        "a session waiting for a person (a question, an unfreeze request) keeps its suspended guest this "
+        "long, then is closed the same way"), json_schema_extra={"shown_default": "`604800` (a week)"})
     # How often vmd looks for such sessions and for guests no session owns. A few seconds
     # is instant next to the grace above and costs a libvirt listing.
-    reaper_interval_s: float = Field(default=5, gt=0)
+    reaper_interval_s: float = Field(default=5, gt=0, description=(
+        "how often vmd looks for such sessions and for guests no session owns"))
     # How often the egress guard is asked while a guest has egress (vmd/server/guard_watch.py):
     # the longest a firewall reload leaves such a guest unguarded.
-    guard_watch_s: float = Field(default=2, gt=0)
+    guard_watch_s: float = Field(default=2, gt=0, description=(
+        "how often the egress guard is checked while a guest has egress: the longest a firewall reload "
+        "leaves such a guest unguarded"))
     # The most smbd processes one machine's SMB share starts (vmd/machines/smb_share.py): one
     # per SMB connection of the guest. An honest guest reconnects after a restore, a vmd
     # restart or an idle drop, a few dozen times in a long session; a guest that negotiates
     # in a loop gets this many smbd starts on the host, then its share is refused.
-    smb_max_starts: int = Field(default=256, ge=1)
+    smb_max_starts: int = Field(default=256, ge=1, description=(
+        "the most smbd processes one machine's SMB share starts (one per SMB connection of the guest); "
+        "past it the share is refused"))
     # A push that fails at close for a reason that may pass (Gitea down, a network error)
     # is retried in the background for this long; the commit is safe in vmd's repository
     # meanwhile. A day covers a Gitea upgrade or a weekend outage; after it the report
     # says the push gave up and the commit waits in vmd's repository.
-    push_retry_s: float = Field(default=24 * 3600, gt=0)
+    push_retry_s: float = Field(default=24 * 3600, gt=0, description=(
+        "how long a push that failed at close for a reason that may pass (Gitea down, a network error) is"
+        " tried again in the background; the commit waits in vmd's repository meanwhile"),
+        json_schema_extra={"shown_default": "`86400` (a day)"})
     # The first wait between push retries, doubled after each failed one up to the cap:
     # quick when Gitea was only restarting, and at most a few minutes late once it is back.
-    push_retry_backoff_s: float = Field(default=30, gt=0)
-    push_retry_backoff_max_s: float = Field(default=300, gt=0)
+    push_retry_backoff_s: float = Field(default=30, gt=0, description=(
+        "the first wait between push retries, doubled after each failed one"))
+    push_retry_backoff_max_s: float = Field(default=300, gt=0, description=(
+        "the longest wait between push retries"))
 
     # Warm machines (vmd/machines/warm_pool.py): this many guests of the default image booted ahead
     # and saved, each handed out by a restore in seconds instead of a cold boot. Each
     # costs a boot in the background and its memory image on disk (~the guest's memory).
     # "auto" sizes the pool for the host (vmd/machines/host_room.py host_pool_size: one slot per two
     # cores, within memory, at most 4); 0 turns it off and every session boots cold.
-    warm_pool_size: int | Literal["auto"] = "auto"
+    warm_pool_size: int | Literal["auto"] = Field("auto", description=(
+        "guests of the default image booted ahead and saved, each handed out by a restore (~3.6-3.9 s "
+        "under TCG to the first command), or, parked (`VMD_WARM_PARKED`), by a resume (0.3-0.6 s), "
+        "instead of a cold boot (~30-45 s); the refill runs in the background at low priority and waits "
+        "while a session boots cold. Each slot holds its memory image on disk. `session_status` and the "
+        "job API say how the machine came (warm or cold, seconds). `auto` sizes it for the host: one slot"
+        " per two cores, within a quarter of the memory, at most 4 (1 on a 2-core host); `0` turns it off"
+        " and removes an earlier pool's slots"))
     # How many of those slots wait restored, woken and paused (vmd/machines/parked_slot.py):
     # the share mounted, the clock set, SSH and the command runner connected, so that a
     # hand-out is a resume and the project moved into place: 0.3-0.6 s from the request to
@@ -214,53 +274,82 @@ class VmdConfig(BaseModel):
     # restore, a handshake and a runner's start (bench/machine.py). Each holds a guest's memory
     # (guest_memory_mib) while it waits, where a saved slot holds only disk; at most the
     # pool's size. 0: every warm hand-out restores a saved slot.
-    warm_parked: int = Field(default=1, ge=0, le=16)
+    warm_parked: int = Field(default=1, ge=0, le=16, description=(
+        "how many of the warm pool's slots wait restored, woken and paused: the share mounted, the clock "
+        "set, an SSH connection and a command runner open, so that a hand-out is a resume and the project"
+        " moved into place (0.3-0.6 s from the request to the first command answered on a 2-core TCG "
+        "host, against 3.6-3.9 s for a saved slot's restore and 27-35 s for a cold boot to its desktop: "
+        "`bench/machine.py`). Each holds a guest's memory (`VMD_GUEST_MEMORY_MIB`) while it waits and "
+        "lives only as long as the vmd that parked it; at most `VMD_WARM_POOL_SIZE`; Linux guests on 9p "
+        "only (Windows and SMB guests are restored); `0`: every warm hand-out restores a saved slot"))
     # Clean rooms (vmd/machines/room_templates.py): how many rooms of one image may run at
     # once restored from a saved template (one template each, made on first use: a boot,
     # and its memory image on disk) instead of booting cold; 0: every room boots cold.
     # Two: two sessions of a host finishing at once both get one. Where the templates are:
     # <state_dir>/room-templates unless set (a test suite shares one folder among its vmds).
-    room_templates: int = Field(default=2, ge=0, le=8)
-    room_templates_dir: Path | None = None
+    room_templates: int = Field(default=2, ge=0, le=8, description=(
+        "how many clean rooms of one image (the finish's check, its baseline, the eval's hidden check: "
+        "each on a fresh machine) may run at once restored from a saved template (~3.5 s under TCG) "
+        "instead of booting cold (~40 s); each template is made on first use and holds its memory image "
+        "on disk; `0`: every room boots cold"))
+    room_templates_dir: Path | None = Field(None, description=(
+        "where the templates are kept, keyed by the image's build and the guest's settings (old keys are "
+        "removed)"), json_schema_extra={"shown_default": "`<state dir>/room-templates`"})
 
     # A guest's memory and vCPUs (vmd/machines/domain_life.py). 2 GiB runs the Debian desktop, a
     # browser and a test suite without swapping; the warm pool sizes itself by the memory
     # (vmd/machines/host_room.py: a quarter of the host's memory in guests being made). Two
     # vCPUs let a build and the desktop run side by side; under TCG each vCPU is a host
     # thread, so more would take the cores the other sessions' guests need.
-    guest_memory_mib: int = Field(default=2048, ge=512)
-    guest_vcpus: int = Field(default=2, ge=1, le=64)
+    guest_memory_mib: int = Field(default=2048, ge=512, description=(
+        "each guest's memory; the warm pool's `auto` size counts it"))
+    guest_vcpus: int = Field(default=2, ge=1, le=64, description=(
+        "each guest's vCPUs (under TCG each is a host thread)"))
     # A warm slot's boot to a ready desktop, in KVM seconds (x4 under TCG), and its whole
     # making with the identity and the save: the longest a session waits for a slot being
     # made (vmd/machines/warm_pool.py). A cold boot to a ready desktop took 30-45 s under TCG
     # here, so 75 (300 under TCG) leaves room for a loaded host; the making adds the identity
     # reset and the save of the guest's memory.
-    slot_ready_s: float = Field(default=75, gt=0)
-    slot_make_s: float = Field(default=90, gt=0)
+    slot_ready_s: float = Field(default=75, gt=0, description=(
+        "how long a warm slot's boot to a ready desktop may take, in KVM seconds (x4 under TCG)"))
+    slot_make_s: float = Field(default=90, gt=0, description=(
+        "how long a warm slot's whole making (boot, identity, save) may take, in KVM seconds (x4 under "
+        "TCG)"))
     # What one command's output may return to the caller before its middle is cut, per
     # stream (vmd/guests/output.py): a model cannot use 5 MB of build log; it can use the
     # first and last few thousand lines.
-    output_head_bytes: int = Field(default=32 * 1024, ge=0)
-    output_tail_bytes: int = Field(default=32 * 1024, ge=0)
+    output_head_bytes: int = Field(default=32 * 1024, ge=0, description=(
+        "what one command returns of the start of each output stream before its middle is cut"))
+    output_tail_bytes: int = Field(default=32 * 1024, ge=0, description=(
+        "what one command returns of the end of each output stream before its middle is cut"))
 
     # --- read by `vmd doctor` only, which checks the whole setup from vmd's side ----------
-    # The job service's group (a name or a gid) that must reach vmd's socket: the vmd
-    # container's entrypoint gives the socket's folder this group. Empty: not checked.
-    socket_group: str = ""
+    # The vmd container's entrypoint gives the socket's folder this group.
+    socket_group: str = Field("", description=(
+        "`vmd doctor` only: the job service's group (a name or gid) that must reach vmd's socket; empty: "
+        "not checked"))
     # Where the compose setup keeps Gitea's token for vmd (its entrypoint reads the file into
     # GITEA_TOKEN for vmd serve); the doctor reads it when GITEA_TOKEN is empty.
-    gitea_token_file: Path | None = None
+    gitea_token_file: Path | None = Field(None, description=(
+        "`vmd doctor` only: a file holding Gitea's token (the compose setup's), read when `GITEA_TOKEN` "
+        "is empty"))
     # The agent's Ollama and model, named as vmagent reads them (OLLAMA_HOST, VMAGENT_MODEL)
     # with vmagent's defaults (vmagent/config.py): vmd does not import vmagent.
-    ollama_host: str = "http://127.0.0.1:11434"
-    ollama_model: str = "qwen3-vl:32b"
+    ollama_host: str = Field("http://127.0.0.1:11434", description=(
+        "`vmd doctor` only: the agent's Ollama, named as the agent reads it"))
+    ollama_model: str = Field("qwen3-vl:32b", description=(
+        "`vmd doctor` only: the agent's model, named as the agent reads it"))
     # Which protocol that server speaks ("ollama", or "openai" for an OpenAI-compatible one
     # at model_url, with model_key as its bearer key), and whether the model is known to see
     # images where the server does not say: vmagent's settings of the same names.
-    model_api: Literal["ollama", "openai"] = "ollama"
-    model_url: str = ""
-    model_key: SecretStr = SecretStr("")
-    model_vision: bool | None = None
+    model_api: Literal["ollama", "openai"] = Field("ollama", description=(
+        "`vmd doctor` only: the agent's model server protocol, named as the agent reads it"))
+    model_url: str = Field("", description=(
+        "`vmd doctor` only: the agent's model server, named as the agent reads it"))
+    model_key: SecretStr = Field(SecretStr(""), description=(
+        "`vmd doctor` only: the agent's model server key, named as the agent reads it"))
+    model_vision: bool | None = Field(None, description=(
+        "`vmd doctor` only: whether the agent's model sees images, named as the agent reads it"))
 
     @field_validator("model_vision", mode="before")
     @classmethod
