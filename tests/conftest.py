@@ -51,6 +51,21 @@ _ray_token_for_the_session()
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--regold", action="store_true",
+                     help="write the golden files the tests compare against (tests/support/golden.py) "
+                          "instead of failing on a difference; then read `git diff tests/support/golden`")
+
+
+def pytest_configure(config):
+    # Through the environment, so that xdist's workers, which run this hook with the same
+    # options, and any test reading it see the same switch.
+    if config.getoption("regold"):
+        from tests.support.golden import REGOLD_ENV
+
+        os.environ[REGOLD_ENV] = "1"
+
+
 def _unavailable(reason: str):
     if os.environ.get("CI"):
         pytest.fail(f"vm tests must run in CI, but {reason}", pytrace=False)

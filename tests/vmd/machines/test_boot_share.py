@@ -3,7 +3,7 @@
 Each combination of boot (the host's kernel, or the guest's disk with SeaBIOS, OVMF,
 OVMF and a TPM) and share (9p, SMB) has a golden file under tests/support/golden/boot_share/: a
 change to the XML shows as a diff to read; when it is meant, run this file with
-VMD_WRITE_GOLDEN=1 and read the diff of the files. libvirt's test:///default driver
+--regold and read the diff of the files (tests/support/golden.py). libvirt's test:///default driver
 checks that libvirt takes each one and keeps what vmd relies on.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from tests.support.golden import assert_golden
 from vmd.machines.boot_share import NVRAM_FILE, boot_for, share_for
 from vmd.machines.domain_xml import (OVMF_CODE, OVMF_VARS, QEMU_NS, SMB_SERVER, DirectKernel, Disk, DiskBoot, Domain,
                                      NinePShare, SerialLog, SmbShare, UserNetwork, Video, smb_socket_of)
@@ -25,7 +26,6 @@ from vmd.machines.images import Image
 from vmd.machines.port import MachineError
 from vmd.machines.smb_share import release_share
 
-GOLDEN = Path(__file__).resolve().parents[2] / "support" / "golden" / "boot_share"
 MACS = {"ssh_mac": "52:54:00:a9:00:01", "egress_mac": "52:54:00:e9:00:01"}
 
 BOOTS = {
@@ -55,11 +55,7 @@ def _args(root: ET.Element) -> list[str]:
 @pytest.mark.parametrize("boot,share", COMBINATIONS)
 def test_each_boot_and_share_matches_its_golden_file(boot, share):
     xml = _domain(BOOTS[boot], SHARES[share]).to_xml() + "\n"
-    golden = GOLDEN / f"{boot}+{share}.xml"
-    if os.environ.get("VMD_WRITE_GOLDEN"):
-        golden.parent.mkdir(exist_ok=True)
-        golden.write_text(xml)
-    assert xml == golden.read_text()
+    assert_golden(f"boot_share/{boot}+{share}.xml", xml)
 
 
 @pytest.mark.parametrize("boot,share", COMBINATIONS)

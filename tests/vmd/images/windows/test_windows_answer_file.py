@@ -5,13 +5,13 @@ The dockur files cited are its assets/*.xml and src/answer.sh (github.com/dockur
 
 from __future__ import annotations
 
-import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from tests.support.golden import assert_golden
 from vmd.guests.windows import contract
 from vmd.images.windows.answer_file import (COMMAND_LINE_MAX, UNATTEND_NS, WCM_NS, AdminAccount, AnswerFile,
                                             FirstLogon, Language, UserData)
@@ -19,7 +19,6 @@ from vmd.images.windows.build import KEY_FORMS
 from vmd.images.windows.editions import Edition
 from vmd.images.windows.product_keys import generic_key
 
-GOLDEN = Path(__file__).resolve().parents[3] / "support" / "golden" / "autounattend"
 FIRSTLOGON = Path(__file__).resolve().parents[4] / "vmd" / "images" / "windows" / "firstlogon.ps1"
 NS = {"u": UNATTEND_NS, "wcm": WCM_NS}
 PASSWORD = "Golden-Password-1"
@@ -64,11 +63,7 @@ def _names(parent: ET.Element) -> list[str]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_edition_matches_its_golden_file(case):
     text = xml_text(*CASES[case])
-    golden = GOLDEN / f"{case}.xml"
-    if os.environ.get("VMD_WRITE_GOLDEN"):
-        golden.parent.mkdir(exist_ok=True)
-        golden.write_text(text)
-    assert text == golden.read_text()
+    assert_golden(f"autounattend/{case}.xml", text)
 
 
 @pytest.mark.parametrize("edition,key", [(WIN11_HOME, "YTMG3-N6DKC-DKB77-7M9GH-8HVX7"),

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.golden_files import GOLDEN_DIR, assert_golden
+from tests.support.golden import assert_golden
 from vmd.images.windows.install_domain import InstallMedium, device_set_xml, install_domain
 from vmd.machines.domain_xml import QEMU_NS
 from vmd.machines.images import Image
 
 libvirt = pytest.importorskip("libvirt")
 TEST_URI = "test:///default"
-GOLDEN = GOLDEN_DIR / "windows_machines"
 # Windows 11 built without virtio-win (SATA, e1000e, a TPM); Server built with it (virtio).
 KINDS = {"win11-sata": dict(tpm=True, disk_bus="sata", nic="e1000e"),
          "server-virtio": dict(tpm=False, disk_bus="virtio", nic="virtio")}
@@ -101,8 +100,8 @@ def test_the_install_machine_has_the_devices_of_every_session_machine(tmp_path, 
     model = install.find("devices/video/model")
     assert model.get("type") == "vga" and model.find("resolution").attrib == {"x": "1280", "y": "800"}
     # Side by side for a reader: what a session gets and what the install got.
-    assert_golden(GOLDEN / f"{kind}-session.xml", session_text)
-    assert_golden(GOLDEN / f"{kind}-install.xml", install_xml(windows_image(Path("/images/windows.partial"), kind)))
+    assert_golden(f"windows_machines/{kind}-session.xml", session_text)
+    assert_golden(f"windows_machines/{kind}-install.xml", install_xml(windows_image(Path("/images/windows.partial"), kind)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
