@@ -5,8 +5,8 @@
 Model servers (Ollama, llama.cpp) keep the KV of the previous request and evaluate only
 what follows the longest prefix the new request shares with it; a turn costs that part.
 This replays one long scripted session through the real loop (vmagent/loop/turns.py) against a
-real vmd on a socket with stand-in machines (tests/vmd_fakes.py LocalMachines, their
-guest reporting a desktop) and the scripted Ollama server (tests/ollama_server.py):
+real vmd on a socket with stand-in machines (tests/support/vmd_fakes.py LocalMachines, their
+guest reporting a desktop) and the scripted Ollama server (tests/support/ollama_server.py):
 --turns model turns and more (planning, runs whose output is cut to the result cap, file
 writes and reads, 20 screenshots among clicks and typing, a question answered through
 resume_job, a vmd restart between two turns, compactions at the default num_ctx, finish).
@@ -99,7 +99,7 @@ def measure(bodies: list[dict], is_summary) -> dict:
 
 def script(work_turns: int, thinking: bool = True) -> list:
     """The model's turns, in order; `None` marks where the model asks a person."""
-    from tests.loop_harness import call, calls
+    from tests.support.loop_harness import call, calls
 
     long_run = "python3 -c \"[print(f'step {n} row {{i}}: ' + 'z' * 64) for i in range(300)]\""
     turns: list = [call("plan_tasks", {"tasks": TITLES}), call("update_task", {"id": 1, "status": "in_progress"})]
@@ -150,9 +150,9 @@ def script(work_turns: int, thinking: bool = True) -> list:
 
 
 def replay(work_turns: int, thinking: bool) -> dict:
-    from tests.loop_harness import call, is_summary_request
-    from tests.ollama_server import Turn, start_ollama
-    from tests.vmd_fakes import LocalMachines, make_config
+    from tests.support.loop_harness import call, is_summary_request
+    from tests.support.ollama_server import Turn, start_ollama
+    from tests.support.vmd_fakes import LocalMachines, make_config
     from vmagent.config import AgentConfig
     from vmagent.loop import JobSpec, resume_job, run_job
     from vmd.server.rpc import VmdServer

@@ -1,10 +1,10 @@
 """`bench/load.py --fleet`: N jobs on the compose fleet's two hosts, then the same N on one
 of them, side by side in one run (issue 38 item 5).
 
-The fleet is docker-compose.fleet.yml with the CI override (tests/fleet_stack.py): the head
+The fleet is docker-compose.fleet.yml with the CI override (tests/support/fleet_stack.py): the head
 (the job service, executor ray, and the Ray head with token auth) and two KVM hosts in
 containers, each one `vm_slot`, real guests under TCG (or KVM where the host has it), the
-model stand-in playing tests/fleet_jobs.py's LOAD job for every job. All N jobs are posted at
+model stand-in playing tests/support/fleet_jobs.py's LOAD job for every job. All N jobs are posted at
 once; the second configuration stops host-b first (its Ray node leaves the cluster).
 
 Per job, from the job service's own store (each event's time as the service stored it):
@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.fleet_jobs import LOAD
-from tests.fleet_stack import running_fleet
+from tests.support.fleet_jobs import LOAD
+from tests.support.fleet_stack import running_fleet
 
 # Reads the jobs and their placement events from the head's store (jobs.sqlite3).
 STORE_QUERY = r"""

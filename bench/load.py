@@ -4,7 +4,7 @@
                                    [--executor local|ray] [--dry-run]
     .venv/bin/python bench/load.py --fleet [--jobs 4]    # the compose fleet: two hosts, then one
 
-Each configuration runs the whole stack as processes, as tests/test_openwebui_vm.py does:
+Each configuration runs the whole stack as processes, as tests/e2e/test_openwebui_vm.py does:
 `vmd serve` (with VMD_WARM_POOL_SIZE=0, then =--pool), the job service with the real
 worker (--max-concurrent jobs at a time) and the scripted Ollama server playing, for
 every job's conversation, plan -> one `run` -> task done -> `finish` with a check that
@@ -19,7 +19,7 @@ had run), warm/all (machines that came warm, of those that came: session.json's
 `machine_came`), jobs done, and the ratio of the totals (pool off / pool on).
 
 --executor ray runs the same jobs through the job service's Ray executor: a Ray cluster on
-127.0.0.1 (tests/ray_harness.py) of a head and one node per --max-concurrent slot, each
+127.0.0.1 (tests/support/ray_harness.py) of a head and one node per --max-concurrent slot, each
 labelled as a host whose vmd is the bench's one vmd, so Ray's slots are the limit and
 each job's worker runs in a JobHost actor (docs/scale-out.md). The host a job ran on is
 in its row. --dry-run starts no vmd and no guest: it prints the configurations, and with
@@ -28,7 +28,7 @@ in its row. --dry-run starts no vmd and no guest: it prints the configurations, 
 --fleet runs the jobs on the compose fleet instead (bench/fleet_load.py: separate host
 containers, each its own vmd and Ray node): N jobs on both hosts, then the same N on one,
 and prints the ratio, the scheduling overhead per job and the time to a free slot. Needs
-root and dockerd, as tests/test_fleet_stack.py.
+root and dockerd, as tests/e2e/test_fleet_stack.py.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.guests import clean_up_domains  # noqa: E402 (the repository is on the path now)
-from tests.loop_harness import call, calls, is_summary_request  # noqa: E402
-from tests.ollama_server import Turn, start_ollama  # noqa: E402
-from tests.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, stop_workers  # noqa: E402
-from tests.vmd_process import VmdProcess  # noqa: E402
+from tests.support.guests import clean_up_domains  # noqa: E402 (the repository is on the path now)
+from tests.support.loop_harness import call, calls, is_summary_request  # noqa: E402
+from tests.support.ollama_server import Turn, start_ollama  # noqa: E402
+from tests.support.service_harness import REAL_WORKER, ServiceProcess, real_worker_env, stop_workers  # noqa: E402
+from tests.support.vmd_process import VmdProcess  # noqa: E402
 
 FILL_WAIT_S = 900
 # How long a dry run's listing waits for each host's answer (its vmd is not running).
@@ -131,7 +131,7 @@ def executor_settings(args, stack: contextlib.ExitStack, vmd_socket: str) -> dic
     nodes are the bench's slots (closed with `stack`), and Ray's slots as the only limit."""
     if args.executor == "local":
         return {"max_concurrent": args.max_concurrent}
-    from tests.ray_harness import ray_cluster
+    from tests.support.ray_harness import ray_cluster
 
     cluster = stack.enter_context(ray_cluster(bench_hosts(args.max_concurrent, vmd_socket)))
     print(f"  ray: head and {args.max_concurrent} host node(s) at {cluster.address}", flush=True)
@@ -280,7 +280,7 @@ def main() -> None:
         fleet_main(args.jobs, args.timeout)
         return
     if args.executor == "ray":
-        # Before Ray is imported: its nodes and driver stay on 127.0.0.1 (tests/ray_harness.py).
+        # Before Ray is imported: its nodes and driver stay on 127.0.0.1 (tests/support/ray_harness.py).
         from vmagent.fleet.placement import keep_loopback
 
         keep_loopback("127.0.0.1:6379")

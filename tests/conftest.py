@@ -46,9 +46,24 @@ _ray_token_for_the_session()
 # Every test cluster is on 127.0.0.1: Ray, when first imported, must not swap it for the
 # machine's public address (vmagent/fleet/placement.py keep_loopback). Here, before any test
 # module imports Ray: a module that set it itself came too late when another module, collected
-# before it, had imported Ray first (tests/test_hosts.py after tests/test_ray_executor.py hung
+# before it, had imported Ray first (tests/vmagent/fleet/test_hosts.py after tests/vmagent/fleet/test_ray_executor.py hung
 # on a driver connecting to the swapped address).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regold", action="store_true",
+                     help="write the golden files the tests compare against (tests/support/golden.py) "
+                          "instead of failing on a difference; then read `git diff tests/support/golden`")
+
+
+def pytest_configure(config):
+    # Through the environment, so that xdist's workers, which run this hook with the same
+    # options, and any test reading it see the same switch.
+    if config.getoption("regold"):
+        from tests.support.golden import REGOLD_ENV
+
+        os.environ[REGOLD_ENV] = "1"
 
 
 def _unavailable(reason: str):
@@ -112,9 +127,9 @@ def machine_factory(debian_image, tmp_path):
 
 @pytest.hookimpl(optionalhook=True)  # the hook is pytest-xdist's: without it, never called
 def pytest_xdist_make_scheduler(config, log):
-    # Under pytest-xdist (`-n 2`, the README's test command): tests/lanes.py.
+    # Under pytest-xdist (`-n 2`, the README's test command): tests/support/lanes.py.
     if config.getvalue("dist") in ("load", "loadgroup"):
-        from tests.lanes import LaneScheduling
+        from tests.support.lanes import LaneScheduling
 
         return LaneScheduling(config, log)
     return None
@@ -122,7 +137,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     # Slow real-guest tests run last so that a quick failure elsewhere shows first. (Under
-    # xdist the guest lane is scheduled first instead: tests/lanes.py.)
+    # xdist the guest lane is scheduled first instead: tests/support/lanes.py.)
     items.sort(key=lambda item: item.get_closest_marker("vm") is not None)
 
 

@@ -13,5 +13,5 @@ On top: cli.py (the commands), config.py (the agent's settings), prompts.py, wor
 job's process) and job_file.py (what a worker is handed), os_family.py (the guest's OS
 family, decided in one place), terminal.py, atomic_file.py.
 Nothing here imports vmd/ but its contract (vmd/contract/), and no sub-package imports one
-that imports it back (tests/test_layering.py).
+that imports it back (tests/project/test_layering.py).
 """

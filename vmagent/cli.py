@@ -151,7 +151,7 @@ def _run_until_done(loop, spec, view, cancel, transcript, config, socket_path):
 
     threading.Thread(target=job, name="vmagent-job", daemon=True).start()
     # An Event, not Thread.join: in CPython 3.11 a join that Ctrl-C interrupts can leave
-    # the thread marked as ended while it still runs (seen in tests/test_reconnect.py).
+    # the thread marked as ended while it still runs (seen in tests/vmagent/link/test_reconnect.py).
     while not finished.is_set():
         try:
             finished.wait(0.5)

@@ -18,5 +18,5 @@ ones it uses:
 
 Below them: errors.py (how vmd fails), host_env.py (the environment of every host
 subprocess), private_fs.py (vmd's files private whatever the umask). No room imports one
-that imports it back (tests/test_layering.py).
+that imports it back (tests/project/test_layering.py).
 """

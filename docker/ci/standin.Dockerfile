@@ -1,5 +1,5 @@
 # CI only: python3 and git on the local Debian base, for the stand-ins (docker/ci/standins.py)
-# and for Open WebUI run from the cached environment tests/openwebui_harness.py installs
+# and for Open WebUI run from the cached environment tests/support/openwebui_harness.py installs
 # (its interpreter's shared libraries: the CI host's Python is built against these).
 ARG BASE
 FROM ${BASE}

@@ -1,11 +1,11 @@
 """The stand-ins the CI override (docker/ci/compose.ci.yml) puts at the service names whose
-upstream images cannot be pulled there: the test suite's Gitea (tests/gitea_server.py: the
-API vmd uses and git's smart HTTP) and Ollama (tests/ollama_server.py, playing one job).
+upstream images cannot be pulled there: the test suite's Gitea (tests/support/gitea_server.py: the
+API vmd uses and git's smart HTTP) and Ollama (tests/support/ollama_server.py, playing one job).
 
     python3 standins.py gitea        # on :3000, token from GITEA_STANDIN_TOKEN
     python3 standins.py gitea-init   # writes that token where gitea-init writes Gitea's
     python3 standins.py ollama       # on :11434, the model VMAGENT_MODEL, the job below
-    python3 standins.py ollama-fleet # on :11434, the compose fleet's jobs (tests/fleet_jobs.py)
+    python3 standins.py ollama-fleet # on :11434, the compose fleet's jobs (tests/support/fleet_jobs.py)
 
 They run from the repository's tests/ (mounted at /app/tests) on the local Debian base with
 python3 and git: both modules need only the standard library.
@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, os.environ.get("VMAGENT_SOURCE", "/app"))
 
-# The job tests/test_compose_stack.py posts: plan, write a file into the project, run it,
+# The job tests/e2e/test_compose_stack.py posts: plan, write a file into the project, run it,
 # close the tasks, finish with a check vmd re-runs in the guest. Then vmd pushes to Gitea.
 CHECK = "cd /mnt/project && python3 hello.py | grep -qx 'hello from compose'"
 
 
 def job_script():
-    from tests.ollama_server import Turn
+    from tests.support.ollama_server import Turn
 
     def call(*pairs):
         return Turn(tool_calls=[{"name": n, "arguments": a} for n, a in pairs])
@@ -52,7 +52,7 @@ def serve_forever(server) -> None:
 
 
 def gitea() -> None:
-    from tests.gitea_server import FakeGitea, _Handler
+    from tests.support.gitea_server import FakeGitea, _Handler
 
     root = Path(os.environ.get("GITEA_STANDIN_ROOT", "/srv/gitea"))
     root.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def gitea_init() -> None:
 
 
 def ollama() -> None:
-    from tests.ollama_server import OllamaScriptServer, Turn, _Handler
+    from tests.support.ollama_server import OllamaScriptServer, Turn, _Handler
 
     model = os.environ.get("OLLAMA_MODEL", "qwen3:32b")
     script = OllamaScriptServer(job_script(), models=[model],
@@ -90,10 +90,10 @@ def ollama() -> None:
 
 
 def ollama_fleet() -> None:
-    """The compose fleet's model: the jobs of tests/fleet_jobs.py, each turn from its own
-    conversation (tests/test_fleet_stack.py)."""
-    from tests.fleet_jobs import model as fleet_model
-    from tests.ollama_server import OllamaScriptServer, _Handler
+    """The compose fleet's model: the jobs of tests/support/fleet_jobs.py, each turn from its own
+    conversation (tests/e2e/test_fleet_stack.py)."""
+    from tests.support.fleet_jobs import model as fleet_model
+    from tests.support.ollama_server import OllamaScriptServer, _Handler
 
     script = OllamaScriptServer([], models=[os.environ.get("OLLAMA_MODEL", "qwen3:32b")], default=fleet_model)
     handler = type("Handler", (_Handler,), {"script_server": script})

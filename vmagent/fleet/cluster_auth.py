@@ -46,7 +46,7 @@ TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 DEFAULT_TOKEN_PATH = Path("~/.ray/auth_token")
 # How Ray 2.60 says the GCS turned a client away for its token: `ray status` ends on
 # ray.exceptions.AuthenticationError ("RPC error: InvalidAuthToken: ..."); Ray's C++ client
-# logs gRPC's status name, "Unauthenticated". tests/test_ray_auth.py fails when Ray rewords.
+# logs gRPC's status name, "Unauthenticated". tests/vmagent/fleet/test_ray_auth.py fails when Ray rewords.
 REFUSED_WORDS = ("AuthenticationError", "InvalidAuthToken", "Unauthenticated")
 # A probe's wait for Ray to answer: `ray status` took 2-4 s on an idle 2-core machine (its
 # import is most of it); a loaded CI machine several times that.

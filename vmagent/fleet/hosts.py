@@ -239,7 +239,7 @@ def free_slots_per_node() -> dict[str, dict]:
     """Each node's free resources, as Ray's scheduler counts them. Ray has no public call for
     this: ray.available_resources() sums the cluster, and ray.util.state asks the dashboard,
     which the fleet keeps off; Ray's own libraries (ray.util.tpu, Serve) import the same
-    DeveloperAPI. tests/test_ray_auth.py fails when Ray moves it."""
+    DeveloperAPI. tests/vmagent/fleet/test_ray_auth.py fails when Ray moves it."""
     from ray._private.state import available_resources_per_node
 
     return available_resources_per_node()

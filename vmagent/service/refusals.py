@@ -8,7 +8,7 @@ validation error sends {"detail": [...]} and echoes each bad value, so `invalid_
 replaces it; an unreadable body (not UTF-8) is its bare 400, given a sentence here.
 The tables below are what each route answers besides its success, so that the document
 at /openapi.json (and SDKs generated from it) lists every status code the service sends;
-tests/test_openapi_schemathesis.py holds the two to each other.
+tests/vmagent/service/test_openapi_schemathesis.py holds the two to each other.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def json_schema(model: type[BaseModel], os_family: str = "linux") -> dict:
 
 # Bounds that guard vmd from a runaway value, not words a model needs: each costs prompt
 # tokens in every request, and llama.cpp turns a maxLength into a grammar rule it walks at
-# every token (tests/test_llamacpp_real.py). vmd validates them all the same (vmd/contract/params.py).
+# every token (tests/vmagent/models/test_llamacpp_real.py). vmd validates them all the same (vmd/contract/params.py).
 _GUARD_KEYS = ("maxLength", "minLength", "maxItems")
 _GUARD_LIMIT = 1_000  # a maximum or minimum this far out is a guard, not a range to use
 

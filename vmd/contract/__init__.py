@@ -1,5 +1,5 @@
 """vmd's contract with its clients, one module per meaning; the only part of vmd that
-vmagent imports (tests/test_layering.py). Pure pydantic and stdlib: no behaviour of vmd.
+vmagent imports (tests/project/test_layering.py). Pure pydantic and stdlib: no behaviour of vmd.
 
 - params.py: each verb's params model, and `VERBS` (name -> model);
 - results.py: each verb's answer model, `RESULTS` (name -> model) and `result_problem`;

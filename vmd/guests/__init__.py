@@ -11,5 +11,5 @@
   and a command's output kept within bounds.
 
 A new OS is a folder here beside linux/ and windows/, and its row in families.py. Nothing
-here imports the machines, the images, the sessions or the server (tests/test_layering.py).
+here imports the machines, the images, the sessions or the server (tests/project/test_layering.py).
 """

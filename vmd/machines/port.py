@@ -2,7 +2,7 @@
 made (`MachineFactory`, from a `MachineSpec`), what its `ready` tells (`Facts`), how it
 fails (`MachineError`, `DesktopMissing`) and why QEMU paused one (`Stall`). The default
 factory drives libvirt (vmd/machines/libvirt_machines.py); tests hand a session another
-(tests/vmd_fakes.py). This module declares; the implementations import it.
+(tests/support/vmd_fakes.py). This module declares; the implementations import it.
 
 A machine is three things: its `guest` (shell and files, and the verbs whose command
 differs by OS: vmd/guests/guest.py `Guest`, one class per OS), its `screen` (screenshots and

@@ -41,8 +41,8 @@ MAX_PIXELS = 3840 * 2400
 OCR_TIMEOUT_S = 30.0
 # How the picture is prepared for tesseract, measured by bench/ocr.py on the debian guest's own
 # desktop drawn on the host (an idle xterm, one with output, a reverse-video xterm, a Tk editor, a
-# Tk dialog, test_ocr_vm's approval window; tests/guest_desktop.py) and on a real guest's
-# screenshot (tests/golden/screens). Read as it was before (twice the size, dark
+# Tk dialog, test_ocr_vm's approval window; tests/support/guest_desktop.py) and on a real guest's
+# screenshot (tests/support/golden/screens). Read as it was before (twice the size, dark
 # neighbourhoods inverted, each pixel divided by the lightest around it) the idle terminal gave
 # no word: the window's dark border, left dark where a light pixel's box reached the desktop,
 # ran into the prompt's first letter 3 px away, and the title bar into its top.

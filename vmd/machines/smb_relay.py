@@ -35,7 +35,7 @@ _PEEK = 4 + 16
 # answer to a guest that speaks in a connection no smbd holds. Linux's cifs reconnects a
 # second later (is_smb_response in fs/smb/client/connect.c) and negotiates with a fresh
 # smbd; without it the guest waited for its echo timeout (~160 s on the Debian guest after
-# a relay restart, tests/test_smb_share_vm.py).
+# a relay restart, tests/vmd/machines/test_smb_share_vm.py).
 SESSION_REFUSED = bytes([0x83, 0, 0, 1, 0x8F])
 
 

@@ -5,7 +5,7 @@ vmd/images/ubuntu: `xterm -fn 9x15`): every character is a 9x15 cell of two colo
 pixel the font's bitmap, on a fixed grid. tesseract (trained on print) misreads that font:
 on the debian desktop it read the prompt `agent@vmagent-guest:~$` as `agent@vmagent-guest:"$`,
 `agent@vmagent-suest:~$` or `agent@vmagent—guest` and `:°$`, and left the idle prompt out as
-unsure (tests/guest_desktop.py, bench/ocr.py). Here the cells are matched against the font's
+unsure (tests/support/guest_desktop.py, bench/ocr.py). Here the cells are matched against the font's
 own bitmaps instead, so the terminal's text comes out exactly as drawn.
 
 Where the grid lies comes from tesseract's words (their boxes are right even when their

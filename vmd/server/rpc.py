@@ -201,7 +201,7 @@ class VmdServer:
     def __init__(self, config: VmdConfig, machines: MachineFactory | None = None,
                  store: ProjectStore | None = None):
         self.config = config
-        # libvirt unless told otherwise (the tests hand in stand-ins, tests/vmd_fakes.py).
+        # libvirt unless told otherwise (the tests hand in stand-ins, tests/support/vmd_fakes.py).
         self.sessions = Sessions(config, machines or LibvirtMachines(config), store)
         # Adoption at start, the reaper, the push retries: vmd owns every session's end.
         self.lifecycle = Lifecycle(self.sessions, config)

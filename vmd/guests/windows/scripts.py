@@ -2,7 +2,7 @@
 templates: `render` fills a `{{NAME}}` only with an integer, base64 or a single-quoted string
 (vmd/guests/windows/powershell.py `quoted`), so nothing from the model or the guest can change a
 script's code. Every template here is parsed with a PowerShell grammar in the tests
-(tests/test_windows_scripts.py), rendered.
+(tests/vmd/guests/windows/test_windows_scripts.py), rendered.
 
 Strings in these scripts are in single quotes unless they expand a variable: Windows
 PowerShell 5.1 (no `&&`, no `??`, no ternary) is what every Windows since 10 has.

@@ -66,7 +66,7 @@ def hidden_check(session: Session, p: HiddenCheck, notify) -> dict:
 
 # The check's files go in and its result comes out through a command, not SFTP: in a room
 # restored from a room template the first SFTP request went unanswered for its whole 60 s
-# (tests/test_eval_vm.py, every run once templates were in use), while commands answered.
+# (tests/e2e/test_eval_vm.py, every run once templates were in use), while commands answered.
 # The cause is not found yet; a command is what the check itself runs through anyway.
 PUT_TIMEOUT_S = 120.0
 

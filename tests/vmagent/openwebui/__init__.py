@@ -1,0 +1,1 @@
+"""The tests of vmagent/openwebui/ (the folders of tests/ mirror the packages)."""

@@ -1,0 +1,1 @@
+"""The tests of vmagent/service/ (the folders of tests/ mirror the packages)."""

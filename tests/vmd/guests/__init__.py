@@ -1,0 +1,1 @@
+"""The tests of vmd/guests/ (the folders of tests/ mirror the packages)."""

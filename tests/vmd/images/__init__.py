@@ -1,0 +1,1 @@
+"""The tests of vmd/images/ (the folders of tests/ mirror the packages)."""
