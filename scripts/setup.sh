@@ -145,7 +145,10 @@ if [ -n "${CI:-}" ] || [ "${1:-}" = "--tests" ]; then
     say "Docker for the compose stack test"
     apt-get install -y -q --no-install-recommends docker.io docker-compose >/dev/null
     if ! docker info >/dev/null 2>&1; then
-        (setsid dockerd >/var/log/dockerd.log 2>&1 &)
+        # Without the caller's other open files: a daemon that inherits a lock's descriptor
+        # (`flock LOCK bash .ci/run`) holds that lock for as long as it runs.
+        (for fd in /proc/$BASHPID/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+         setsid dockerd </dev/null >/var/log/dockerd.log 2>&1 &)
         for _ in $(seq 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
         docker info >/dev/null 2>&1 || { echo "dockerd did not start: see /var/log/dockerd.log" >&2; exit 1; }
     fi
