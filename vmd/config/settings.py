@@ -50,6 +50,7 @@ ENV_FIELDS = {
     "VMD_WARM_PARKED": "warm_parked",
     "VMD_ROOM_TEMPLATES": "room_templates",
     "VMD_ROOM_TEMPLATES_DIR": "room_templates_dir",
+    "VMD_ROOM_PARKED": "room_parked",
     "VMD_GUEST_MEMORY_MIB": "guest_memory_mib",
     "VMD_GUEST_VCPUS": "guest_vcpus",
     "VMD_SLOT_READY_S": "slot_ready_s",
@@ -222,6 +223,14 @@ class VmdConfig(BaseModel):
     # <state_dir>/room-templates unless set (a test suite shares one folder among its vmds).
     room_templates: int = Field(default=2, ge=0, le=8)
     room_templates_dir: Path | None = None
+    # Parked clean rooms (vmd/machines/parked_rooms.py): rooms restored from a template ahead,
+    # woken and paused, so that a check's room is a resume and the commit moved into place
+    # (a finish's two rooms in ~1 s instead of a restore and a wake each, ~3.5 s and more
+    # under TCG). Two: a finish's candidate and baseline. Each holds a guest's memory and one
+    # of the templates while it waits (at most `room_templates`); parked once a session's
+    # machine came and a template exists, refilled in the background after each check.
+    # 0: every room is restored from a template (or boots cold).
+    room_parked: int = Field(default=2, ge=0, le=8)
 
     # A guest's memory and vCPUs (vmd/machines/domain_life.py). 2 GiB runs the Debian desktop, a
     # browser and a test suite without swapping; the warm pool sizes itself by the memory
