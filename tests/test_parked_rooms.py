@@ -28,15 +28,24 @@ SESSION = "s-20260101-000000-abcdef"
 
 
 class NeverMakes(RoomTemplates):
-    """Room templates whose making is recorded (a parking must never make one)."""
+    """Room templates whose making is recorded (a parking must never make one) and whose
+    restore is a new running guest of the test driver in the room's folder (it cannot
+    restore a saved one), recorded."""
 
     def __init__(self, config):
         super().__init__(config, local_host(config.libvirt_uri))
         self.making: list[int] = []
+        self.restores: list[Path] = []
 
     def _make(self, folder, number, image):
         self.making.append(number)
         return False
+
+    def _restore(self, template, image, *, workdir, project_dir, session_id, own_disk=False):
+        self.restores.append(workdir)
+        return Machine.create(image, name=f"vmagent-r-{uuid.uuid4().hex[:12]}", workdir=workdir,
+                              project_dir=project_dir, uri=TEST_URI, config=self.config,
+                              owner=VmdOwner(state_dir=str(self.config.state_dir), session=session_id))
 
 
 def rooms_of(tmp_path: Path, templates: int = 1, parked: int = 1) -> ParkedRooms:
@@ -69,7 +78,7 @@ def park_by_hand(rooms: ParkedRooms, image) -> ParkedSlot:
                                                  facts=facts()).model_dump_json())
     parked = ParkedSlot(machine=machine, folder=folder, image_dir=image.dir.name, facts=facts(),
                         parked_at=time.time())
-    rooms._rooms.append((parked, fd))
+    rooms._rooms.append((parked, template, fd))
     return parked
 
 
@@ -89,10 +98,10 @@ def test_a_parked_room_goes_to_one_check_with_its_tree_and_holds_its_template_un
     project = checkout(tmp_path)
     workdir = room_folder(tmp_path)
 
-    machine, release = rooms.take(fake_image, workdir=workdir, project_dir=project, session_id=SESSION)
+    machine, release, came = rooms.take(fake_image, workdir=workdir, project_dir=project, session_id=SESSION)
 
     try:
-        assert machine is parked.machine and machine.state() == "running"
+        assert came == "parked" and machine is parked.machine and machine.state() == "running"
         assert machine.workdir == workdir and (workdir / "overlay.qcow2").is_file() and not parked.folder.exists()
         assert sorted(os.listdir(project)) == [".gitignore", "README.md", "src"]
         assert vmd_owner(machine.domain.XMLDesc(0)).session == SESSION, "the sweep would not find its session"
@@ -111,21 +120,31 @@ def test_a_parked_room_goes_to_one_check_with_its_tree_and_holds_its_template_un
     rooms.stop()
 
 
-def test_a_parked_room_destroyed_behind_vmds_back_is_discarded_and_frees_its_template(fake_image, tmp_path):  # noqa: F811
+def test_a_parked_room_destroyed_behind_vmds_back_is_discarded_and_the_room_restored_from_its_template(
+        fake_image, tmp_path):  # noqa: F811
     rooms = rooms_of(tmp_path)
     made_template(rooms, fake_image)
     parked = park_by_hand(rooms, fake_image)
     parked.machine.domain.destroy()
     project = checkout(tmp_path)
-    before = sorted(os.listdir(project))
+    workdir = room_folder(tmp_path)
 
-    got = rooms.take(fake_image, workdir=room_folder(tmp_path), project_dir=project, session_id=SESSION)
+    machine, release, came = rooms.take(fake_image, workdir=workdir, project_dir=project, session_id=SESSION)
 
-    assert got is None, "the room falls back to a template's restore"
-    assert not parked.folder.exists() and rooms.parked(fake_image) == 0 and rooms.taken == 0
-    assert sorted(os.listdir(project)) == before, "the room's tree is where the fall-back expects it"
+    try:
+        # The failed one is gone for good; the room is the template's restore, into the room's
+        # own folder with the room's tree, from the template the parked one held (no other
+        # parking could take it between).
+        assert came == "template" and machine is not parked.machine and rooms.taken == 0
+        assert not parked.folder.exists() and rooms.parked(fake_image) == 0
+        assert rooms.templates.restores == [workdir] and machine.project_dir == project
+        assert sorted(os.listdir(project)) == [".gitignore", "README.md", "src"]
+        assert rooms.templates.claim_made(fake_image) is None, "the room holds its template"
+    finally:
+        machine.destroy()
+        release()
     freed = rooms.templates.claim_made(fake_image)
-    assert freed is not None, "the template is the fall-back's to restore"
+    assert freed is not None
     os.close(freed[1])
     rooms.stop()
 
@@ -161,7 +180,7 @@ def test_what_a_dead_vmd_parked_is_destroyed_but_not_another_vmds_guest_of_the_s
     rooms = rooms_of(tmp_path)
     made_template(rooms, fake_image)
     left = park_by_hand(rooms, fake_image)
-    os.close(rooms._rooms.pop()[1])  # the vmd died: its lock went, its parked guest and folder stay
+    os.close(rooms._rooms.pop()[2])  # the vmd died: its lock went, its parked guest and folder stay
     # Another guest named as a template is (another vmd's room from the same templates folder)
     # whose parked.json a stale folder names: its disk is not in that folder, so it stays.
     other = Machine.create(fake_image, name=f"vmagent-r-{uuid.uuid4().hex[:8]}", workdir=tmp_path / "elsewhere",

@@ -211,13 +211,15 @@ class LibvirtMachines:
     def _room(self, spec: MachineSpec, image, host: Host) -> SessionMachine | None:
         """A clean room's machine: a parked one (vmd/machines/parked_rooms.py), else restored
         from the host's room templates, or None (it boots cold)."""
-        came = "parked"
+        got = None
         try:
-            got = self.parked_rooms[host.name].take(image, workdir=spec.workdir, project_dir=spec.project_dir,
-                                                    session_id=spec.session_id)
+            parked = self.parked_rooms[host.name].take(image, workdir=spec.workdir, project_dir=spec.project_dir,
+                                                       session_id=spec.session_id)
+            if parked is not None:
+                machine, release, came = parked
+                got = machine, release
         except Exception as exc:  # the folders, libvirt: the room is restored from a template instead
             log.warning("a clean room of session %s could not come parked: %s", spec.session_id, exc)
-            got = None
         if got is None:
             came = "template"
             try:

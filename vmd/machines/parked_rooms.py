@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from vmd.config import VmdConfig
 from vmd.machines.domain_life import connect
@@ -74,7 +75,7 @@ class ParkedRooms:
         # Beside the sessions' folders (the hand-out renames a parked folder to a room's
         # machine folder, and moves the room's project into its share: one filesystem).
         self.dir = config.state_dir / ("rooms-parked" if host.name == LOCAL else f"rooms-parked-{host.name}")
-        self._rooms: list[tuple[ParkedSlot, int]] = []  # each with its template's held lock
+        self._rooms: list[tuple[ParkedSlot, Path, int]] = []  # each with its template and its held lock
         self._images: dict[str, Image] = {}  # image dir name -> image: whose rooms to keep parked
         self._changed = threading.Condition()
         self._kick = threading.Event()
@@ -89,34 +90,36 @@ class ParkedRooms:
 
     def parked(self, image: Image) -> int:
         with self._changed:
-            return sum(1 for p, _ in self._rooms if p.image_dir == image.dir.name)
+            return sum(1 for p, _, _ in self._rooms if p.image_dir == image.dir.name)
 
     # --- the hand-out ----------------------------------------------------------------------
 
     def take(self, image: Image, *, workdir: Path, project_dir: Path | None,
-             session_id: str) -> "tuple[Machine, object] | None":
+             session_id: str) -> "tuple[Machine, Callable[[], None], str] | None":
         """A parked room of `image` as a check's machine in `workdir` with `project_dir` as its
-        project, and what frees its template once it is destroyed; or None (none parked, or
-        the one taken failed: it was destroyed). The refill is asked for the next either way."""
+        project, what frees its template once it is destroyed, and how it came ("parked"); or
+        None when none is parked. A parked room that fails its hand-out is destroyed (never
+        reused) and its template, still held, restored for this room instead ("template"),
+        so that no other parking takes it meanwhile; None when that fails too."""
         self.want(image)
-        while True:
-            claimed = self._claim(image)
-            if claimed is None:
-                return None
-            parked, fd = claimed
-            try:
-                machine = hand_out_parked(parked, workdir=workdir, project_dir=project_dir, session_id=session_id)
-            except ParkFailed as exc:
-                os.close(fd)  # its template stays: the room failed, not the saved guest
-                log.warning("a parked clean room could not be handed out (%s); it was destroyed", exc)
-                self._kick.set()
-                return None
-            renice_qemu(machine.name, 0)  # parked at the refill's priority; the check's now
-            self.taken += 1
-            self._kick.set()
-            return machine, lambda: os.close(fd)
+        claimed = self._claim(image)
+        if claimed is None:
+            return None
+        parked, template, fd = claimed
+        self._kick.set()  # the refill parks the next once a template is free
+        try:
+            machine = hand_out_parked(parked, workdir=workdir, project_dir=project_dir, session_id=session_id)
+        except ParkFailed as exc:
+            log.warning("a parked clean room could not be handed out (%s); it was destroyed, and the room "
+                        "is restored from its template", exc)
+            machine = self.templates.restore_locked(template, fd, image, workdir=workdir, project_dir=project_dir,
+                                                    session_id=session_id)
+            return None if machine is None else (machine, lambda: os.close(fd), "template")
+        renice_qemu(machine.name, 0)  # parked at the refill's priority; the check's now
+        self.taken += 1
+        return machine, lambda: os.close(fd), "parked"
 
-    def _claim(self, image: Image) -> tuple[ParkedSlot, int] | None:
+    def _claim(self, image: Image) -> tuple[ParkedSlot, Path, int] | None:
         with self._changed:
             for got in self._rooms:
                 if got[0].image_dir == image.dir.name:
@@ -201,7 +204,7 @@ class ParkedRooms:
             self._parking = None
         with self._changed:
             if not self._stop.is_set():
-                self._rooms.append((parked, fd))
+                self._rooms.append((parked, template, fd))
                 self._changed.notify_all()
                 return parked
         discard(parked.machine, parked.folder)
@@ -223,7 +226,7 @@ class ParkedRooms:
             self._thread.join(60)
         with self._changed:
             rooms, self._rooms = self._rooms, []
-        for parked, fd in rooms:
+        for parked, _, fd in rooms:
             discard(parked.machine, parked.folder)
             os.close(fd)
 
@@ -233,7 +236,7 @@ class ParkedRooms:
         if not self.dir.is_dir():
             return
         with self._changed:
-            ours = {parked.folder for parked, _ in self._rooms}
+            ours = {parked.folder for parked, _, _ in self._rooms}
         for folder in self.dir.iterdir():
             if folder in ours:
                 continue

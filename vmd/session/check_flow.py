@@ -72,9 +72,6 @@ def verify(session: Session, v: Verification, notify) -> Checked:
         room.lay_out(repo, candidate)
         base_room.lay_out(repo, session.s.base_commit if repo.exists() else None,
                           {p: data for p, data in overlay.items() if data is not None})
-        # The candidate's room is asked for first: with one room parked (VMD_ROOM_PARKED=1) it
-        # is the candidate's, whose check the finish always waits for.
-        room.boot_beside()
         base_room.boot_beside()
         with streamed(notify) as sink:
             got = room.run(v.setup, v.command, v.expect_exit, timeout, sink, tail)
