@@ -18,7 +18,10 @@ room takes a parked one. Each parked room goes to **one** check and is destroyed
 never parked again; the refill then restores a new one from the template, in the background
 at low priority (`nice`, and only while the host has room). A parked room that fails its
 hand-out (its guest gone, not paused, its share written) is destroyed, never reused, and the
-room is restored from a template, else booted cold, as without parking (libvirt_machines.py).
+room is restored from the template it held (no parking can take that template between);
+else from another template, else booted cold, as without parking (libvirt_machines.py).
+With one room parked (`room_parked` 1) a finish's baseline, whose room is asked for first
+(check_flow.py: it comes up beside the candidate's check), usually takes it.
 
 What a room from a template guarantees, a parked one keeps: a fresh guest of the template
 that no model, no person and no other room ever touched (paused since its wake, which ran only
