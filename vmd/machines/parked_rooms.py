@@ -84,7 +84,7 @@ class ParkedRooms:
         self._kick = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._parking: str | None = None  # the domain being parked now
+        self._parking: tuple[str, Path] | None = None  # the domain being parked now, its folder
         self._off_until = 0.0  # no parking before (monotonic): the last one failed
         self.taken = 0  # rooms handed out parked (tests, the benchmark)
 
@@ -196,7 +196,7 @@ class ParkedRooms:
         if machine is None:  # the template was removed (logged): the next finish makes it anew
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        self._parking = machine.name
+        self._parking = machine.name, folder
         renice_qemu(machine.name, 10)  # its wake yields to the sessions' guests
         try:
             parked = park(machine, folder, image, self.config.slot_ready_s * timeout_scale(machine.accel))
@@ -222,7 +222,7 @@ class ParkedRooms:
         self._kick.set()
         if self._parking is not None:  # its wake or pause fails, and `park` discards it
             try:
-                Machine.discard(self._parking, self.dir / "none", self.host)
+                Machine.discard(*self._parking, self.host)
             except Exception:
                 pass
         if self._thread is not None:

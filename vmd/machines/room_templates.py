@@ -243,6 +243,10 @@ class RoomTemplates:
         if own_disk and owner is not None:
             xml = unlabelled(xml)
             os.chown(workdir / "overlay.qcow2", *owner)
+            # Nor is the disk's backing chain relabelled then (libvirt's DAC driver takes the
+            # disk's relabel="no" for its backing files): the template's disk, which QEMU only
+            # reads, is QEMU's user's as a room's restore leaves it; the image's disk is already.
+            os.chown(template / "overlay.qcow2", *owner)
         write_private(workdir / "domain.xml", xml)
         try:
             conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
