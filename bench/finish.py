@@ -88,8 +88,8 @@ def one_finish(socket: Path, project: str, where: str | None, before=None) -> tu
         took = time.monotonic() - started
         outcome = finished.model_dump()["outcome"]
         # Each sample as it comes (stderr): a run cut short still says what it measured.
-        print(f"{project}: {took:.1f} s, rooms {[(r['role'], r['came'], r['seconds']) for r in outcome.get('rooms', [])]}",
-              file=sys.stderr, flush=True)
+        rooms = [(r["role"], r["came"], r["seconds"]) for r in outcome.get("rooms", [])]
+        print(f"{project}: {took:.1f} s, rooms {rooms}", file=sys.stderr, flush=True)
         assert outcome["passed"], finished
         c.call("session_close")
         return took, outcome

@@ -176,7 +176,8 @@ def test_a_stopped_vmd_destroys_its_parked_rooms_and_frees_their_templates(fake_
     os.close(freed[1])
 
 
-def test_what_a_dead_vmd_parked_is_destroyed_but_not_another_vmds_guest_of_the_same_name(fake_image, tmp_path):  # noqa: F811
+def test_what_a_dead_vmd_parked_is_destroyed_but_not_another_vmds_guest_of_the_same_name(
+        fake_image, tmp_path):  # noqa: F811
     rooms = rooms_of(tmp_path)
     made_template(rooms, fake_image)
     left = park_by_hand(rooms, fake_image)

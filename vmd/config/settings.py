@@ -230,7 +230,15 @@ class VmdConfig(BaseModel):
     # of the templates while it waits (at most `room_templates`); parked once a session's
     # machine came and a template exists, refilled in the background after each check.
     # 0: every room is restored from a template (or boots cold).
-    room_parked: int = Field(default=2, ge=0, le=8)
+    room_parked: int = Field(default=2, ge=0, le=8, description=(
+        "how many clean rooms of an image wait restored from a room template, woken and paused (as parked "
+        "warm slots do), so that a check's room is a resume and the commit moved into place instead of a "
+        "restore and a wake; parked once a session's machine has come and a template exists (the first "
+        "finish makes the templates), refilled in the background at low priority after each check; a room "
+        "is used for one check and destroyed, never parked again; one that fails at its hand-out is "
+        "destroyed and the room is restored from a template (else booted cold) as without it. Each holds a "
+        "guest's memory (`VMD_GUEST_MEMORY_MIB`) and one template while it waits; at most "
+        "`VMD_ROOM_TEMPLATES`; Linux guests on 9p only; `0`: every room is restored or booted"))
 
     # A guest's memory and vCPUs (vmd/machines/domain_life.py). 2 GiB runs the Debian desktop, a
     # browser and a test suite without swapping; the warm pool sizes itself by the memory
