@@ -12,10 +12,14 @@ Three kinds, alternated within each round so that the machine's noise hits them 
 - **template**: the candidate and its baseline on two clean rooms restored from the
   room templates (vmd/machines/room_templates.py), made before the timing starts, the
   baseline's room booting while the candidate's check runs;
+- **parked**: the same two clean rooms, each a room parked ahead from the room templates
+  (vmd/machines/parked_rooms.py: restored, woken and paused before the finish; taken by a
+  resume and the commit moved in), on a vmd of its own with its own templates; the timing
+  starts once both rooms are parked, and the next sample waits for the refill;
 - **cold**: the same two clean rooms, each booted cold (`VMD_ROOM_TEMPLATES=0`).
 
-Prints each kind's median and its ratio to the session's, and what making the template
-cost the first room.
+Prints each kind's median and its ratio to the session's, each room's own cost, and what
+making the templates cost the first finish.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,18 +45,32 @@ FILES = {"calc.py": "def add(a, b):\n    return a + b\n",
 CHECK = "python3 -m unittest -q test_calc"
 
 
-def server(root: Path, name: str, templates: int) -> tuple[VmdServer, Path]:
+def server(root: Path, name: str, templates: int, parked: int = 0) -> tuple[VmdServer, Path]:
     folder = root / name
     folder.mkdir(mode=0o711)
     socket = Path(tempfile.mkdtemp(prefix="vmd-bench-", dir="/tmp")) / "vmd.sock"
     config = VmdConfig.load(env={}, socket=socket, state_dir=folder / "state",
                             images_dir=find_image("debian").dir.parent, warm_pool_size=0,
-                            room_templates=templates, room_templates_dir=root / "templates",
+                            room_templates=templates, room_parked=parked,
+                            # the parked vmd's templates are its own: its parked rooms hold them
+                            room_templates_dir=root / ("templates-parked" if parked else "templates"),
                             boot_timeout_s=900, verify_timeout_s=300)
     return VmdServer(config, LibvirtMachines(config)).start(), socket
 
 
-def one_finish(socket: Path, project: str, where: str | None) -> tuple[float, dict]:
+def wait_parked(vmd: VmdServer, count: int = 2, within: float = 900) -> None:
+    """Until `count` rooms of the default image are parked (the refill's work, untimed)."""
+    machines = vmd.sessions.machines
+    rooms = machines.parked_rooms[machines.host().name]
+    image = find_image("debian", machines.config.images_dir)
+    deadline = time.monotonic() + within
+    while rooms.parked(image) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {rooms.parked(image)} room(s) parked in {within:.0f} s")
+        time.sleep(1)
+
+
+def one_finish(socket: Path, project: str, where: str | None, before=None) -> tuple[float, dict]:
     c = Vmd(str(socket), timeout=1800).connect()
     try:
         c.call("session_open", os="debian", project=project, task="add two numbers")
@@ -61,11 +80,16 @@ def one_finish(socket: Path, project: str, where: str | None) -> tuple[float, di
             c.call("write_file", path=f"{P}/{path}", content=text)
         c.call("update_task", id=1, status="done")
         c.call("run", command=f"cd {P} && {CHECK}", timeout=300)
+        if before is not None:
+            before()
         verification = {"command": CHECK, **({"in": where} if where else {})}
         started = time.monotonic()
         finished = c.call("finish", summary="adds", verification=verification)
         took = time.monotonic() - started
         outcome = finished.model_dump()["outcome"]
+        # Each sample as it comes (stderr): a run cut short still says what it measured.
+        rooms = [(r["role"], r["came"], r["seconds"]) for r in outcome.get("rooms", [])]
+        print(f"{project}: {took:.1f} s, rooms {rooms}", file=sys.stderr, flush=True)
         assert outcome["passed"], finished
         c.call("session_close")
         return took, outcome
@@ -81,21 +105,27 @@ def main() -> None:
         root = Path(tmp)
         os.chmod(root, 0o711)  # QEMU's user passes through to the overlays and projects
         templated, templated_socket = server(root, "templated", 2)
+        parked, parked_socket = server(root, "parked", 2, parked=2)
         cold, cold_socket = server(root, "cold", 0)
         try:
             making, _ = one_finish(templated_socket, "first", None)
-            samples: dict[str, list[float]] = {"session": [], "template": [], "cold": []}
-            room_seconds: dict[str, list[float]] = {}  # each template room's own cost, by role
+            one_finish(parked_socket, "first", None)  # its own templates (its rooms hold them while parked)
+            samples: dict[str, list[float]] = {"session": [], "template": [], "parked": [], "cold": []}
+            room_seconds: dict[str, list[float]] = {}  # each template or parked room's own cost, by kind and role
             for n in range(args.runs):
                 samples["session"].append(one_finish(templated_socket, f"s{n}", "session")[0])
-                took, outcome = one_finish(templated_socket, f"t{n}", None)
-                assert [r["came"] for r in outcome.get("rooms", [])] in ([], ["template", "template"]), outcome
-                samples["template"].append(took)
-                for room in outcome.get("rooms", []):
-                    room_seconds.setdefault(room["role"], []).append(room["seconds"])
+                for kind, socket in (("template", templated_socket), ("parked", parked_socket)):
+                    took, outcome = one_finish(socket, f"{kind[0]}{n}", None,
+                                               before=(lambda: wait_parked(parked)) if kind == "parked" else None)
+                    assert [r["came"] for r in outcome.get("rooms", [])] in ([], [kind, kind]), outcome
+                    samples[kind].append(took)
+                    for room in outcome.get("rooms", []):
+                        room_seconds.setdefault(f"{kind} finish, the {room['role']}", []).append(room["seconds"])
+                wait_parked(parked)  # the refill's restores and wakes are done before the next timing
                 samples["cold"].append(one_finish(cold_socket, f"c{n}", None)[0])
         finally:
             templated.stop()
+            parked.stop()
             cold.stop()
     base = statistics.median(samples["session"])
     print(f"a verified finish (candidate + baseline), {args.runs} run(s) each, median s:")
@@ -104,7 +134,7 @@ def main() -> None:
         print(f"  {kind:9s} {median:6.1f} s   x{median / base:5.2f} of the session's   "
               f"({', '.join(f'{v:.1f}' for v in values)})")
     for role, values in room_seconds.items():
-        print(f"  of a template finish, the {role} room's own cost (laid out, restored, run, gone): "
+        print(f"  of a {role} room's own cost (laid out, restored or resumed, run, gone): "
               f"{statistics.median(values):.1f} s")
     print(f"  the first finish, which made the templates: {making:.1f} s")
 

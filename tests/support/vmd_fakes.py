@@ -318,6 +318,7 @@ def make_config(tmp_path: Path, **overrides):
     values = {"socket": short_socket_dir() / "vmd.sock", "state_dir": tmp_path / "state",
               "images_dir": tmp_path / "images", "boot_timeout_s": 30, "verify_timeout_s": 60,
               "warm_pool_size": 0,  # tests/conftest.py: no warm pool unless a test asks for one
+              "room_parked": 0,  # nor parked clean rooms (each a guest's wake under TCG, beside the test's)
               "room_templates_dir": ROOM_TEMPLATES}
     values.update(overrides)
     return VmdConfig.load(env={}, **values)

@@ -50,6 +50,7 @@ ENV_FIELDS = {
     "VMD_WARM_PARKED": "warm_parked",
     "VMD_ROOM_TEMPLATES": "room_templates",
     "VMD_ROOM_TEMPLATES_DIR": "room_templates_dir",
+    "VMD_ROOM_PARKED": "room_parked",
     "VMD_GUEST_MEMORY_MIB": "guest_memory_mib",
     "VMD_GUEST_VCPUS": "guest_vcpus",
     "VMD_SLOT_READY_S": "slot_ready_s",
@@ -267,13 +268,7 @@ class VmdConfig(BaseModel):
         "job API say how the machine came (warm or cold, seconds). `auto` sizes it for the host: one slot"
         " per two cores, within a quarter of the memory, at most 4 (1 on a 2-core host); `0` turns it off"
         " and removes an earlier pool's slots"))
-    # How many of those slots wait restored, woken and paused (vmd/machines/parked_slot.py):
-    # the share mounted, the clock set, SSH and the command runner connected, so that a
-    # hand-out is a resume and the project moved into place: 0.3-0.6 s from the request to
-    # the first command answered on the 2-core TCG build machine, against 3.6-3.9 s for a
-    # restore, a handshake and a runner's start (bench/machine.py). Each holds a guest's memory
-    # (guest_memory_mib) while it waits, where a saved slot holds only disk; at most the
-    # pool's size. 0: every warm hand-out restores a saved slot.
+    # vmd/machines/parked_slot.py; a parked slot holds memory where a saved one holds only disk.
     warm_parked: int = Field(default=1, ge=0, le=16, description=(
         "how many of the warm pool's slots wait restored, woken and paused: the share mounted, the clock "
         "set, an SSH connection and a command runner open, so that a hand-out is a resume and the project"
@@ -282,11 +277,8 @@ class VmdConfig(BaseModel):
         "`bench/machine.py`). Each holds a guest's memory (`VMD_GUEST_MEMORY_MIB`) while it waits and "
         "lives only as long as the vmd that parked it; at most `VMD_WARM_POOL_SIZE`; Linux guests on 9p "
         "only (Windows and SMB guests are restored); `0`: every warm hand-out restores a saved slot"))
-    # Clean rooms (vmd/machines/room_templates.py): how many rooms of one image may run at
-    # once restored from a saved template (one template each, made on first use: a boot,
-    # and its memory image on disk) instead of booting cold; 0: every room boots cold.
-    # Two: two sessions of a host finishing at once both get one. Where the templates are:
-    # <state_dir>/room-templates unless set (a test suite shares one folder among its vmds).
+    # Clean rooms (vmd/machines/room_templates.py). Two: two sessions of a host finishing at
+    # once both get one; a test suite shares one templates folder among its vmds.
     room_templates: int = Field(default=2, ge=0, le=8, description=(
         "how many clean rooms of one image (the finish's check, its baseline, the eval's hidden check: "
         "each on a fresh machine) may run at once restored from a saved template (~3.5 s under TCG) "
@@ -295,6 +287,16 @@ class VmdConfig(BaseModel):
     room_templates_dir: Path | None = Field(None, description=(
         "where the templates are kept, keyed by the image's build and the guest's settings (old keys are "
         "removed)"), json_schema_extra={"shown_default": "`<state dir>/room-templates`"})
+    # Two: a finish's candidate and its baseline (vmd/machines/parked_rooms.py).
+    room_parked: int = Field(default=2, ge=0, le=8, description=(
+        "how many clean rooms of an image wait restored from a room template, woken and paused (as parked "
+        "warm slots do), so that a check's room is a resume and the commit moved into place instead of a "
+        "restore and a wake; parked once a session's machine has come and a template exists (the first "
+        "finish makes the templates), refilled in the background at low priority after each check; a room "
+        "is used for one check and destroyed, never parked again; one that fails at its hand-out is "
+        "destroyed and the room is restored from a template (else booted cold) as without it. Each holds a "
+        "guest's memory (`VMD_GUEST_MEMORY_MIB`) and one template while it waits; at most "
+        "`VMD_ROOM_TEMPLATES`; Linux guests on 9p only; `0`: every room is restored or booted"))
 
     # A guest's memory and vCPUs (vmd/machines/domain_life.py). 2 GiB runs the Debian desktop, a
     # browser and a test suite without swapping; the warm pool sizes itself by the memory
@@ -305,11 +307,8 @@ class VmdConfig(BaseModel):
         "each guest's memory; the warm pool's `auto` size counts it"))
     guest_vcpus: int = Field(default=2, ge=1, le=64, description=(
         "each guest's vCPUs (under TCG each is a host thread)"))
-    # A warm slot's boot to a ready desktop, in KVM seconds (x4 under TCG), and its whole
-    # making with the identity and the save: the longest a session waits for a slot being
-    # made (vmd/machines/warm_pool.py). A cold boot to a ready desktop took 30-45 s under TCG
-    # here, so 75 (300 under TCG) leaves room for a loaded host; the making adds the identity
-    # reset and the save of the guest's memory.
+    # The longest a session waits for a slot being made (vmd/machines/warm_pool.py): a cold
+    # boot to a ready desktop took 30-45 s under TCG here; 75 (300 under TCG) leaves room.
     slot_ready_s: float = Field(default=75, gt=0, description=(
         "how long a warm slot's boot to a ready desktop may take, in KVM seconds (x4 under TCG)"))
     slot_make_s: float = Field(default=90, gt=0, description=(

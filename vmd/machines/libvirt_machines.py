@@ -24,6 +24,7 @@ from vmd.machines.host import Host, local_host
 from vmd.machines.images import ImageMissing, find_image
 from vmd.machines.machine import Machine, accel, timeout_scale
 from vmd.machines.port import DesktopMissing, MachineError, MachineSpec, SessionMachine
+from vmd.machines.parked_rooms import ParkedRooms
 from vmd.machines.room_templates import RoomTemplates
 from vmd.machines.screen import Screen
 from vmd.machines.warm_pool import WarmPool
@@ -90,6 +91,7 @@ class LibvirtMachines:
         self.hosts = {h.name: h for h in (hosts or [local_host(config.libvirt_uri)])}
         self.pools: dict[str, WarmPool] = {}  # per host name, once started (start_pool)
         self.templates = {h.name: RoomTemplates(config, h) for h in self.hosts.values()}
+        self.parked_rooms = {h.name: ParkedRooms(config, h, self.templates[h.name]) for h in self.hosts.values()}
         self.guard = EgressGuard.from_config(config)
 
     def host(self, name: str | None = None) -> Host:
@@ -148,6 +150,8 @@ class LibvirtMachines:
     def stop_pool(self) -> None:
         for pool in self.pools.values():
             pool.stop()
+        for rooms in self.parked_rooms.values():
+            rooms.stop()
 
     def timeout_scale(self) -> float:
         # The config's settings (accel, images_dir), never the environment's: `vmd serve
@@ -181,6 +185,8 @@ class LibvirtMachines:
             room = self._room(spec, image, host)
             if room is not None:
                 return room
+        # A session of this image runs here: its finish's rooms wait parked (once a template is made).
+        self.parked_rooms[host.name].want(image)
         pool = self.pools.get(host.name)
         if pool is not None:
             machine, note = pool.machine_for(image, workdir=spec.workdir, project_dir=spec.project_dir,
@@ -203,17 +209,29 @@ class LibvirtMachines:
         return self._adapter(machine, image, came_note=note)
 
     def _room(self, spec: MachineSpec, image, host: Host) -> SessionMachine | None:
-        """A clean room's machine from the host's room templates, or None (it boots cold)."""
+        """A clean room's machine: a parked one (vmd/machines/parked_rooms.py), else restored
+        from the host's room templates, or None (it boots cold)."""
+        got = None
         try:
-            got = self.templates[host.name].room(image, workdir=spec.workdir, project_dir=spec.project_dir,
-                                                 session_id=spec.session_id)
-        except Exception as exc:  # the templates' folder, libvirt: the room boots cold instead
-            log.warning("a clean room of session %s could not come from a template: %s", spec.session_id, exc)
-            return None
+            parked = self.parked_rooms[host.name].take(image, workdir=spec.workdir, project_dir=spec.project_dir,
+                                                       session_id=spec.session_id)
+            if parked is not None:
+                machine, release, came = parked
+                got = machine, release
+        except Exception as exc:  # the folders, libvirt: the room is restored from a template instead
+            log.warning("a clean room of session %s could not come parked: %s", spec.session_id, exc)
+        if got is None:
+            came = "template"
+            try:
+                got = self.templates[host.name].room(image, workdir=spec.workdir, project_dir=spec.project_dir,
+                                                     session_id=spec.session_id)
+            except Exception as exc:  # the templates' folder, libvirt: the room boots cold instead
+                log.warning("a clean room of session %s could not come from a template: %s", spec.session_id, exc)
+                return None
         if got is None:
             return None
         machine, release = got
-        adapter = self._adapter(machine, image, came="template")
+        adapter = self._adapter(machine, image, came=came)
         if spec.egress and self.egress_problem() is None:  # saved without egress, as a slot is
             try:
                 adapter.set_egress(True)

@@ -50,6 +50,7 @@ from vmd.machines.domain_xml import smb_socket_of
 from vmd.machines.host import LOCAL, Host
 from vmd.machines.images import Image
 from vmd.machines.machine import Machine, accel, timeout_scale
+from vmd.machines.parked_slot import unlabelled
 from vmd.machines.port import MachineError
 from vmd.machines.warm_pool import WarmPool
 from vmd.machines.warm_slot import SlotInfo, boot_factor, give_to_qemu, restore_xml, unpoolable
@@ -114,16 +115,44 @@ class RoomTemplates:
         if lock is None:
             return None
         number, fd = lock
+        machine = self.restore_locked(folder / str(number), fd, image, workdir=workdir, project_dir=project_dir,
+                                session_id=session_id)
+        return None if machine is None else (machine, lambda: os.close(fd))
+
+    def restore_locked(self, template: Path, fd: int, image: Image, *, workdir: Path, project_dir: Path | None,
+                 session_id: str | None, own_disk: bool = False) -> Machine | None:
+        """`template` (whose lock `fd` is held) restored into `workdir`, or None: then it is
+        removed (the next room makes it anew) and its lock let go. `own_disk`: the room's
+        disk is given to QEMU's user by vmd, not relabelled by libvirt (a parked room, whose
+        folder is renamed at its hand-out: parked_slot.py `unlabelled`)."""
         try:
-            machine = self._restore(folder / str(number), image, workdir=workdir, project_dir=project_dir,
-                                    session_id=session_id)
+            return self._restore(template, image, workdir=workdir, project_dir=project_dir, session_id=session_id,
+                                 own_disk=own_disk)
         except Exception as exc:
-            log.warning("room template %s/%d could not be restored (%s); it is removed and made anew "
-                        "for the next room", folder.name, number, exc)
-            shutil.rmtree(folder / str(number), ignore_errors=True)
+            log.warning("room template %s/%s could not be restored (%s); it is removed and made anew "
+                        "for the next room", template.parent.name, template.name, exc)
+            shutil.rmtree(template, ignore_errors=True)
             os.close(fd)
             return None
-        return machine, lambda: os.close(fd)
+
+    def claim_made(self, image: Image) -> tuple[Path, int] | None:
+        """A template of `image` already made that no room uses, locked: (its folder, its
+        lock), or None. For a parked room (vmd/machines/parked_rooms.py), which neither makes
+        a template (the first finish does) nor waits for one."""
+        if not self.usable(image):
+            return None
+        folder = self.dir / self.key(image)
+        for number in range(self.most):
+            template = folder / str(number)
+            if not (template / "slot.json").is_file():
+                continue
+            fd = _try_lock(folder / f"{number}.lock")
+            if fd is None:
+                continue
+            if (template / "slot.json").is_file():  # not removed while this locked it
+                return template, fd
+            os.close(fd)
+        return None
 
     # --- which template --------------------------------------------------------------------
 
@@ -186,7 +215,7 @@ class RoomTemplates:
     # --- the restore -----------------------------------------------------------------------
 
     def _restore(self, template: Path, image: Image, *, workdir: Path, project_dir: Path | None,
-                 session_id: str) -> Machine:
+                 session_id: str | None, own_disk: bool = False) -> Machine:
         info = SlotInfo.model_validate_json((template / "slot.json").read_text())
         saved = template / "saved.img"
         conn = connect(self.host.libvirt_uri)
@@ -210,6 +239,14 @@ class RoomTemplates:
         # A port of its own: the template's was free when it was made, not necessarily now.
         port = free_port()
         xml = with_ssh_port(restore_xml(xml, info, workdir, share, session_id), info.ssh_port, port)
+        owner = share_owner(self.config.share_user)
+        if own_disk and owner is not None:
+            xml = unlabelled(xml)
+            os.chown(workdir / "overlay.qcow2", *owner)
+            # Nor is the disk's backing chain relabelled then (libvirt's DAC driver takes the
+            # disk's relabel="no" for its backing files): the template's disk, which QEMU only
+            # reads, is QEMU's user's as a room's restore leaves it; the image's disk is already.
+            os.chown(template / "overlay.qcow2", *owner)
         write_private(workdir / "domain.xml", xml)
         try:
             conn.restoreFlags(str(saved), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)

@@ -3,9 +3,10 @@
 The session's guest is the model's: it had root there (the agent user has passwordless
 sudo), so anything a check run there says (a planted `/usr/local/bin/python3`, a
 `sitecustomize.py`, a process left running under `setsid`) may be the model's own word.
-A clean room is a **fresh machine of the session's image** (restored from the host's
-room template, a guest saved once and never written again, else a cold boot: the
-session's `MachineFactory.create` with `for_check`; vmd/machines/room_templates.py), whose project folder is
+A clean room is a **fresh machine of the session's image** (one parked ahead from the host's
+room template and used once: vmd/machines/parked_rooms.py; else restored from the room
+template, a guest saved once and never written again; else a cold boot: the session's
+`MachineFactory.create` with `for_check`; vmd/machines/room_templates.py), whose project folder is
 a new host folder holding one commit of vmd's repository as a git work tree (with
 `.git`), at the same path as in the session. The session's guest has no path to it: no
 shared folder, no network between them. Its egress follows the session's approval. The
@@ -50,7 +51,7 @@ class RoomRun:
     setup: check.CheckRun | None
     check: check.CheckRun
     project_path: str  # where the project was in the room's guest (the session's path)
-    came: str  # "template" or "cold": how the room's machine came (vmd/machines/room_templates.py)
+    came: str  # "parked", "template" or "cold": how the room's machine came (vmd/machines/parked_rooms.py)
     seconds: float  # the room's whole cost: its tree, its machine, its runs, its end
 
 
