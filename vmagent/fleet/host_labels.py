@@ -34,12 +34,18 @@ def vmagent_version() -> str:
     """The version of vmagent installed in this Python, as its package metadata says: the
     head and every host must run the same one (a job's worker, the loop and the verbs it
     sends are the host's code)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import distributions
 
-    try:
-        return version("vmagent")
-    except PackageNotFoundError:
-        return "unknown (vmagent is not installed as a package here)"
+    found = list(distributions(name="vmagent"))
+    # An installed vmagent, by `pip install` or `pip install -e`, is a .dist-info (its metadata
+    # in METADATA). The vmagent.egg-info (metadata in PKG-INFO) that `pip install -e .` leaves
+    # in a source checkout is build residue, found first wherever the checkout is on sys.path
+    # (Ray puts the driver's folder there): it made a test's host with an older vmagent read as
+    # current.
+    installed = [d for d in found if d.read_text("PKG-INFO") is None] or found
+    if installed:
+        return installed[0].version
+    return "unknown (vmagent is not installed as a package here)"
 
 
 class MissingHostLabels(RuntimeError):

@@ -86,3 +86,22 @@ def test_a_job_holds_a_guest_slot_of_its_os_family():
     assert job_resources("debian") == {"vm_slot": 1.0, "os_linux": 1.0}
     assert job_resources("ubuntu") == {"vm_slot": 1.0, "os_linux": 1.0}
     assert job_resources("windows11") == {"vm_slot": 1.0, "os_windows": 1.0}
+
+
+def test_a_checkouts_egg_info_is_not_the_installed_version(tmp_path):
+    """`pip install -e .` leaves vmagent.egg-info in the checkout, and Ray puts the driver's
+    folder on its workers' sys.path: a host must still report the vmagent installed, or a host
+    with another version reads as current (seen when CI's setup made that folder)."""
+    import subprocess
+    import sys
+
+    residue = tmp_path / "vmagent.egg-info"
+    residue.mkdir()
+    (residue / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: vmagent\nVersion: 9.9.9\n")
+    older = tmp_path / "site" / "vmagent-0.0.1.dist-info"
+    older.mkdir(parents=True)
+    (older / "METADATA").write_text("Metadata-Version: 2.1\nName: vmagent\nVersion: 0.0.1\n")
+    probe = "from vmagent.fleet.host_labels import vmagent_version; print(vmagent_version())"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{older.parent}"}
+    shown = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "0.0.1", shown

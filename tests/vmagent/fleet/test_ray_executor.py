@@ -107,13 +107,14 @@ def machine_destroyed(fleet, host: str, session_id: str) -> bool:
     return machine is not None and machine.destroyed
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
+def wait_until(predicate, timeout: float, what: str, seen=None) -> None:
+    """`seen`: what the failure shows of the state the wait ended in."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f"; seen: {seen()!r}" if seen else ""))
 
 
 def test_jobs_spread_over_hosts_a_third_waits_for_a_slot_and_cancel_reaches_the_host(tmp_path, fleet):
@@ -336,7 +337,8 @@ def test_hosts_that_cannot_take_a_job_are_listed_unusable_and_get_none(tmp_path,
                        "stuck": "timed out"}
             wait_until(lambda: all(any(str(e.get("text", "")).startswith(f"host {n} is unusable:") and
                                        reasons[n] in e["text"] for e in events_of(alice, third["id"]))
-                                   for n in bad), 120, "the third job to find each bad host unusable")
+                                   for n in bad), 120, "the third job to find each bad host unusable",
+                       seen=lambda: [e.get("text") or e.get("type") for e in events_of(alice, third["id"])][-12:])
             assert alice.get(f"/jobs/{third['id']}").json()["session_id"] is None
             texts = [str(e.get("text", "")) for e in events_of(alice, third["id"])]
             assert not any(t.startswith("running on host") for t in texts), texts
