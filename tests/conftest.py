@@ -20,6 +20,10 @@ from vmd.machines.images import ImageMissing, find_image
 # own tests turn it on where they measure it; every other vmd, in-process or `vmd serve`,
 # runs without one.
 os.environ.setdefault("VMD_WARM_POOL_SIZE", "0")
+# Nor parked clean rooms (vmd/machines/parked_rooms.py): a vmd the tests start would keep
+# two guests parked beside the test's own, and tests that count the host's guests saw them
+# (CI rehearsal: 6 tests). The tests of parked rooms turn them on in their own config.
+os.environ.setdefault("VMD_ROOM_PARKED", "0")
 
 
 def _ray_token_for_the_session() -> None:
