@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.vmd_fakes import ROOM_TEMPLATES
 from vmd.machines.images import ImageMissing, find_image
 
 # vmd's pool is "auto" by default: on a host with two cores or more every vmd a test starts
@@ -24,6 +25,11 @@ os.environ.setdefault("VMD_WARM_POOL_SIZE", "0")
 # two guests parked beside the test's own, and tests that count the host's guests saw them
 # (CI rehearsal: 6 tests). The tests of parked rooms turn them on in their own config.
 os.environ.setdefault("VMD_ROOM_PARKED", "0")
+# And every vmd keeps its clean rooms' templates in the suite's one folder
+# (tests/support/vmd_fakes.py ROOM_TEMPLATES), `vmd serve` too: a vmd with templates of its own
+# in its state dir boots two rooms cold and saves them at its first finish (99.5 s of a
+# 150 s test here, against 11 s restoring them). A test of templates names its own folder.
+os.environ.setdefault("VMD_ROOM_TEMPLATES_DIR", str(ROOM_TEMPLATES))
 
 
 def _ray_token_for_the_session() -> None:
