@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.vmd_fakes import ROOM_TEMPLATES
 from vmd.machines.images import ImageMissing, find_image
 
 # vmd's pool is "auto" by default: on a host with two cores or more every vmd a test starts
@@ -24,6 +25,11 @@ os.environ.setdefault("VMD_WARM_POOL_SIZE", "0")
 # two guests parked beside the test's own, and tests that count the host's guests saw them
 # (CI rehearsal: 6 tests). The tests of parked rooms turn them on in their own config.
 os.environ.setdefault("VMD_ROOM_PARKED", "0")
+# And every vmd keeps its clean rooms' templates in the suite's one folder
+# (tests/support/vmd_fakes.py ROOM_TEMPLATES), `vmd serve` too: a vmd with templates of its own
+# in its state dir boots two rooms cold and saves them at its first finish (99.5 s of a
+# 150 s test here, against 11 s restoring them). A test of templates names its own folder.
+os.environ.setdefault("VMD_ROOM_TEMPLATES_DIR", str(ROOM_TEMPLATES))
 
 
 def _ray_token_for_the_session() -> None:
@@ -143,19 +149,47 @@ def pytest_collection_modifyitems(config, items):
     # Slow real-guest tests run last so that a quick failure elsewhere shows first. (Under
     # xdist the guest lane is scheduled first instead: tests/support/lanes.py.)
     items.sort(key=lambda item: item.get_closest_marker("vm") is not None)
+    # Each test's counted markers travel with its reports (to xdist's controller too): a
+    # report's `keywords` also hold the names of its folders, and tests/vmagent/fleet/ or
+    # tests/vmagent/openwebui/ are not the `fleet` or `openwebui` marker.
+    for item in items:
+        marks = sorted({m.name for m in item.iter_markers()} & set(COUNTED_MARKERS))
+        item.user_properties.append((MARKERS_PROPERTY, ",".join(marks)))
 
 
 # --- the counts CI checks: for each marker that must run there (real guests, a real Open
 # WebUI, the compose stack, a real Ray cluster, the compose fleet), how many of its tests ran and how many were skipped ---------
 
 COUNTED_MARKERS = ("vm", "openwebui", "compose", "ray", "fleet")
+MARKERS_PROPERTY = "counted_markers"
+
+
+def _markers_of(report) -> list[str]:
+    marks = dict(report.user_properties).get(MARKERS_PROPERTY, "")
+    return [m for m in marks.split(",") if m]
+
+
 _outcomes: dict[str, dict[str, str]] = {marker: {} for marker in COUNTED_MARKERS}
 
 
+# Where the suite's time goes, for CI's log (.ci/run prints it): seconds of setup, call and
+# teardown by marker ("rest": none of the counted ones), by xdist worker (its busy time: the
+# lanes of tests/support/lanes.py should end together) and by module.
+_seconds: dict[str, dict[str, float]] = {"marker": {}, "worker": {}, "module": {}}
+
+
+def _add_seconds(report) -> None:
+    markers = _markers_of(report) or ["rest"]
+    node = getattr(report, "node", None)  # set by pytest-xdist on the controller's copy
+    worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
+    module = report.nodeid.split("::", 1)[0]
+    for kind, key in [*(("marker", m) for m in markers), ("worker", worker), ("module", module)]:
+        _seconds[kind][key] = _seconds[kind].get(key, 0.0) + float(report.duration or 0.0)
+
+
 def pytest_runtest_logreport(report):
-    for marker in COUNTED_MARKERS:
-        if marker not in report.keywords:
-            continue
+    _add_seconds(report)
+    for marker in _markers_of(report):
         outcomes = _outcomes[marker]
         if report.skipped:
             outcomes[report.nodeid] = "skipped"
@@ -173,4 +207,4 @@ def pytest_sessionfinish(session, exitstatus):
         import json
 
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-        Path(target).write_text(json.dumps(_outcomes, indent=1))
+        Path(target).write_text(json.dumps({**_outcomes, "seconds": _seconds}, indent=1))

@@ -36,15 +36,22 @@ def open_on_disk(config, sid: str, state: str = "ready") -> None:
     (folder / "session.json").write_text(SessionState(id=sid, os="debian", state=state).model_dump_json())
 
 
-@pytest.fixture
-def conn():
-    conn = libvirt.open(TEST_URI)
-    yield conn
+def _remove_ours(conn) -> None:
     for domain in conn.listAllDomains():
         if domain.name().startswith("vmagent-"):
             if domain.isActive():
                 domain.destroy()
             domain.undefine()
+
+
+@pytest.fixture
+def conn():
+    # test:///default is one in-memory host per process, shared by every test the worker
+    # runs: a guest another test left there (CI once saw a parked room's) is not this test's.
+    conn = libvirt.open(TEST_URI)
+    _remove_ours(conn)
+    yield conn
+    _remove_ours(conn)
     conn.close()
 
 
