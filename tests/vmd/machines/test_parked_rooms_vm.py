@@ -6,7 +6,11 @@ The bookkeeping without a guest: tests/test_parked_rooms.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import libvirt
 import pytest
@@ -23,10 +27,23 @@ pytestmark = pytest.mark.vm
 RIGHT_CALC = "def add(a, b):\n    return a + b\n"
 
 
+@pytest.fixture(scope="module")
+def own_templates():
+    """The module's own room templates, not the suite's (tests/support/vmd_fakes.py ROOM_TEMPLATES):
+    parked rooms hold their templates while parked, and the other lane's finishes restore the
+    suite's templates at the same time, so a test waiting for two parked rooms waited out its
+    600 s in a CI rehearsal. Outside pytest's temp root, for QEMU to pass (tests/e2e/test_vmd_faults_vm.py
+    `work`); the module's first finish makes them."""
+    folder = Path(tempfile.mkdtemp(prefix="vmd-parked-templates-", dir="/var/tmp"))
+    os.chmod(folder, 0o711)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
-def vmd(tmp_path, debian_image):
+def vmd(tmp_path, debian_image, own_templates):
     config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=900, verify_timeout_s=300,
-                         room_parked=2)
+                         room_parked=2, room_templates_dir=own_templates)
     machines = LibvirtMachines(config)
     server = VmdServer(config, machines).start()
     c = WireVmd(config.socket, timeout=1500).connect()
