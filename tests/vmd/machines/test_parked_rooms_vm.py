@@ -6,7 +6,11 @@ The bookkeeping without a guest: tests/test_parked_rooms.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import libvirt
 import pytest
@@ -14,6 +18,7 @@ import pytest
 from tests.e2e.test_clean_room_vm import TEST_CALC, TESTS, WRAPPER, WRONG_CALC, _refusal, _work
 from tests.support.vmd_fakes import make_config
 from tests.support.vmd_wire import WireVmd
+from vmagent.link.errors import VmdError
 from vmd.machines.libvirt_machines import LibvirtMachines
 from vmd.machines.images import find_image
 from vmd.server.rpc import VmdServer
@@ -23,10 +28,23 @@ pytestmark = pytest.mark.vm
 RIGHT_CALC = "def add(a, b):\n    return a + b\n"
 
 
+@pytest.fixture(scope="module")
+def own_templates():
+    """The module's own room templates, not the suite's (tests/support/vmd_fakes.py ROOM_TEMPLATES):
+    parked rooms hold their templates while parked, and the other lane's finishes restore the
+    suite's templates at the same time, so a test waiting for two parked rooms waited out its
+    600 s in a CI rehearsal. Outside pytest's temp root, for QEMU to pass (tests/e2e/test_vmd_faults_vm.py
+    `work`); the module's first finish makes them."""
+    folder = Path(tempfile.mkdtemp(prefix="vmd-parked-templates-", dir="/var/tmp"))
+    os.chmod(folder, 0o711)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
-def vmd(tmp_path, debian_image):
+def vmd(tmp_path, debian_image, own_templates):
     config = make_config(tmp_path, images_dir=debian_image.dir.parent, boot_timeout_s=900, verify_timeout_s=300,
-                         room_parked=2)
+                         room_parked=2, room_templates_dir=own_templates)
     machines = LibvirtMachines(config)
     server = VmdServer(config, machines).start()
     c = WireVmd(config.socket, timeout=1500).connect()
@@ -76,7 +94,10 @@ def _ready_with_parked_rooms(c, project: str, files: dict[str, str]):
     _work(c, project, files)
     if _rooms(c).templates.claim_made(image) is None and not _rooms(c).parked(image):
         c.call("run", command="true")
-        c.call("finish", summary="makes the templates", verification={"command": "true"})
+        try:  # its rooms make the templates; `true` itself is refused as proving nothing
+            c.call("finish", summary="makes the templates", verification={"command": "true"})
+        except VmdError as exc:
+            assert "does not prove the work" in str(exc), exc
     _wait_parked(c, image)
     return image
 
