@@ -25,6 +25,7 @@ import pytest
 
 from tests.support.guests import clean_up_domains, domains_of, wait_for
 from tests.vmd.server.test_session_lifecycle import TOKEN, free_port, gitea_head, gitea_on
+from tests.support.host_dirs import passable_folder
 from tests.support.vmd_process import VmdProcess
 from tests.support.vmd_wire import WireVmd
 
@@ -48,10 +49,8 @@ def work():
     """vmd's folder for one test, outside pytest's temp root: QEMU (an unprivileged user)
     must pass through every folder above it, and other pytest runs on this host reset
     /tmp/pytest-of-<user> to 0700 whenever they start."""
-    folder = Path(tempfile.mkdtemp(prefix="vmd-faults-", dir="/var/tmp"))
-    os.chmod(folder, 0o711)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    with passable_folder("vmd-faults-") as folder:
+        yield folder
 
 
 @contextlib.contextmanager

@@ -6,16 +6,13 @@ The bookkeeping without a guest: tests/test_parked_rooms.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import libvirt
 import pytest
 
 from tests.e2e.test_clean_room_vm import TEST_CALC, TESTS, WRAPPER, WRONG_CALC, _refusal, _work
+from tests.support.host_dirs import passable_folder
 from tests.support.vmd_fakes import make_config
 from tests.support.vmd_wire import WireVmd
 from vmagent.link.errors import VmdError
@@ -35,10 +32,8 @@ def own_templates():
     suite's templates at the same time, so a test waiting for two parked rooms waited out its
     600 s in a CI rehearsal. Outside pytest's temp root, for QEMU to pass (tests/e2e/test_vmd_faults_vm.py
     `work`); the module's first finish makes them."""
-    folder = Path(tempfile.mkdtemp(prefix="vmd-parked-templates-", dir="/var/tmp"))
-    os.chmod(folder, 0o711)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    with passable_folder("vmd-parked-templates-") as folder:
+        yield folder
 
 
 @pytest.fixture
