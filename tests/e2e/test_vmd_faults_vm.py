@@ -12,11 +12,8 @@ restart): every fault ends in a committed report, and no guest outlives its sess
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
