@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -29,6 +29,8 @@ MAX_ANSWERS = 3
 SEED_BOOT_S = 600.0
 NO_ANSWER = ("No one can answer in this evaluation. Make a sensible choice yourself, say which in your "
              "summary, and finish the work.")
+# How often the main thread wakes while runs go on, to take a Ctrl-C (`_wait_all`).
+WAKE_S = 0.5
 DECLINED = "Declined: this evaluation runs offline. Do the work with what the machine has."
 
 
@@ -136,12 +138,25 @@ def run_all(tasks: list[EvalTask], *, repeat: int, concurrency: int, out_dir: Pa
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="eval") as pool:
         try:
-            list(pool.map(one, work))
+            _wait_all([pool.submit(one, item) for item in work])
         except KeyboardInterrupt:
             cancel.set()
             pool.shutdown(wait=True, cancel_futures=True)
             raise Interrupted(_in_order(tasks, ended)) from None
     return _in_order(tasks, ended)
+
+
+def _wait_all(futures: list[Future]) -> None:
+    """Waits for every run, in short waits: a Ctrl-C is a SIGINT to the process, which the
+    kernel may hand to any of its threads (a job's, an HTTP client's). Python then runs its
+    handler on the main thread only once that thread runs again, and a main thread blocked
+    in one long wait on a run (`pool.map`) did not, until that run ended: in CI a run went on
+    to its end and the next round started before the KeyboardInterrupt came."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=WAKE_S, return_when=FIRST_EXCEPTION)
+        for future in done:
+            future.result()  # a run's own failure ends the eval, as before
 
 
 def _in_order(tasks: list[EvalTask], runs: list[TaskRun]) -> list[TaskRun]:
