@@ -86,6 +86,7 @@ class ParkedRooms:
         self._thread: threading.Thread | None = None
         self._parking: tuple[str, Path] | None = None  # the domain being parked now, its folder
         self._off_until = 0.0  # no parking before (monotonic): the last one failed
+        self._waiting_because: str | None = None  # why the refill waits (host_room.py), once logged
         self.taken = 0  # rooms handed out parked (tests, the benchmark)
 
     def usable(self, image: Image) -> bool:
@@ -164,6 +165,9 @@ class ParkedRooms:
         while (not self._stop.is_set() and self.parked(image) < self.most
                and time.monotonic() >= self._off_until):
             why_not = self.host.room.no_room(self.dir, self.config.guest_memory_mib)
+            if why_not != self._waiting_because and why_not is not None:
+                log.info("parked clean rooms wait to refill: %s", why_not)  # once, as the warm pool's
+            self._waiting_because = why_not
             if why_not is not None:
                 return
             started = time.monotonic()
@@ -196,7 +200,16 @@ class ParkedRooms:
         if machine is None:  # the template was removed (logged): the next finish makes it anew
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        self._parking = machine.name, folder
+        with self._changed:
+            # A `stop` during the restore found nothing to end: the wake would have waited out
+            # its ready time for it (60 s in a CI run, where the test driver's guest never answers).
+            stopped = self._stop.is_set()
+            if not stopped:
+                self._parking = machine.name, folder
+        if stopped:
+            discard(machine, folder)
+            os.close(fd)
+            return None
         renice_qemu(machine.name, 10)  # its wake yields to the sessions' guests
         try:
             parked = park(machine, folder, image, self.config.slot_ready_s * timeout_scale(machine.accel))
@@ -218,11 +231,13 @@ class ParkedRooms:
 
     def stop(self) -> None:
         """Every parked room destroyed (they live only with this vmd)."""
-        self._stop.set()
+        with self._changed:  # as park_one reads them: a parking either sees the stop or is seen here
+            self._stop.set()
+            parking = self._parking
         self._kick.set()
-        if self._parking is not None:  # its wake or pause fails, and `park` discards it
+        if parking is not None:  # its wake or pause fails, and `park` discards it
             try:
-                Machine.discard(*self._parking, self.host)
+                Machine.discard(*parking, self.host)
             except Exception:
                 pass
         if self._thread is not None:

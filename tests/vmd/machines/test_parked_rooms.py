@@ -6,10 +6,13 @@ guest (the wake, the check in it, the fall-back): tests/test_parked_rooms_vm.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import libvirt
 
@@ -173,6 +176,40 @@ def test_a_stopped_vmd_destroys_its_parked_rooms_and_frees_their_templates(fake_
     assert rooms.take(fake_image, workdir=room_folder(tmp_path), project_dir=None, session_id=SESSION) is None
     freed = rooms.templates.claim_made(fake_image)
     assert freed is not None
+    os.close(freed[1])
+
+
+def test_a_stop_while_a_room_is_restored_for_parking_ends_that_room_at_once(fake_image, tmp_path):  # noqa: F811
+    # The refill restores a room while vmd stops: the restore ends after the stop, and the
+    # room must not be woken then (its wake waited out the ready time, 60 s in a CI run, on a
+    # guest that never answers: the test driver's).
+    rooms = rooms_of(tmp_path)
+    rooms.host = dataclasses.replace(rooms.host, room=SimpleNamespace(no_room=lambda *a: None))  # whatever the load
+    made_template(rooms, fake_image)
+    restoring, may_end, restored = threading.Event(), threading.Event(), []
+    plain_restore = rooms.templates._restore
+
+    def slow_restore(*args, **kwargs):
+        restoring.set()
+        may_end.wait(30)
+        restored.append(plain_restore(*args, **kwargs))
+        return restored[-1]
+
+    rooms.templates._restore = slow_restore
+    rooms.want(fake_image)
+    assert restoring.wait(30), "the refill did not restore a room"
+    stopping = threading.Thread(target=rooms.stop)
+    started = time.monotonic()
+    stopping.start()
+    time.sleep(0.5)
+    may_end.set()
+    stopping.join(60)
+
+    assert time.monotonic() - started < 10, "stop waited for the room's wake"
+    assert [m.name for m in restored] and restored[0].name not in domains(), "the room restored is left running"
+    assert rooms.parked(fake_image) == 0 and not any(rooms.dir.iterdir())
+    freed = rooms.templates.claim_made(fake_image)
+    assert freed is not None, "its template is free"
     os.close(freed[1])
 
 
