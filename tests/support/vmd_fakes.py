@@ -12,6 +12,8 @@ import contextlib
 import itertools
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -32,6 +34,10 @@ PNG_1X1 = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01
            b"\x00\x00\x00\x00IEND\xaeB`\x82")
 
 
+# The hidden check's folder in the guest (vmd/session/handlers/eval_verbs.py CHECK_ROOT).
+CHECK_FOLDER = re.compile(r"/var/tmp/vmd-check-[0-9a-f]{12}")
+
+
 class LocalGuest(Guest):
     """The guest's shell and files, on this host."""
 
@@ -47,6 +53,9 @@ class LocalGuest(Guest):
 
     def _bash(self, command: str, cwd, timeout: float, on_output=None) -> CommandResult:
         started = time.monotonic()
+        # vmd's hidden check writes its files to a folder of the guest's /var/tmp, which here
+        # is the host's: removed with this machine (`LocalMachine.destroy`), as a room's disk is.
+        self.machine.host_folders.update(CHECK_FOLDER.findall(command))
         proc = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=timeout)
         if on_output:
             for line in proc.stdout.splitlines():
@@ -161,6 +170,8 @@ class LocalMachine:
         self.factory = factory
         root = spec.project_dir or Path(tempfile.mkdtemp(prefix="vmd-fake-home-"))
         self.project_path = str(root)
+        # Folders of the host its guest's commands made as the guest's own: removed at its destroy.
+        self.host_folders: set[str] = set()
         self.suspended = False
         self.destroyed = False
         self.egress = spec.egress
@@ -213,6 +224,8 @@ class LocalMachine:
     def destroy(self):
         self.destroyed = True
         self.factory.destroyed.append(self.spec.name)
+        for folder in self.host_folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def set_egress(self, open_):
         self.egress = open_
