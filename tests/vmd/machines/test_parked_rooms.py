@@ -2,7 +2,7 @@
 and real folders: a parked room goes to one check with the room's tree, holds its template
 until it is destroyed and is never handed out again; one that fails is discarded and frees its
 template; nothing is parked before a template exists; a stopped vmd leaves none. On a real
-guest (the wake, the check in it, the fall-back): tests/test_parked_rooms_vm.py."""
+guest (the wake, the check in it, the fall-back): tests/vmd/machines/test_parked_rooms_vm.py."""
 
 from __future__ import annotations
 

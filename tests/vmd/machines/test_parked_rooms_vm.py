@@ -2,7 +2,7 @@
 room parked from the room template, which is destroyed after its one check; the model's
 planted interpreter in the session's guest still cannot verify wrong code; a parked room
 destroyed behind vmd's back is discarded and the check still runs, on its template's restore.
-The bookkeeping without a guest: tests/test_parked_rooms.py."""
+The bookkeeping without a guest: tests/vmd/machines/test_parked_rooms.py."""
 
 from __future__ import annotations
 
