@@ -204,7 +204,13 @@ class LocalMachine:
             raise TimeoutError("the guest did not answer: it is paused")
 
     def ready(self, timeout, desktop=False):
-        time.sleep(self.factory.boot_seconds)
+        # A boot that a destroy cuts short, as a real guest's SSH wait notices its guest gone
+        # (vmd/machines/machine.py `_wait_for_ssh`): a close in the boot does not wait for it.
+        booted = time.monotonic() + self.factory.boot_seconds
+        while time.monotonic() < booted:
+            if self.destroyed:
+                raise MachineError(f"the guest '{self.name}' stopped while booting.")
+            time.sleep(min(0.05, max(0.0, booted - time.monotonic())))
         self.reachable()
         # Whole, as the real machine's (vmd/machines/port.py Facts): vmagent's client refuses
         # a session_ready whose facts miss a field.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -215,6 +216,30 @@ def test_cancel_closes_the_session_and_reports(tmp_path):
     assert (vmd.project("hello") / "work.txt").read_text() == "working\n"
     close = next(e for e in record if e["kind"] == "close")
     assert close["commit"] and any("work.txt" in f for f in close["files"])
+
+
+def test_a_cancel_while_the_machine_boots_ends_the_job_in_seconds(tmp_path):
+    # `vmagent run`'s Ctrl-C and the eval's cancel are the loop's event only (vmd hears a
+    # session_cancel, which does not end a boot): the wait for the machine in flight is
+    # broken off after the cancel's grace, not waited out to the 60 s boot's end.
+    cancel, events = threading.Event(), []
+    cancelled_at = []
+
+    def on_event(event: dict) -> None:
+        events.append(event)
+        if event.get("text") == "plan made; waiting for the machine":
+            def later():
+                cancelled_at.append(time.monotonic())
+                cancel.set()
+            threading.Timer(0.5, later).start()
+
+    with running_vmd(tmp_path, boot_seconds=60.0) as vmd, start_ollama([PLAN]) as server:
+        outcome = run(tmp_path, vmd, server, events=on_event, cancel=cancel)
+        ended_in = time.monotonic() - cancelled_at[0]
+    assert outcome.state == "cancelled" and "Cancelled by the user" in outcome.report, outcome.report
+    assert "The session ended before the machine was ready" in outcome.report, outcome.report
+    assert ended_in < 15, f"the cancel took {ended_in:.0f} s"
+    assert_closed_with_report(vmd, outcome)
 
 
 def test_model_breaking_off_while_streaming_still_reports(tmp_path):
