@@ -246,7 +246,10 @@ class SshConnection:
 
         def expire() -> None:  # closing the channel wakes paramiko's wait for the answer
             expired.set()
-            channel.close()
+            try:
+                channel.close()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass  # the connection went meanwhile: the waiter wakes on its end all the same
 
         timer = threading.Timer(timeout, expire)
         timer.daemon = True
