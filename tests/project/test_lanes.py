@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.support.lanes import GUEST_LANE, LATE_GUEST_LANE, LATE_GUEST_MODULES, LaneScheduling
+from tests.support.lanes import GUEST_LANE, LATE_GUEST_MODULES, LaneScheduling, late_scope
 
 GUESTS = {"test_machine_vm.py", "test_egress_guard.py", *LATE_GUEST_MODULES}
 
@@ -70,10 +70,50 @@ def test_the_guest_lane_starts_first_and_the_late_one_after_every_other_test():
     assert len(b_others) >= len(others) - 2, "a may hold the two tests it was sent ahead, no more"
 
 
+def test_each_late_module_goes_to_the_worker_free_first_not_ahead_to_one_worker():
+    # Worker a boots the guest lane's guests while b runs the other tests and starts on the
+    # late modules; once a is done it takes the next late module. xdist's own rule would
+    # have handed b every late module while it still had two tests to run of the one before.
+    collection = ([f"tests/vmd/machines/test_machine_vm.py::test_{i}" for i in range(3)]
+                  + [f"tests/vmagent/test_cli.py::test_{i}" for i in range(2)]
+                  + [f"tests/e2e/test_fleet_stack.py::test_{i}" for i in range(3)]
+                  + [f"tests/e2e/test_agent_faults_vm.py::test_{i}" for i in range(3)]
+                  + ["tests/e2e/test_eval_vm.py::test_two_tasks", "tests/e2e/test_ray_cluster_vm.py::test_host_dies"])
+    sched = LaneScheduling(_config(), modules=GUESTS)
+    a, b = Worker("a"), Worker("b")
+    for w in (a, b):
+        sched.add_node(w)
+        sched.add_node_collection(w, collection)
+    sched.schedule()
+    done = {"a": 0, "b": 0}
+
+    def run(worker: Worker, count: int) -> None:
+        for _ in range(count):
+            index = worker.sent[done[worker.name]]
+            done[worker.name] += 1
+            sched.mark_test_complete(worker, index)
+
+    def held(worker: Worker) -> set[str]:
+        return {Path(collection[i].split("::")[0]).name for i in worker.sent[done[worker.name]:]}
+
+    assert [collection[i] for i in a.sent[:3]] == collection[:3], "the guest lane starts at once on a"
+    while "test_agent_faults_vm.py" not in held(b):
+        run(b, 1)
+    # b is on the fleet's last test: it holds the next late module, and only that one.
+    assert held(b) == {"test_fleet_stack.py", "test_agent_faults_vm.py"}, held(b)
+    run(a, 3)  # the guest lane is done: a takes the next late module (and, holding one test
+    # back until it knows the next, the one after: the eval's module is a single test)
+    assert "test_eval_vm.py" in held(a), held(a)
+    for worker in (b, a, b):
+        run(worker, len(worker.sent) - done[worker.name])
+    ran = [collection[i] for w in (a, b) for i in w.sent]
+    assert sorted(ran) == sorted(collection), "every test runs once"
+
+
 def test_scopes_are_whole_modules_of_guests_and_single_tests_otherwise():
     sched = LaneScheduling(_config(), modules=GUESTS)
     assert sched._split_scope("tests/vmd/machines/test_machine_vm.py::test_ready") == GUEST_LANE
-    assert sched._split_scope("tests/e2e/test_eval_vm.py::test_two_tasks[x]") == LATE_GUEST_LANE
+    assert sched._split_scope("tests/e2e/test_eval_vm.py::test_two_tasks[x]") == late_scope("test_eval_vm.py")
     assert sched._split_scope("tests/vmagent/test_cli.py::test_help") == "tests/vmagent/test_cli.py::test_help"
 
 

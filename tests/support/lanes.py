@@ -8,10 +8,10 @@ mostly idle while a test drives them, so the rest of the suite fills the gaps in
 waiting for the guests.
 
 The guest lane alone ran 51 minutes in CI while the other lane was done after 22, its
-worker then idle. So the guest modules are two scopes: the first starts at once on one
-worker; the second (`LATE_GUEST_MODULES`, ~14 minutes of guests) is queued behind every
-other test, and the other worker takes it when it has run them, so from then on two guests
-run at once, one per core. The late modules are ones that share nothing with the first
+worker then idle. So the guest lane starts at once on one worker, and the late guest modules
+(`LATE_GUEST_MODULES`, ~21 minutes of guests), a scope each, are queued behind every other
+test: the worker that is free first takes the next, so from then on two guests run at once,
+one per core, and neither worker waits long for the other at the end. The late modules are ones that share nothing with the first
 scope's (not the egress guard's table, not a timed warm pool) and whose bounds are turns
 and outcomes, not seconds.
 
@@ -29,10 +29,13 @@ from xdist.scheduler import LoadScopeScheduling
 
 GUEST_LANE = "guests"
 LATE_GUEST_LANE = "guests, late"
-# About 14 minutes of guests in CI (agent faults ~8, eval ~4, the Ray cluster ~2.5), and the
-# compose fleet (four guests in its hosts' containers; its bounds are outcomes too).
-LATE_GUEST_MODULES = ("test_agent_faults_vm.py", "test_eval_vm.py", "test_ray_cluster_vm.py",
-                      "test_fleet_stack.py")
+# About 21 minutes of guests in CI: the compose fleet (four guests in its hosts' containers;
+# its bounds are outcomes too) ~9.4, agent faults ~4.9, eval ~4.2, the Ray cluster ~2.9. Each is
+# a scope of its own, queued in this order (the longest first): the worker free first takes
+# the next. As one scope they all went to the worker that ran the other tests, and the guest
+# lane's worker sat idle for the last 5.6 min of a CI rehearsal.
+LATE_GUEST_MODULES = ("test_fleet_stack.py", "test_agent_faults_vm.py", "test_eval_vm.py",
+                      "test_ray_cluster_vm.py")
 # Modules in the guest lane although none of their tests boots a guest.
 HOST_PLUMBING_MODULES = ("test_egress_guard.py",)
 _GUEST_MARK = re.compile(r"\bmark\.(vm|compose|fleet)\b")
@@ -64,11 +67,29 @@ class LaneScheduling(LoadScopeScheduling):
         module = Path(nodeid.split("::", 1)[0]).name
         if module not in self.modules:
             return nodeid
-        return LATE_GUEST_LANE if module in LATE_GUEST_MODULES else GUEST_LANE
+        return late_scope(module) if module in LATE_GUEST_MODULES else GUEST_LANE
 
     def _assign_work_unit(self, node) -> None:
         # The queue is complete (ordered by size) before the first unit goes out.
-        if not self._late_queued_last and LATE_GUEST_LANE in self.workqueue:
-            self.workqueue.move_to_end(LATE_GUEST_LANE)
+        if not self._late_queued_last:
+            for module in LATE_GUEST_MODULES:
+                if late_scope(module) in self.workqueue:
+                    self.workqueue.move_to_end(late_scope(module))
         self._late_queued_last = True
         super()._assign_work_unit(node)
+
+    def _reschedule(self, node) -> None:
+        # xdist gives a worker its next unit once it holds 2 tests or fewer, so a worker
+        # would take each late module while two tests of the one before were still to run,
+        # and hold them all before the other worker was free. A late module goes out only to
+        # a worker on its last test (which it holds back until it knows the next: xdist's
+        # worker waits for one more test, or the end, before it runs its last).
+        if (self.workqueue and next(iter(self.workqueue)).startswith(LATE_GUEST_LANE)
+                and self._pending_of(self.assigned_work[node]) > 1 and not node.shutting_down):
+            return
+        super()._reschedule(node)
+
+
+def late_scope(module: str) -> str:
+    """The scope of a late guest module: one module each."""
+    return f"{LATE_GUEST_LANE}: {module}"
