@@ -30,15 +30,21 @@ def _config():
     return SimpleNamespace(getvalue=values.__getitem__, option=SimpleNamespace(loadscopereorder=True))
 
 
-def _run(collection: list[str]) -> dict[str, list[str]]:
-    """Which tests each worker ran, in order, with worker `a` as slow as the guests make it:
-    `b` finishes all it holds while `a` works through its first unit."""
+def _scheduled(collection: list[str]) -> tuple[LaneScheduling, Worker, Worker]:
+    """The scheduler after its first distribution to two workers, `a` and `b`."""
     sched = LaneScheduling(_config(), modules=GUESTS)
     a, b = Worker("a"), Worker("b")
     for w in (a, b):
         sched.add_node(w)
         sched.add_node_collection(w, collection)
     sched.schedule()
+    return sched, a, b
+
+
+def _run(collection: list[str]) -> dict[str, list[str]]:
+    """Which tests each worker ran, in order, with worker `a` as slow as the guests make it:
+    `b` finishes all it holds while `a` works through its first unit."""
+    sched, a, b = _scheduled(collection)
     ran: dict[str, list[str]] = {"a": [], "b": []}
     done = {"a": 0, "b": 0}
     # b runs everything it is sent, one test at a time, until the queue is empty; then a.
@@ -79,12 +85,7 @@ def test_each_late_module_goes_to_the_worker_free_first_not_ahead_to_one_worker(
                   + [f"tests/e2e/test_fleet_stack.py::test_{i}" for i in range(3)]
                   + [f"tests/e2e/test_agent_faults_vm.py::test_{i}" for i in range(3)]
                   + ["tests/e2e/test_eval_vm.py::test_two_tasks", "tests/e2e/test_ray_cluster_vm.py::test_host_dies"])
-    sched = LaneScheduling(_config(), modules=GUESTS)
-    a, b = Worker("a"), Worker("b")
-    for w in (a, b):
-        sched.add_node(w)
-        sched.add_node_collection(w, collection)
-    sched.schedule()
+    sched, a, b = _scheduled(collection)
     done = {"a": 0, "b": 0}
 
     def run(worker: Worker, count: int) -> None:
