@@ -85,7 +85,7 @@ class LaneScheduling(LoadScopeScheduling):
         # a worker on its last test (which it holds back until it knows the next: xdist's
         # worker waits for one more test, or the end, before it runs its last).
         if (self.workqueue and next(iter(self.workqueue)).startswith(LATE_GUEST_LANE)
-                and self._pending_of(self.assigned_work[node]) > 1 and not node.shutting_down):
+                and self._pending_of(self.assigned_work[node]) > 1):
             return
         super()._reschedule(node)
 

@@ -222,11 +222,9 @@ def test_a_cancel_while_the_machine_boots_ends_the_job_in_seconds(tmp_path):
     # `vmagent run`'s Ctrl-C and the eval's cancel are the loop's event only (vmd hears a
     # session_cancel, which does not end a boot): the wait for the machine in flight is
     # broken off after the cancel's grace, not waited out to the 60 s boot's end.
-    cancel, events = threading.Event(), []
-    cancelled_at = []
+    cancel, cancelled_at = threading.Event(), []
 
     def on_event(event: dict) -> None:
-        events.append(event)
         if event.get("text") == "plan made; waiting for the machine":
             def later():
                 cancelled_at.append(time.monotonic())
